@@ -1,0 +1,176 @@
+"""The serverless actor: an AWS Lambda handler that samples with one policy version.
+
+Event (JSON):
+  job_id          str   job namespace in Redis
+  round           int   training round this batch belongs to
+  policy_version  int   version to load from nitro:{job}:policy:{version}
+  env_id          str   Gymnasium id (see nitro.envs)
+  env_kwargs      dict  optional keyword arguments for the environment
+  num_steps       int   environment steps to sample
+  seed            int   seeds the action noise (and the env on a cold sampler)
+  invocation_id   str   unique per logical invocation; retries reuse it (the stream drops duplicates)
+  redis_url       str   optional; else NITRO_REDIS_URL. The password comes from NITRO_REDIS_PASSWORD(_FILE),
+                        never from the event.
+  compress        bool  optional; zlib-compress the payload (Atari frames)
+
+The HMAC key comes from NITRO_HMAC_KEY or NITRO_HMAC_KEY_FILE. A warm execution
+environment keeps its Redis connection, its environment (episodes continue
+across invocations of the same job) and the last policy version; it reloads
+only when the version changes. Errors are raised as typed exceptions so the
+platform reports them as function errors with a clear errorType/errorMessage.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from urllib.parse import urlparse, urlunparse
+
+import numpy as np
+
+from nitro import codec
+from nitro.errors import ConfigError
+from nitro.inference import PolicyRunner
+from nitro.models import blob_to_doc
+from nitro.rollout import Sampler
+from nitro.store import PolicyStore, TrajectoryWriter
+
+REQUIRED = {"job_id": str, "round": int, "policy_version": int, "env_id": str, "num_steps": int, "seed": int,
+            "invocation_id": str}
+MAX_STEPS = 1_000_000
+
+
+class RedisUnavailableError(ConnectionError):
+    """Redis could not be reached within the connect timeout."""
+
+
+class _Warm:
+    """What survives between invocations in one execution environment."""
+
+    clients: dict[str, object] = {}
+    sampler: Sampler | None = None
+    sampler_key: tuple | None = None
+    runner: PolicyRunner | None = None
+    runner_key: tuple | None = None
+    key: bytes | None = None
+    invocations = 0
+
+
+def _validate(event: dict) -> None:
+    if not isinstance(event, dict):
+        raise ConfigError(f"event must be a JSON object, got {type(event).__name__}")
+    for name, typ in REQUIRED.items():
+        if name not in event:
+            raise ConfigError(f"event is missing required field {name!r}")
+        value = event[name]
+        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"event field {name!r} must be an integer, got {value!r}")
+        if typ is str and (not isinstance(value, str) or not value):
+            raise ConfigError(f"event field {name!r} must be a non-empty string")
+    if not 1 <= event["num_steps"] <= MAX_STEPS:
+        raise ConfigError(f"event field 'num_steps' must be in [1, {MAX_STEPS}], got {event['num_steps']}")
+
+
+def _redis_password() -> str | None:
+    if os.environ.get("NITRO_REDIS_PASSWORD"):
+        return os.environ["NITRO_REDIS_PASSWORD"]
+    path = os.environ.get("NITRO_REDIS_PASSWORD_FILE")
+    if path:
+        with open(path) as f:
+            return f.read().strip()
+    return None
+
+
+def _redis_url(event: dict) -> str:
+    url = event.get("redis_url") or os.environ.get("NITRO_REDIS_URL")
+    if not url:
+        raise ConfigError("no Redis address: set event field 'redis_url' or NITRO_REDIS_URL")
+    password = _redis_password()
+    parsed = urlparse(url)
+    if password and not parsed.password:
+        user = parsed.username or ""
+        netloc = f"{user}:{password}@{parsed.hostname}:{parsed.port or 6379}"
+        url = urlunparse(parsed._replace(netloc=netloc))
+    return url
+
+
+def _client(url: str):
+    client = _Warm.clients.get(url)
+    if client is None:
+        import redis
+
+        from nitro.redis_server import connect
+
+        client = connect(url, socket_connect_timeout=2.0, socket_timeout=10.0)
+        try:
+            client.ping()
+        except redis.exceptions.ConnectionError as exc:
+            safe = urlparse(url)._replace(netloc=f"{urlparse(url).hostname}:{urlparse(url).port}")
+            raise RedisUnavailableError(f"cannot reach Redis at {urlunparse(safe)}: {exc}") from exc
+        _Warm.clients[url] = client
+    return client
+
+
+def _runner(client, job_id: str, version: int, key: bytes) -> PolicyRunner:
+    rk = (job_id, version)
+    if _Warm.runner_key != rk:
+        blob = PolicyStore(client, job_id).get(version)  # raises PolicyNotFoundError naming job and version
+        _Warm.runner = PolicyRunner.from_doc(blob_to_doc(blob, key))
+        _Warm.runner_key = rk
+    return _Warm.runner
+
+
+def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int) -> Sampler:
+    sk = (job_id, env_id, tuple(sorted(env_kwargs.items())))
+    if _Warm.sampler_key != sk:
+        if _Warm.sampler is not None:
+            _Warm.sampler.close()
+        _Warm.sampler = None
+        _Warm.sampler = Sampler(env_id, seed=seed, env_kwargs=env_kwargs)  # raises UnknownEnvironmentError
+        _Warm.sampler_key = sk
+    return _Warm.sampler
+
+
+def handler(event: dict, context=None) -> dict:
+    t0 = time.perf_counter()
+    _validate(event)
+    cold = _Warm.invocations == 0
+    _Warm.invocations += 1
+    if _Warm.key is None:
+        _Warm.key = codec.load_hmac_key()
+    key = _Warm.key
+    env_kwargs = event.get("env_kwargs") or {}
+    if not isinstance(env_kwargs, dict):
+        raise ConfigError("event field 'env_kwargs' must be an object")
+
+    sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"])
+    client = _client(_redis_url(event))
+    runner = _runner(client, event["job_id"], event["policy_version"], key)
+    t_loaded = time.perf_counter()
+
+    batch = sampler.sample(runner, event["num_steps"], np.random.default_rng(event["seed"]))
+    t_sampled = time.perf_counter()
+    batch["policy_version"] = event["policy_version"]
+    batch["invocation_id"] = event["invocation_id"]
+    writer = TrajectoryWriter(client, event["job_id"], key)
+    entry_id = writer.append(invocation_id=event["invocation_id"], round=event["round"],
+                             policy_version=event["policy_version"], steps=event["num_steps"], batch=batch,
+                             compress=bool(event.get("compress", False)))
+    t_pushed = time.perf_counter()
+    returns = batch["episode_returns"]
+    return {
+        "ok": True,
+        "job_id": event["job_id"],
+        "invocation_id": event["invocation_id"],
+        "round": event["round"],
+        "policy_version": event["policy_version"],
+        "entry_id": entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        "steps": event["num_steps"],
+        "episodes": len(returns),
+        "mean_episode_return": float(np.mean(returns)) if returns else None,
+        "cold": cold,
+        "load_ms": round((t_loaded - t0) * 1e3, 3),
+        "sample_ms": round((t_sampled - t_loaded) * 1e3, 3),
+        "push_ms": round((t_pushed - t_sampled) * 1e3, 3),
+        "duration_ms": round((t_pushed - t0) * 1e3, 3),
+    }

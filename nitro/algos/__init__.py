@@ -1,0 +1,1 @@
+"""Learning algorithms as pure tensor functions plus thin learner classes."""

@@ -1,0 +1,181 @@
+"""PPO: clipped surrogate, adaptive KL penalty, value and entropy terms.
+
+The loss pieces are pure functions of tensors; `PPOLearner` owns the model, the
+Adam optimiser and the adaptive KL coefficient, and turns a round's batches into
+one update.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nitro.algos.advantages import batch_gae
+from nitro.config import PPOConfig
+from nitro.models import ModelSpec, Policy
+
+
+def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+                      clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """-E[min(r A, clip(r, 1-eps, 1+eps) A)] with r = pi_new/pi_old; also the clipped fraction."""
+    ratio = torch.exp(logp_new - logp_old)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
+    loss = -torch.minimum(unclipped, clipped).mean()
+    clip_frac = ((ratio - 1.0).abs() > clip).float().mean()
+    return loss, clip_frac
+
+
+def value_loss(v_new: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
+    """0.5 * E[(V - R)^2]; with clip > 0 the pessimistic max of clipped and unclipped errors."""
+    err = (v_new - returns).pow(2)
+    if clip > 0:
+        v_clipped = v_old + (v_new - v_old).clamp(-clip, clip)
+        err = torch.maximum(err, (v_clipped - returns).pow(2))
+    return 0.5 * err.mean()
+
+
+def ppo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, v_new: torch.Tensor,
+             v_old: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor,
+             *, clip: float, kl_coeff: float, value_coeff: float, entropy_coeff: float,
+             value_clip: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Total loss = surrogate + kl_coeff * KL + value_coeff * L_V - entropy_coeff * H."""
+    pg, clip_frac = clipped_surrogate(logp_new, logp_old, adv, clip)
+    vl = value_loss(v_new, v_old, returns, value_clip)
+    ent = entropy.mean()
+    kl_mean = kl.mean()
+    total = pg + kl_coeff * kl_mean + value_coeff * vl - entropy_coeff * ent
+    return total, {"policy_loss": pg, "value_loss": vl, "entropy": ent, "kl": kl_mean, "clip_frac": clip_frac}
+
+
+def adapt_kl_coeff(coeff: float, kl: float, target: float) -> float:
+    """Adaptive KL penalty (Schulman et al. 2017, sec. 4): x1.5 above 2*target, x0.5 below target/2."""
+    if kl > 2.0 * target:
+        return coeff * 1.5
+    if kl < 0.5 * target:
+        return coeff * 0.5
+    return coeff
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    return (x - x.mean()) / (x.std(unbiased=False) + 1e-8) if x.numel() > 1 else x - x.mean()
+
+
+@dataclass
+class UpdateStats:
+    samples: int
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    kl: float
+    clip_frac: float
+    kl_coeff: float
+    grad_norm: float
+    explained_variance: float
+    seconds: float
+    loss: float = 0.0
+
+
+def collate(batches: list[dict], gamma: float, lam: float) -> dict[str, np.ndarray]:
+    """Concatenate actor batches after computing advantages per batch (each is contiguous)."""
+    advs, rets = zip(*(batch_gae(b, gamma, lam) for b in batches))
+    return {
+        "obs": np.concatenate([b["obs"] for b in batches]),
+        "actions": np.concatenate([b["actions"] for b in batches]),
+        "logp": np.concatenate([b["logp"] for b in batches]).astype(np.float32),
+        "values": np.concatenate([b["values"] for b in batches]).astype(np.float32),
+        "advantages": np.concatenate(advs),
+        "returns": np.concatenate(rets),
+    }
+
+
+class PPOLearner:
+    """Owns the policy, Adam and the KL coefficient; `update(batches)` does one round's SGD."""
+
+    def __init__(self, spec: ModelSpec, config: PPOConfig, seed: int = 0, device: str = "cpu"):
+        torch.manual_seed(seed)
+        self.config = config
+        self.device = torch.device(device)
+        self.policy = Policy(spec).to(self.device)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.adam_eps)
+        self.kl_coeff = config.kl_coeff
+        self.generator = torch.Generator().manual_seed(seed)
+        self.updates = 0
+
+    def update(self, batches: list[dict]) -> UpdateStats:
+        cfg = self.config
+        t0 = time.perf_counter()
+        data = collate(batches, cfg.gamma, cfg.gae_lambda)
+        dev = self.device
+        obs = torch.as_tensor(data["obs"], device=dev)
+        actions = torch.as_tensor(data["actions"], device=dev)
+        logp_old = torch.as_tensor(data["logp"], device=dev)
+        v_old = torch.as_tensor(data["values"], device=dev)
+        adv_all = torch.as_tensor(data["advantages"], device=dev)
+        returns = torch.as_tensor(data["returns"], device=dev)
+        n = obs.shape[0]
+        with torch.no_grad():  # behaviour distribution = the policy before this update (on-policy)
+            old_dist = self.policy.distribution(obs)
+        mb = n if cfg.minibatch_size <= 0 else min(cfg.minibatch_size, n)
+        sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_frac": 0.0,
+                "grad_norm": 0.0, "loss": 0.0}
+        steps = 0
+        kl_coeff = self.kl_coeff
+        for _ in range(cfg.epochs):
+            perm = torch.randperm(n, generator=self.generator).to(dev)
+            for start in range(0, n - mb + 1, mb):
+                idx = perm[start:start + mb]
+                dist = self.policy.distribution(obs[idx])
+                logp = self.policy.log_prob(dist, actions[idx])
+                kl = self._kl(old_dist, dist, idx)
+                adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
+                loss, parts = ppo_loss(
+                    logp, logp_old[idx], adv, self.policy.value(obs[idx]), v_old[idx], returns[idx],
+                    self.policy.entropy(dist), kl, clip=cfg.clip, kl_coeff=kl_coeff,
+                    value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff, value_clip=cfg.value_clip)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.max_grad_norm > 0:
+                    gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                else:
+                    gn = torch.sqrt(sum(p.grad.pow(2).sum() for p in self.policy.parameters() if p.grad is not None))
+                self.optimizer.step()
+                for k, v in parts.items():
+                    sums[k] += float(v.detach())
+                sums["grad_norm"] += float(gn)
+                sums["loss"] += float(loss.detach())
+                steps += 1
+        means = {k: v / max(steps, 1) for k, v in sums.items()}
+        with torch.no_grad():
+            final_kl = float(self._kl(old_dist, self.policy.distribution(obs), slice(None)).mean())
+        if cfg.kl_coeff > 0:
+            self.kl_coeff = adapt_kl_coeff(self.kl_coeff, final_kl, cfg.kl_target)
+        self.updates += 1
+        var = float(np.var(data["returns"]))
+        ev = float(1.0 - np.var(data["returns"] - data["values"]) / var) if var > 1e-12 else 0.0
+        return UpdateStats(samples=n, policy_loss=means["policy_loss"], value_loss=means["value_loss"],
+                           entropy=means["entropy"], kl=final_kl, clip_frac=means["clip_frac"],
+                           kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"], explained_variance=ev,
+                           seconds=time.perf_counter() - t0, loss=means["loss"])
+
+    def _kl(self, old_dist, new_dist, idx) -> torch.Tensor:
+        if isinstance(old_dist, torch.distributions.Normal):
+            old = torch.distributions.Normal(old_dist.loc[idx], old_dist.scale[idx])
+            return torch.distributions.kl_divergence(old, new_dist).sum(-1)
+        old = torch.distributions.Categorical(logits=old_dist.logits[idx])
+        return torch.distributions.kl_divergence(old, new_dist)
+
+    # -- checkpointing -----------------------------------------------------------------
+    def state(self) -> dict:
+        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "kl_coeff": self.kl_coeff, "updates": self.updates, "generator": self.generator.get_state()}
+
+    def load_state(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.kl_coeff = state["kl_coeff"]
+        self.updates = state["updates"]
+        self.generator.set_state(state["generator"])

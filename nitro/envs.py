@@ -1,0 +1,92 @@
+"""Environment construction for any Gymnasium id.
+
+Accepted ids: anything in the Gymnasium registry (classic control, MuJoCo v4/v5,
+...), ALE ids such as "ALE/Qbert-v5" (ale_py is registered on demand and the
+standard Atari preprocessing is applied), and user environments either
+registered before the call or named as "some.module:EnvName-v0" (Gymnasium
+imports the module, which registers the id). An unknown id fails at once with
+an `UnknownEnvironmentError` naming it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+
+import gymnasium as gym
+
+from nitro.errors import UnknownEnvironmentError
+
+_ale_registered = False
+
+
+@dataclass(frozen=True)
+class AtariOptions:
+    """Standard Atari preprocessing (paper 8.1 stacks 3 frames of 84x84 grayscale)."""
+
+    frame_skip: int = 4
+    frame_stack: int = 3
+    screen_size: int = 84
+    noop_max: int = 30
+    terminal_on_life_loss: bool = False
+
+
+def _register_ale() -> None:
+    global _ale_registered
+    if not _ale_registered:
+        import ale_py
+
+        gym.register_envs(ale_py)
+        _ale_registered = True
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
+
+
+def resolve_env_id(env_id: str) -> str:
+    """Return the registered id, importing/registering what it needs; raise if unknown."""
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise UnknownEnvironmentError(str(env_id))
+    if ":" in env_id:  # "module:EnvId": importing the module registers the id
+        module, _, name = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UnknownEnvironmentError(env_id) from exc
+        env_id = name
+    if env_id not in gym.registry and is_atari(env_id):
+        _register_ale()
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3, cutoff=0.6)
+        raise UnknownEnvironmentError(env_id, close)
+    return env_id
+
+
+def make_env(env_id: str, seed: int | None = None, *, atari: AtariOptions | None = None, **kwargs) -> gym.Env:
+    """Build the environment, with Atari preprocessing for ALE ids, and seed it."""
+    registered = resolve_env_id(env_id)
+    if is_atari(registered):
+        opts = atari or AtariOptions()
+        # Frame skipping happens in the preprocessing wrapper, so the ALE env itself must not skip.
+        env = gym.make(registered, frameskip=1, repeat_action_probability=0.0, **kwargs)
+        env = gym.wrappers.AtariPreprocessing(
+            env, noop_max=opts.noop_max, frame_skip=opts.frame_skip, screen_size=opts.screen_size,
+            terminal_on_life_loss=opts.terminal_on_life_loss, grayscale_obs=True, scale_obs=False)
+        env = gym.wrappers.FrameStackObservation(env, opts.frame_stack)
+    else:
+        env = gym.make(registered, **kwargs)
+    if seed is not None:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+    return env
+
+
+def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """Observation and action spaces of an id (builds and closes one instance)."""
+    env = make_env(env_id)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()

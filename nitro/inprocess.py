@@ -1,0 +1,71 @@
+"""Single-process training loop: the same sampler and learner the services use, no network.
+
+Used by learning-regression tests and as a reference point in benchmarks. Each
+simulated "actor" is a warm Sampler that continues its episodes across rounds,
+exactly like a warm serverless actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nitro.algos.ppo import PPOLearner, UpdateStats
+from nitro.config import PPOConfig
+from nitro.envs import env_spaces
+from nitro.inference import PolicyRunner
+from nitro.models import spec_for_spaces
+from nitro.rollout import Sampler, evaluate
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    env_steps: int
+    train_return: float
+    eval_return: float
+    stats: UpdateStats
+
+
+@dataclass
+class InProcessResult:
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+    @property
+    def env_steps(self) -> int:
+        return self.rounds[-1].env_steps if self.rounds else 0
+
+
+def train_ppo(env_id: str, config: PPOConfig, *, actors: int, steps_per_actor: int, max_env_steps: int,
+              seed: int = 0, eval_episodes: int = 5,
+              stop: Callable[[RoundRecord], bool] | None = None) -> InProcessResult:
+    obs_space, act_space = env_spaces(env_id)
+    spec = spec_for_spaces(obs_space, act_space, hidden_sizes=config.hidden_sizes, activation=config.activation,
+                           obs_norm=config.obs_norm, init_log_std=config.init_log_std)
+    learner = PPOLearner(spec, config, seed=seed)
+    samplers = [Sampler(env_id, seed=seed * 1000 + i) for i in range(actors)]
+    rngs = [np.random.default_rng(seed * 1000 + i) for i in range(actors)]
+    result = InProcessResult()
+    recent: list[float] = []
+    env_steps, rnd = 0, 0
+    while env_steps < max_env_steps:
+        runner = PolicyRunner(spec, learner.policy.numpy_state(), rnd)
+        batches = [s.sample(runner, steps_per_actor, g) for s, g in zip(samplers, rngs)]
+        env_steps += actors * steps_per_actor
+        for b in batches:
+            recent.extend(b["episode_returns"])
+        recent = recent[-20:]
+        stats = learner.update(batches)
+        learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in batches]))
+        rnd += 1
+        eval_runner = PolicyRunner(spec, learner.policy.numpy_state(), rnd)
+        eval_ret = float(np.mean(evaluate(eval_runner, env_id, eval_episodes, seed=10_000 + rnd)))
+        rec = RoundRecord(rnd, env_steps, float(np.mean(recent)) if recent else float("nan"), eval_ret, stats)
+        result.rounds.append(rec)
+        if stop is not None and stop(rec):
+            break
+    for s in samplers:
+        s.close()
+    return result

@@ -1,0 +1,239 @@
+"""Policy models: a separate actor and critic, plus observation statistics.
+
+The actor is a diagonal Gaussian for Box action spaces and a categorical for
+Discrete ones; the critic is a separate network of the same shape (paper 8.1:
+2x256 Tanh for MuJoCo). Observation normalisation statistics are buffers of the
+model, so they are serialised with every policy version and actors and learner
+always normalise identically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+from nitro.errors import ConfigError
+
+OBS_CLIP = 10.0  # normalised observations are clipped to +-OBS_CLIP standard deviations
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild a policy's architecture (weights travel separately)."""
+
+    obs_shape: tuple[int, ...]
+    action_kind: str  # "box" or "discrete"
+    action_dim: int  # Box: number of dimensions; Discrete: number of actions
+    action_low: tuple[float, ...] | None = None
+    action_high: tuple[float, ...] | None = None
+    arch: str = "mlp"  # "mlp" or "cnn"
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    activation: str = "tanh"
+    obs_norm: bool = False
+    init_log_std: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelSpec":
+        d = dict(d)
+        for k in ("obs_shape", "hidden_sizes", "action_low", "action_high"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+
+def spec_for_spaces(observation_space: gym.Space, action_space: gym.Space, *, hidden_sizes=(256, 256),
+                    activation="tanh", obs_norm=False, init_log_std=0.0, arch: str | None = None) -> ModelSpec:
+    """Derive a ModelSpec from an environment's spaces."""
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ConfigError(f"unsupported observation space {observation_space}: only Box observations are supported")
+    obs_shape = tuple(int(s) for s in observation_space.shape)
+    if arch is None:
+        arch = "cnn" if len(obs_shape) == 3 else "mlp"
+    if isinstance(action_space, gym.spaces.Box):
+        if len(action_space.shape) != 1:
+            raise ConfigError(f"unsupported action space {action_space}: Box actions must be 1-D")
+        return ModelSpec(obs_shape, "box", int(action_space.shape[0]),
+                         tuple(float(x) for x in action_space.low), tuple(float(x) for x in action_space.high),
+                         arch, tuple(hidden_sizes), activation, obs_norm, init_log_std)
+    if isinstance(action_space, gym.spaces.Discrete):
+        return ModelSpec(obs_shape, "discrete", int(action_space.n), None, None, arch, tuple(hidden_sizes),
+                         activation, obs_norm, init_log_std)
+    raise ConfigError(f"unsupported action space {action_space}: use Box or Discrete")
+
+
+def _activation(name: str) -> type[nn.Module]:
+    return {"tanh": nn.Tanh, "relu": nn.ReLU}[name]
+
+
+def _init(layer: nn.Module, gain: float) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class MLP(nn.Module):
+    """Hidden layers then a linear head; layer names are stable so numpy actors can load them."""
+
+    def __init__(self, in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str, out_gain: float):
+        super().__init__()
+        dims = (in_dim, *hidden)
+        self.layers = nn.ModuleList(_init(nn.Linear(a, b), math.sqrt(2)) for a, b in zip(dims[:-1], dims[1:]))
+        self.act = _activation(activation)()
+        self.out = _init(nn.Linear(dims[-1], out_dim), out_gain)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = self.act(layer(x))
+        return self.out(x)
+
+
+class AtariCNN(nn.Module):
+    """Paper 8.1: three conv layers (8x8, 4x4, 11x11 kernels, ReLU) over stacked 84x84 frames.
+
+    The widths and strides (16/4, 32/2, 256/1) are RLlib's defaults for 84x84 inputs, which
+    the paper used; the 11x11 layer collapses the 11x11 feature map to a 256-vector.
+    Observations arrive as uint8 and are scaled to [0, 1] here.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], out_dim: int, out_gain: float):
+        super().__init__()
+        c = obs_shape[0]
+        self.convs = nn.Sequential(
+            _init(nn.Conv2d(c, 16, 8, stride=4), math.sqrt(2)), nn.ReLU(),
+            _init(nn.Conv2d(16, 32, 4, stride=2), math.sqrt(2)), nn.ReLU(),
+            _init(nn.Conv2d(32, 256, 11, stride=1), math.sqrt(2)), nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            n = self.convs(torch.zeros(1, *obs_shape)).shape[1]
+        self.out = _init(nn.Linear(n, out_dim), out_gain)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.convs(x.float() / 255.0))
+
+
+def _body(spec: ModelSpec, out_dim: int, out_gain: float) -> nn.Module:
+    if spec.arch == "cnn":
+        return AtariCNN(spec.obs_shape, out_dim, out_gain)
+    if spec.arch == "mlp":
+        return MLP(int(np.prod(spec.obs_shape)), spec.hidden_sizes, out_dim, spec.activation, out_gain)
+    raise ConfigError(f"unknown model arch {spec.arch!r}; allowed: ['cnn', 'mlp']")
+
+
+class Policy(nn.Module):
+    """Actor + critic + observation statistics: the unit that is versioned and shipped."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.actor = _body(spec, spec.action_dim, 0.01)
+        self.critic = _body(spec, 1, 1.0)
+        if spec.action_kind == "box":
+            self.log_std = nn.Parameter(torch.full((spec.action_dim,), float(spec.init_log_std)))
+        flat = int(np.prod(spec.obs_shape))
+        self.register_buffer("obs_mean", torch.zeros(flat, dtype=torch.float64))
+        self.register_buffer("obs_var", torch.ones(flat, dtype=torch.float64))
+        self.register_buffer("obs_count", torch.tensor(1e-4, dtype=torch.float64))
+
+    # -- observation normalisation -------------------------------------------------
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.spec.obs_norm:
+            return obs if self.spec.arch == "cnn" else obs.float()
+        shape = obs.shape
+        flat = obs.reshape(shape[0], -1).double()
+        z = (flat - self.obs_mean) / torch.sqrt(self.obs_var + 1e-8)
+        return z.clamp(-OBS_CLIP, OBS_CLIP).float().reshape(shape)
+
+    @torch.no_grad()
+    def update_obs_stats(self, obs: np.ndarray) -> None:
+        """Merge a batch of raw observations into the running mean/variance (parallel algorithm)."""
+        if not self.spec.obs_norm or len(obs) == 0:
+            return
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float64).reshape(len(obs), -1))
+        b_mean, b_var, b_n = x.mean(0), x.var(0, unbiased=False), float(len(obs))
+        n = float(self.obs_count)
+        delta = b_mean - self.obs_mean
+        tot = n + b_n
+        self.obs_mean += delta * b_n / tot
+        self.obs_var.copy_((self.obs_var * n + b_var * b_n + delta.pow(2) * n * b_n / tot) / tot)
+        self.obs_count.fill_(tot)
+
+    # -- distributions ---------------------------------------------------------------
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        out = self.actor(self.normalize(obs))
+        if self.spec.action_kind == "box":
+            std = self.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp().expand_as(out)
+            return Normal(out, std)
+        return Categorical(logits=out)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.normalize(obs)).squeeze(-1)
+
+    def log_prob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
+        lp = dist.log_prob(actions)
+        return lp.sum(-1) if self.spec.action_kind == "box" else lp
+
+    def entropy(self, dist: torch.distributions.Distribution) -> torch.Tensor:
+        ent = dist.entropy()
+        return ent.sum(-1) if self.spec.action_kind == "box" else ent
+
+    # -- weights ---------------------------------------------------------------------
+    def numpy_state(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
+
+    def load_numpy_state(self, state: dict[str, np.ndarray]) -> None:
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise ConfigError(f"policy weights do not match the model: missing {missing}, unexpected {unexpected}")
+        self.load_state_dict({k: torch.as_tensor(np.asarray(v)).to(own[k].dtype) for k, v in state.items()})
+
+    def policy_parameters(self) -> list[nn.Parameter]:
+        """The parameters the boosting detector differentiates: the actor (and log std)."""
+        params = list(self.actor.parameters())
+        if self.spec.action_kind == "box":
+            params.append(self.log_std)
+        return params
+
+
+POLICY_FORMAT = 1
+
+
+def policy_to_blob(policy: Policy, version: int, key: bytes) -> bytes:
+    """Serialise a policy version as a signed envelope of builtins and numpy arrays."""
+    from nitro import codec
+
+    doc = {"format": POLICY_FORMAT, "version": int(version), "spec": policy.spec.to_dict(),
+           "state": policy.numpy_state()}
+    return codec.encode(doc, key)
+
+
+def blob_to_doc(blob: bytes, key: bytes) -> dict:
+    """Verify and decode a policy blob into {'version', 'spec' (ModelSpec), 'state'}."""
+    from nitro import codec
+
+    doc = codec.decode(blob, key)
+    if not isinstance(doc, dict) or doc.get("format") != POLICY_FORMAT:
+        raise ConfigError(f"unsupported policy blob format {doc.get('format') if isinstance(doc, dict) else None!r}; "
+                          f"expected {POLICY_FORMAT}")
+    doc["spec"] = ModelSpec.from_dict(doc["spec"])
+    return doc
+
+
+def policy_from_blob(blob: bytes, key: bytes) -> tuple[Policy, int]:
+    doc = blob_to_doc(blob, key)
+    policy = Policy(doc["spec"])
+    policy.load_numpy_state(doc["state"])
+    return policy, doc["version"]
