@@ -104,11 +104,13 @@ class PPOLearner:
         self.kl_coeff = config.kl_coeff
         self.generator = torch.Generator().manual_seed(seed)
         self.updates = 0
+        self.last_data: dict[str, np.ndarray] | None = None
 
     def update(self, batches: list[dict]) -> UpdateStats:
         cfg = self.config
         t0 = time.perf_counter()
         data = collate(batches, cfg.gamma, cfg.gae_lambda)
+        self.last_data = data  # kept for the boosting detector's sample subset
         dev = self.device
         obs = torch.as_tensor(data["obs"], device=dev)
         actions = torch.as_tensor(data["actions"], device=dev)

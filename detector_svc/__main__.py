@@ -1,0 +1,3 @@
+from detector_svc.server import main
+
+main()

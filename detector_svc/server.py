@@ -1,0 +1,142 @@
+"""BoostingDetector: scores a policy version from the Hessian spectrum of its surrogate.
+
+Per-job state (the convexity ratios of past rounds) lives in Redis as a hash
+round -> R, so any replica can serve any job and a retried Score for the same
+round overwrites instead of appending twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+import time
+
+import grpc
+import numpy as np
+import torch
+
+from nitro import codec, metrics
+from nitro.detector.core import detect
+from nitro.detector.score import boosting_score
+from nitro.errors import ConfigError
+from nitro.grpc_util import Service, configure_logging
+from nitro.metrics import serve_metrics
+from nitro.models import Policy, blob_to_doc
+from nitro.redis_server import connect
+from nitro.store import PolicyNotFoundError, PolicyStore
+from nitro.v1 import detector_pb2, detector_pb2_grpc
+
+log = logging.getLogger("detector_svc")
+
+STATE_TTL_S = 7 * 24 * 3600
+DEFAULTS = {"subset_size": 512, "lanczos_steps": 20, "window": 6, "decay": 0.96}
+
+
+def ratios_key(job_id: str) -> str:
+    return f"nitro:{job_id}:detector:ratios"
+
+
+class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
+    def __init__(self, redis_client, hmac_key: bytes, redis_url: str):
+        self.redis, self.key, self.redis_url = redis_client, hmac_key, redis_url
+        self._policy_cache: dict[tuple[str, int], Policy] = {}
+        self._lock = threading.Lock()
+
+    def _policy(self, job_id: str, version: int) -> Policy:
+        with self._lock:
+            cached = self._policy_cache.get((job_id, version))
+        if cached is not None:
+            return cached
+        doc = blob_to_doc(PolicyStore(self.redis, job_id).get(version), self.key)
+        policy = Policy(doc["spec"])
+        policy.load_numpy_state(doc["state"])
+        with self._lock:
+            self._policy_cache = {(job_id, version): policy}  # one entry: memory stays flat
+        return policy
+
+    def Score(self, request, context):
+        t0 = time.perf_counter()
+        p = {k: getattr(request, k) or v for k, v in DEFAULTS.items()}
+        if not request.job_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: is required")
+        if request.round < 0 or request.policy_version < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "round and policy_version: must be >= 0")
+        if request.algo not in ("", "ppo"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"algo: unknown {request.algo!r}; allowed: ['ppo']")
+        if not 0.0 < request.clip < 1.0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"clip: must be in (0, 1), got {request.clip}")
+        if not 0.0 < p["decay"] <= 1.0 or not 1 <= p["window"] <= 1000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decay must be in (0, 1] and window in [1, 1000]")
+        if not 1 <= p["subset_size"] <= 1_000_000 or not 1 <= p["lanczos_steps"] <= 1000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "subset_size must be in [1, 1000000] and lanczos_steps in [1, 1000]")
+        try:
+            policy = self._policy(request.job_id, request.policy_version)
+            raw = self.redis.get(request.sample_ref) if request.sample_ref else None
+        except PolicyNotFoundError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except (ValueError, ConfigError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # redis connection errors
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"Redis at {self.redis_url.split('@')[-1]}: {exc}")
+        if raw is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"sample_ref {request.sample_ref!r} not found (expired?)")
+        try:
+            samples = codec.decode(raw, self.key)
+        except codec.PayloadError as exc:
+            metrics.REJECTED_PAYLOADS.labels(exc.reason).inc()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sample_ref payload rejected: {exc}")
+        try:
+            res = detect(policy, samples, clip=request.clip, subset_size=p["subset_size"],
+                         lanczos_steps=p["lanczos_steps"], seed=request.seed,
+                         normalize_advantages=request.normalize_advantages)
+        except ConfigError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        key = ratios_key(request.job_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, str(request.round), repr(res.ratio))
+        pipe.expire(key, STATE_TTL_S)
+        pipe.hgetall(key)
+        stored = pipe.execute()[-1]
+        history = sorted((int(k), float(v)) for k, v in stored.items() if int(k) <= request.round)
+        window = [r for _, r in history][-p["window"]:]
+        score = boosting_score(window, request.round, p["decay"], p["window"])
+        seconds = time.perf_counter() - t0
+        metrics.DETECTOR_SECONDS.observe(seconds)
+        metrics.BOOSTING_SCORE.labels(request.job_id).set(score)
+        metrics.CONVEXITY_RATIO.labels(request.job_id).set(res.ratio)
+        return detector_pb2.ScoreResponse(
+            lambda_max=_finite(res.lambda_max), lambda_min=_finite(res.lambda_min), convexity_ratio=res.ratio,
+            score=score, converged=res.converged, convergence_delta=_finite(res.convergence_delta),
+            samples_used=res.samples_used, seconds=seconds, window=window)
+
+
+def _finite(x: float) -> float:
+    return float(x) if np.isfinite(x) else 0.0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="detector_svc", description="nitro BoostingDetector")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--metrics-port", type=int, default=9102)
+    p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per request")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    configure_logging(args.log_level)
+    torch.set_num_threads(args.threads)
+    servicer = DetectorServicer(connect(args.redis_url), codec.load_hmac_key(), args.redis_url)
+    service = Service("detector", args.host, args.port, max_workers=4)
+    service.add("nitro.v1.BoostingDetector",
+                lambda s: detector_pb2_grpc.add_BoostingDetectorServicer_to_server(servicer, s))
+    serve_metrics(args.metrics_port, args.host)
+    service.install_signal_handlers()
+    service.start()
+    service.wait()

@@ -1,0 +1,3 @@
+from learner_svc.server import main
+
+main()

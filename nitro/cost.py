@@ -1,0 +1,207 @@
+"""Cost model (paper 8.1): prices as configuration, bills as pure functions, a per-job ledger.
+
+Serverless: the learner server by the hour (pro rata), Lambda actors per
+GB-second of billed duration (rounded up to the ms; 1 GB = 1024 MB) plus a
+per-request fee, and provisioned concurrency per GB-second while configured
+(invocations served by provisioned instances pay the lower provisioned
+duration rate: paper footnote 3).
+
+Serverful comparator: a fleet of actor VMs sized for I_max (one actor per
+vCPU, as in paper 2.4), started at the beginning of the job. The job pays the
+VM startup time too, during which the learner waits (paper Fig. 5: VMs take
+tens of seconds to minutes to start, Lambda seconds). EC2 Linux bills per
+second with a 60 s minimum ("per_second", default); "per_hour" rounds every
+VM's run up to whole hours (the older scheme; an upper bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nitro.errors import ConfigError
+
+MB_PER_GB = 1024.0
+VM_BILLING = ("per_second", "per_hour")
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Unit prices in USD (defaults: the paper's, AWS us-east-2)."""
+
+    learner_usd_per_hour: float = 3.06  # p3.2xlarge
+    lambda_usd_per_gb_second: float = 0.0000166667
+    lambda_usd_per_million_requests: float = 0.20
+    provisioned_usd_per_gb_second: float = 0.0000041667  # while configured, used or not
+    provisioned_duration_usd_per_gb_second: float = 0.0000097222  # duration on provisioned instances
+    provisioned_billing_increment_s: float = 300.0  # AWS rounds a configured period up to 5 minutes
+    actor_vm_name: str = "c5.4xlarge"
+    actor_vm_usd_per_hour: float = 0.68
+    actor_vm_vcpus: int = 16
+    actors_per_vcpu: int = 1
+    actor_vm_startup_s: float = 60.0
+    actor_vm_billing: str = "per_second"
+    actor_vm_min_billed_s: float = 60.0  # per-second billing minimum per VM start
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "actor_vm_name":
+                if not isinstance(v, str) or not v:
+                    raise ConfigError(f"invalid value for prices.{f.name}: must be a non-empty string")
+            elif f.name == "actor_vm_billing":
+                if v not in VM_BILLING:
+                    raise ConfigError(f"invalid value for prices.{f.name}: must be one of {list(VM_BILLING)}, got {v!r}")
+            elif f.name in ("actor_vm_vcpus", "actors_per_vcpu"):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ConfigError(f"invalid value for prices.{f.name}: must be an integer >= 1, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"invalid value for prices.{f.name}: must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping | None) -> "Prices":
+        """Defaults overridden by `d` (e.g. a YAML section); unknown keys are an error."""
+        d = dict(d or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown price setting(s) {unknown}; allowed: {sorted(names)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _check(field: str, v: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ConfigError(f"invalid value for {field}: must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def billed_duration_ms(duration_ms: float) -> int:
+    """Lambda bills duration rounded up to the next millisecond (at least 1 ms)."""
+    return max(1, math.ceil(_check("duration_ms", duration_ms)))
+
+
+def lambda_cost(total_billed_ms: float, invocations: int, memory_mb: float, prices: Prices, *,
+                provisioned: bool = False) -> float:
+    """Duration (GB-seconds x rate) plus request fees for `invocations` whose billed ms sum to total_billed_ms."""
+    gb_s = _check("billed_ms", total_billed_ms) / 1000.0 * _check("memory_mb", memory_mb) / MB_PER_GB
+    rate = prices.provisioned_duration_usd_per_gb_second if provisioned else prices.lambda_usd_per_gb_second
+    return gb_s * rate + _check("invocations", invocations) * prices.lambda_usd_per_million_requests / 1e6
+
+
+def lambda_invocation_cost(billed_ms: float, memory_mb: float, prices: Prices, *, provisioned: bool = False) -> float:
+    """One invocation; a fractional billed_ms is rounded up as Lambda would."""
+    return lambda_cost(math.ceil(_check("billed_ms", billed_ms)), 1, memory_mb, prices, provisioned=provisioned)
+
+
+def learner_cost(seconds: float, prices: Prices) -> float:
+    return _check("seconds", seconds) / 3600.0 * prices.learner_usd_per_hour
+
+
+def provisioned_concurrency_cost(concurrency: int, memory_mb: float, seconds: float, prices: Prices, *,
+                                 round_up: bool = True) -> float:
+    """Keeping `concurrency` instances configured for `seconds` (rounded up to the billing increment)."""
+    s = _check("seconds", seconds)
+    inc = prices.provisioned_billing_increment_s
+    if round_up and inc > 0 and s > 0:
+        s = math.ceil(s / inc) * inc
+    gb = _check("memory_mb", memory_mb) / MB_PER_GB
+    return _check("concurrency", concurrency) * gb * s * prices.provisioned_usd_per_gb_second
+
+
+def serverful_vm_count(i_max: int, prices: Prices) -> int:
+    """VMs needed to host I_max actors (one actor per vCPU by default)."""
+    if isinstance(i_max, bool) or not isinstance(i_max, int) or i_max < 1:
+        raise ConfigError(f"invalid value for i_max: must be an integer >= 1, got {i_max!r}")
+    return math.ceil(i_max / (prices.actor_vm_vcpus * prices.actors_per_vcpu))
+
+
+def serverful_round_cost(round_seconds: float, i_max: int, prices: Prices, *, include_learner: bool = True) -> float:
+    """Marginal cost of one round of a running serverful job (pro rata, no startup, no rounding)."""
+    vms = serverful_vm_count(i_max, prices) * _check("round_seconds", round_seconds) / 3600.0 * prices.actor_vm_usd_per_hour
+    return vms + (learner_cost(round_seconds, prices) if include_learner else 0.0)
+
+
+def serverful_job_cost(job_seconds: float, i_max: int, prices: Prices, *, include_learner: bool = True) -> float:
+    """A whole serverful job: the VM fleet billed for startup + job time (see module doc), learner included."""
+    run = _check("job_seconds", job_seconds) + prices.actor_vm_startup_s
+    if prices.actor_vm_billing == "per_hour":
+        billed = math.ceil(run / 3600.0) * 3600.0
+    else:
+        billed = max(run, prices.actor_vm_min_billed_s)
+    vms = serverful_vm_count(i_max, prices) * billed / 3600.0 * prices.actor_vm_usd_per_hour
+    return vms + (learner_cost(run, prices) if include_learner else 0.0)
+
+
+def estimate_round_cost(actors: int, expected_billed_ms: float, memory_mb: float, learner_seconds: float,
+                        prices: Prices, *, provisioned: bool = False) -> float:
+    """Planned cost of a round: `actors` invocations of expected_billed_ms each plus the learner's time."""
+    per_actor = lambda_invocation_cost(expected_billed_ms, memory_mb, prices, provisioned=provisioned)
+    return _check("actors", actors) * per_actor + learner_cost(learner_seconds, prices)
+
+
+@dataclass(frozen=True)
+class RoundCost:
+    actor_usd: float
+    learner_usd: float
+    provisioned_usd: float
+    serverful_usd: float
+    invocations: int
+    billed_ms: int
+
+    @property
+    def total_usd(self) -> float:
+        return self.actor_usd + self.learner_usd + self.provisioned_usd
+
+    def to_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), total_usd=self.total_usd)
+
+
+@dataclass(frozen=True)
+class CostLedger:
+    """Cumulative cost of a job; add_round returns a new ledger (the service stores to_dict() in Redis)."""
+
+    rounds: int = 0
+    invocations: int = 0
+    billed_ms: int = 0
+    actor_usd: float = 0.0
+    learner_usd: float = 0.0
+    provisioned_usd: float = 0.0
+    wall_seconds: float = 0.0
+    serverful_usd: float = 0.0  # what the same rounds would have cost on the serverful comparator
+
+    @property
+    def total_usd(self) -> float:
+        return self.actor_usd + self.learner_usd + self.provisioned_usd
+
+    def add_round(self, *, invocations: int, billed_ms: int, memory_mb: float, round_seconds: float, i_max: int,
+                  prices: Prices, provisioned: bool = False,
+                  provisioned_concurrency: int = 0) -> tuple["CostLedger", RoundCost]:
+        """Account one round: actors' billed ms, the learner server for the round's wall time,
+        provisioned concurrency held during it, and the serverful comparator's increment."""
+        actor = lambda_cost(billed_ms, invocations, memory_mb, prices, provisioned=provisioned)
+        learner = learner_cost(round_seconds, prices)
+        pc = provisioned_concurrency_cost(provisioned_concurrency, memory_mb, round_seconds, prices, round_up=False)
+        # Difference of whole-job bills, so startup and billing granularity land exactly once.
+        before = serverful_job_cost(self.wall_seconds, i_max, prices) if self.rounds else 0.0
+        serverful = serverful_job_cost(self.wall_seconds + round_seconds, i_max, prices) - before
+        rc = RoundCost(actor, learner, pc, serverful, int(invocations), int(billed_ms))
+        return CostLedger(self.rounds + 1, self.invocations + int(invocations), self.billed_ms + int(billed_ms),
+                          self.actor_usd + actor, self.learner_usd + learner, self.provisioned_usd + pc,
+                          self.wall_seconds + float(round_seconds), self.serverful_usd + serverful), rc
+
+    def to_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), total_usd=self.total_usd)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "CostLedger":
+        d = {k: v for k, v in d.items() if k != "total_usd"}  # derived, written by to_dict
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown cost ledger field(s) {unknown}; allowed: {sorted(names)}")
+        return cls(**d)

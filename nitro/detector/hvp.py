@@ -1,0 +1,108 @@
+"""The detector's objective and its Hessian-vector products (paper 5.1, 6.2).
+
+The Hessian is that of the PPO surrogate *objective* L (the quantity PPO
+maximises), not of the loss -L: negating it swaps and negates the extreme
+eigenvalues, which would turn R = -lambda_max / lambda_min into 1 / R.
+
+    L(theta) = mean_t min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t),
+    r_t = exp(log pi_theta(a_t | s_t) - logp_behaviour_t)
+
+The ratio r == 1 needs no special case: clamp is the identity (gradient 1) on
+the closed range [1 - eps, 1 + eps], so near r == 1 both branches of the min
+are r A and L is locally the plain importance-weighted policy-gradient
+objective, whose Hessian is meaningful. Only samples already clipped on the
+pessimistic side contribute no curvature, which is what the PPO update sees.
+The detector runs on the post-update policy with the round's behaviour
+log-probabilities, so ratios generally differ from 1 anyway.
+
+Products use double backward: the first-order graph is built once by
+`make_hvp` and every product H v = d(g . v)/d theta reuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+DEFAULT_SUBSET = 512
+
+
+def ppo_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, clip: float) -> torch.Tensor:
+    """mean(min(r A, clip(r, 1 - clip, 1 + clip) A)) with r = exp(logp_new - logp_old); maximised by PPO."""
+    ratio = torch.exp(logp_new - logp_old)
+    return torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv).mean()
+
+
+def ppo_objective(policy, obs: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+                  clip: float) -> Callable[[], torch.Tensor]:
+    """A closure evaluating the PPO surrogate of `policy` (a nitro.models.Policy) on fixed samples.
+
+    Extension point: an IMPACT detector supplies its own closure (its surrogate
+    against the target network) and reuses make_hvp and the eigensolvers as is.
+    """
+
+    def objective() -> torch.Tensor:
+        dist = policy.distribution(obs)
+        return ppo_surrogate(policy.log_prob(dist, actions), logp_old, adv, clip)
+
+    return objective
+
+
+def select_subset(n: int, size: int = DEFAULT_SUBSET, seed: int = 0) -> np.ndarray:
+    """Sorted indices of a seeded uniform sample of `size` out of `n` rows (all rows if n <= size)."""
+    if size < 1:
+        raise ValueError(f"subset size must be >= 1, got {size}")
+    if n <= size:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
+
+
+def _flat(tensors: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]) -> torch.Tensor:
+    # A parameter the objective does not touch has zero derivative, not an error.
+    return torch.cat([(t if t is not None else torch.zeros_like(p)).reshape(-1) for t, p in zip(tensors, params)])
+
+
+def make_hvp(objective_fn: Callable[[], torch.Tensor], params: Sequence[torch.Tensor]
+             ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """(hvp, dim): hvp(v) = H v for the Hessian of objective_fn() w.r.t. `params`, on flat vectors.
+
+    v may have any floating dtype; it is cast to the parameters' dtype and the
+    product comes back in that dtype. Nothing is accumulated in `.grad`.
+    """
+    params = list(params)
+    dim = sum(p.numel() for p in params)
+    value = objective_fn()
+    grads = torch.autograd.grad(value, params, create_graph=True, allow_unused=True)
+    # Gradients that do not depend on theta (objective linear in that tensor) add no curvature.
+    live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+    sizes = [p.numel() for p in params]
+    dtype = params[0].dtype
+
+    def hvp(v: torch.Tensor) -> torch.Tensor:
+        if v.shape != (dim,):
+            raise ValueError(f"hvp expects a vector of shape ({dim},), got {tuple(v.shape)}")
+        if not live:  # the objective is linear (or constant) in every parameter
+            return torch.zeros(dim, dtype=dtype)
+        chunks = v.to(dtype).split(sizes)
+        dot = sum((grads[i] * chunks[i].view_as(params[i])).sum() for i in live)
+        hv = torch.autograd.grad(dot, params, retain_graph=True, allow_unused=True)
+        return _flat(hv, params).detach()
+
+    return hvp, dim
+
+
+def explicit_hessian(hvp: Callable[[torch.Tensor], torch.Tensor], dim: int, *, max_dim: int = 4096,
+                     dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The dense Hessian, row by row (H e_i), symmetrised; for small nets and the ablation only."""
+    if dim > max_dim:
+        raise ValueError(f"explicit Hessian of dimension {dim} exceeds max_dim={max_dim} "
+                         f"({dim * dim * 8 / 2**30:.1f} GiB in float64)")
+    h = torch.empty(dim, dim, dtype=dtype)
+    e = torch.zeros(dim, dtype=dtype)
+    for i in range(dim):
+        e[i] = 1.0
+        h[i] = hvp(e).to(dtype)
+        e[i] = 0.0
+    return 0.5 * (h + h.T)  # removes round-off asymmetry; exact H is symmetric

@@ -1,0 +1,142 @@
+"""gRPC plumbing shared by the services and the SDK.
+
+Servers: health service, reflection, graceful stop on SIGTERM (health goes
+NOT_SERVING first, then the service drains). Clients: a retry policy for
+UNAVAILABLE in the channel's service config and a deadline on every call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # control plane only: bulk data goes through Redis
+
+SERVICES = ("nitro.v1.TrainingService", "nitro.v1.BoostingDetector", "nitro.v1.ActorScaler")
+
+# Deadlines (seconds) per method; every client call passes one.
+DEADLINES = {
+    "StartTraining": 30.0, "GetTraining": 10.0, "StopTraining": 30.0, "ListTrainings": 10.0,
+    "Score": 120.0, "Plan": 10.0, "Launch": 900.0, "GetCost": 10.0,
+    "WatchTraining": 7 * 24 * 3600.0,
+}
+
+
+def service_config(retry_attempts: int = 5) -> str:
+    policy = {
+        "maxAttempts": retry_attempts, "initialBackoff": "0.2s", "maxBackoff": "5s",
+        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    return json.dumps({"methodConfig": [{"name": [{"service": s} for s in SERVICES], "retryPolicy": policy}]})
+
+
+def channel_options() -> list[tuple[str, object]]:
+    return [
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", service_config()),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+    ]
+
+
+def make_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    if credentials is not None:
+        return grpc.secure_channel(target, credentials, options=channel_options())
+    return grpc.insecure_channel(target, options=channel_options())
+
+
+class Service:
+    """A gRPC server with health + reflection that drains gracefully on SIGTERM/SIGINT."""
+
+    def __init__(self, name: str, host: str, port: int, *, max_workers: int = 16,
+                 interceptors: Iterable[grpc.ServerInterceptor] = (),
+                 server_credentials: grpc.ServerCredentials | None = None):
+        self.name = name
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
+            interceptors=list(interceptors),
+            options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.so_reuseport", 0)])
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        address = f"{host}:{port}"
+        self.port = (self.server.add_secure_port(address, server_credentials) if server_credentials
+                     else self.server.add_insecure_port(address))
+        if self.port == 0:
+            raise RuntimeError(f"{name}: cannot bind {address}")
+        self.host = host
+        self._services: list[str] = []
+        self._drain_hooks: list[Callable[[], None]] = []
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def add(self, full_service_name: str, register: Callable[[grpc.Server], None]) -> None:
+        register(self.server)
+        self._services.append(full_service_name)
+
+    def on_drain(self, hook: Callable[[], None]) -> None:
+        """Run `hook` after health goes NOT_SERVING and before the server stops."""
+        self._drain_hooks.append(hook)
+
+    def start(self) -> None:
+        reflection.enable_server_reflection((*self._services, reflection.SERVICE_NAME, health.SERVICE_NAME),
+                                            self.server)
+        self.server.start()
+        for s in ("", *self._services):
+            self.health.set(s, health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s listening on %s", self.name, self.address)
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self._stopped.is_set():
+            return
+        # Tell load balancers and probes first, then let in-flight work finish.
+        for s in ("", *self._services):
+            self.health.set(s, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for hook in self._drain_hooks:
+            try:
+                hook()
+            except Exception:  # a failing hook must not prevent the stop
+                log.exception("%s: drain hook failed", self.name)
+        self.server.stop(grace).wait()
+        self._stopped.set()
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum, _frame):
+            log.info("%s: received signal %d, draining", self.name, signum)
+            threading.Thread(target=self.stop, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+
+def check_health(target: str, service: str = "", timeout: float = 2.0) -> bool:
+    try:
+        with grpc.insecure_channel(target) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
+                                                        timeout=timeout)
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

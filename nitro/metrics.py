@@ -1,0 +1,57 @@
+"""Prometheus metrics shared by the services (base units, `_seconds`, `_total`).
+
+Labels stay low-cardinality: a phase, an error type, a reason, a job id on
+gauges; never a round or an actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+PHASES = ("sample", "ingest", "update", "detect", "plan", "invoke", "publish", "evaluate")
+
+ROUND_PHASE_SECONDS = Histogram(
+    "nitro_round_phase_seconds", "Wall time of one phase of a training round.", ["phase"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+ROUND_SECONDS = Histogram("nitro_round_seconds", "Wall time of a whole training round.",
+                          buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+INVOCATIONS = Counter("nitro_actor_invocations_total", "Actor function invocations started.")
+INVOCATION_FAILURES = Counter("nitro_actor_invocation_failures_total", "Actor invocations that failed.",
+                              ["error_type"])
+INVOCATION_RETRIES = Counter("nitro_actor_invocation_retries_total", "Actor invocations retried.")
+ENV_STEPS = Counter("nitro_env_steps_total", "Environment steps ingested by the learner.")
+COST_USD = Counter("nitro_cost_usd_total", "Dollars spent.", ["component"])
+REJECTED_PAYLOADS = Counter("nitro_rejected_payloads_total", "Stream entries rejected before unpickling.",
+                            ["reason"])
+DUPLICATE_BATCHES = Counter("nitro_duplicate_batches_total", "Trajectory batches dropped as duplicates.")
+CURRENT_ROUND = Gauge("nitro_current_round", "Round a job is in.", ["job"])
+ACTORS_IN_FLIGHT = Gauge("nitro_actors_in_flight", "Actor invocations currently running.")
+ACTORS_PER_ROUND = Gauge("nitro_actors_per_round", "Actors launched in the job's latest round.", ["job"])
+BUDGET_LEFT_USD = Gauge("nitro_budget_left_usd", "Budget a job has left.", ["job"])
+BOOSTING_SCORE = Gauge("nitro_boosting_score", "Latest boosting score S_k.", ["job"])
+CONVEXITY_RATIO = Gauge("nitro_convexity_ratio", "Latest convexity ratio R.", ["job"])
+EVAL_RETURN = Gauge("nitro_eval_return", "Latest deterministic evaluation return.", ["job"])
+DETECTOR_SECONDS = Histogram("nitro_detector_seconds", "Time to score one policy (HVPs + Lanczos).",
+                             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
+
+@contextlib.contextmanager
+def timed(phase: str, sink: dict[str, float] | None = None):
+    """Observe a phase in the histogram and add its duration to `sink[phase]`."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        dt = time.perf_counter() - t0
+        ROUND_PHASE_SECONDS.labels(phase).observe(dt)
+        if sink is not None:
+            sink[phase] = sink.get(phase, 0.0) + dt
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
+    """Expose /metrics on host:port (port 0 picks a free one); returns the port."""
+    server, _ = start_http_server(port, addr=host)
+    return server.server_address[1]

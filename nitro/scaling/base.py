@@ -1,0 +1,63 @@
+"""The scaling-policy interface: round inputs, the policy protocol, and choosing a policy by name.
+
+A policy is pure: decide(state, inputs) -> (actors, new_state, reason). `state`
+is the policy's own JSON-serialisable memory between rounds (the scaler
+service keeps it in Redis, so replicas are interchangeable); policies never
+mutate it, they return a new one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from nitro.errors import ConfigError
+
+DEFAULT_I_MIN = 8
+DEFAULT_I_MAX = 64
+
+
+def check_range(i_min: int, i_max: int) -> None:
+    """ConfigError unless 1 <= i_min <= i_max (integers)."""
+    if not isinstance(i_min, int) or isinstance(i_min, bool) or i_min < 1:
+        raise ConfigError(f"invalid value for i_min: must be an integer >= 1, got {i_min!r}")
+    if not isinstance(i_max, int) or isinstance(i_max, bool) or i_max < i_min:
+        raise ConfigError(f"invalid value for i_max: must be an integer >= i_min ({i_min}), got {i_max!r}")
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What a policy may look at for round k (0-based)."""
+
+    round_index: int
+    score: float = 0.0  # boosting score S_k in [0, 1] (nitro)
+    i_min: int = DEFAULT_I_MIN
+    i_max: int = DEFAULT_I_MAX
+    noise_scale: float | None = None  # smoothed gradient noise scale B_simple (kungfu); None = unknown
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.round_index, int) or self.round_index < 0:
+            raise ConfigError(f"invalid value for round_index: must be an integer >= 0, got {self.round_index!r}")
+        check_range(self.i_min, self.i_max)
+
+
+class ScalingPolicy(Protocol):
+    name: str
+
+    def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]: ...
+
+
+def round_half_up(x: float) -> int:
+    """Round to nearest, halves up (Python's round() sends 2.5 to 2)."""
+    return int(math.floor(x + 0.5))
+
+
+def clip(x: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, x))
+
+
+def check_params(policy: str, params: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) {unknown} for scaling policy {policy!r}; allowed: {sorted(allowed)}")

@@ -1,0 +1,215 @@
+"""The training spec: defaults, validation and conversion to/from the gRPC message.
+
+The server validates every StartTraining request with `validate`; the SDK and
+CLI use the same code so a bad flag fails before anything is sent. Errors are
+`InvalidSpec` naming the field and what is allowed (INVALID_ARGUMENT on the wire).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from nitro.errors import ConfigError, UnknownEnvironmentError
+
+ALGOS = ("ppo",)
+SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_ACTORS = 1000
+MAX_ROUNDS = 100_000
+MAX_STEPS_PER_ACTOR = 1_000_000
+
+
+class InvalidSpec(ConfigError):
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass
+class ScalerSettings:
+    policy: str = "nitro"
+    i_min: int = 8
+    i_max: int = 64
+    fixed_actors: int = 16
+    decay: float = 0.96
+    window: int = 6
+    period: int = 10
+
+
+@dataclass
+class TrainingSpec:
+    env_id: str = ""
+    algo: str = "ppo"
+    preset: str = "tuned"
+    hyperparameters: dict[str, float] = field(default_factory=dict)
+    scaler: ScalerSettings = field(default_factory=ScalerSettings)
+    rounds: int = 50
+    steps_per_actor: int = 256
+    budget_usd: float = 10.0
+    seed: int = 0
+    eval_episodes: int = 5
+    round_deadline_s: float = 120.0
+    job_id: str = ""
+    actor_memory_mb: int = 1024
+    function_name: str = "nitro-actor"
+    target_return: float = 0.0
+    min_sample_fraction: float = 0.5
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _finite(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidSpec(name, f"must be a finite number, got {value!r}")
+
+
+def validate(spec: TrainingSpec) -> TrainingSpec:
+    """Check every field; returns the spec (with a generated job id if none was given)."""
+    from nitro.config import PPO_PRESETS, ppo_config
+    from nitro.envs import resolve_env_id
+
+    if not spec.env_id:
+        raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1'")
+    try:
+        resolve_env_id(spec.env_id)
+    except UnknownEnvironmentError as exc:
+        raise InvalidSpec("env_id", f"{exc}; use any registered Gymnasium id") from exc
+    if spec.algo not in ALGOS:
+        raise InvalidSpec("algo", f"unknown algorithm {spec.algo!r}; allowed: {list(ALGOS)}")
+    if spec.preset not in PPO_PRESETS:
+        raise InvalidSpec("preset", f"unknown preset {spec.preset!r} for {spec.algo}; allowed: {sorted(PPO_PRESETS)}")
+    for name, value in spec.hyperparameters.items():
+        _finite(f"hyperparameters.{name}", value)
+    try:
+        ppo_config(spec.preset, **_typed_overrides(spec.hyperparameters))
+    except ConfigError as exc:
+        raise InvalidSpec("hyperparameters", str(exc)) from exc
+
+    sc = spec.scaler
+    if sc.policy not in SCALER_POLICIES:
+        raise InvalidSpec("scaler.policy", f"unknown scaling policy {sc.policy!r}; allowed: {list(SCALER_POLICIES)}")
+    if not 1 <= sc.i_min <= MAX_ACTORS:
+        raise InvalidSpec("scaler.i_min", f"must be in [1, {MAX_ACTORS}], got {sc.i_min}")
+    if not 1 <= sc.i_max <= MAX_ACTORS:
+        raise InvalidSpec("scaler.i_max", f"must be in [1, {MAX_ACTORS}], got {sc.i_max}")
+    if sc.i_min > sc.i_max:
+        raise InvalidSpec("scaler.i_min", f"must be <= scaler.i_max ({sc.i_max}), got {sc.i_min}")
+    if not 1 <= sc.fixed_actors <= MAX_ACTORS:
+        raise InvalidSpec("scaler.fixed_actors", f"must be in [1, {MAX_ACTORS}], got {sc.fixed_actors}")
+    _finite("scaler.decay", sc.decay)
+    if not 0.0 < sc.decay <= 1.0:
+        raise InvalidSpec("scaler.decay", f"must be in (0, 1], got {sc.decay}")
+    if not 1 <= sc.window <= 1000:
+        raise InvalidSpec("scaler.window", f"must be in [1, 1000], got {sc.window}")
+    if not 1 <= sc.period <= MAX_ROUNDS:
+        raise InvalidSpec("scaler.period", f"must be in [1, {MAX_ROUNDS}], got {sc.period}")
+
+    if not 1 <= spec.rounds <= MAX_ROUNDS:
+        raise InvalidSpec("rounds", f"must be in [1, {MAX_ROUNDS}], got {spec.rounds}")
+    if not 1 <= spec.steps_per_actor <= MAX_STEPS_PER_ACTOR:
+        raise InvalidSpec("steps_per_actor", f"must be in [1, {MAX_STEPS_PER_ACTOR}], got {spec.steps_per_actor}")
+    _finite("budget_usd", spec.budget_usd)
+    if spec.budget_usd <= 0:
+        raise InvalidSpec("budget_usd", f"must be > 0, got {spec.budget_usd}")
+    if not 0 <= spec.seed < 2**63:
+        raise InvalidSpec("seed", f"must be in [0, 2^63), got {spec.seed}")
+    if not 0 <= spec.eval_episodes <= 1000:
+        raise InvalidSpec("eval_episodes", f"must be in [0, 1000], got {spec.eval_episodes}")
+    _finite("round_deadline_s", spec.round_deadline_s)
+    if not 0 < spec.round_deadline_s <= 3600:
+        raise InvalidSpec("round_deadline_s", f"must be in (0, 3600], got {spec.round_deadline_s}")
+    if not 128 <= spec.actor_memory_mb <= 10240:
+        raise InvalidSpec("actor_memory_mb", f"must be in [128, 10240] (AWS Lambda limits), got {spec.actor_memory_mb}")
+    if not re.fullmatch(r"[A-Za-z0-9_:.-]{1,140}", spec.function_name or ""):
+        raise InvalidSpec("function_name", "must be 1-140 characters of letters, digits, '-', '_', ':' or '.'")
+    _finite("target_return", spec.target_return)
+    _finite("min_sample_fraction", spec.min_sample_fraction)
+    if not 0.0 < spec.min_sample_fraction <= 1.0:
+        raise InvalidSpec("min_sample_fraction", f"must be in (0, 1], got {spec.min_sample_fraction}")
+    if spec.job_id and not JOB_ID_RE.match(spec.job_id):
+        raise InvalidSpec("job_id", "must be 1-64 characters of letters, digits, '-' or '_'")
+    if not spec.job_id:
+        spec.job_id = new_job_id(spec.env_id)
+    return spec
+
+
+def new_job_id(env_id: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", env_id.split(":")[-1].split("/")[-1]).strip("-").lower()[:24] or "job"
+    return f"{stem}-{uuid.uuid4().hex[:8]}"
+
+
+def _typed_overrides(hp: dict[str, float]) -> dict:
+    """Numeric wire values -> the config's field types (ints stay ints, bools from 0/1)."""
+    from nitro.config import PPOConfig
+
+    types = {f.name: f.type for f in dataclasses.fields(PPOConfig)}
+    out = {}
+    for k, v in hp.items():
+        t = types.get(k)
+        if t in ("int", int):
+            if float(v) != int(v):
+                raise ConfigError(f"{k} must be an integer, got {v}")
+            out[k] = int(v)
+        elif t in ("bool", bool):
+            out[k] = bool(v)
+        else:
+            out[k] = float(v)
+    return out
+
+
+def algo_config(spec: TrainingSpec):
+    from nitro.config import ppo_config
+
+    return ppo_config(spec.preset, **_typed_overrides(spec.hyperparameters))
+
+
+# -- wire conversion -----------------------------------------------------------------
+
+_SCALAR_FIELDS = ("rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s",
+                  "actor_memory_mb", "target_return", "min_sample_fraction")
+_SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period")
+
+
+def from_proto(msg) -> TrainingSpec:
+    """Message -> spec; unset optional fields keep their defaults, set ones are taken as given."""
+    spec = TrainingSpec(env_id=msg.env_id, job_id=msg.job_id)
+    if msg.algo:
+        spec.algo = msg.algo
+    if msg.preset:
+        spec.preset = msg.preset
+    if msg.function_name:
+        spec.function_name = msg.function_name
+    spec.hyperparameters = dict(msg.hyperparameters)
+    for name in _SCALAR_FIELDS:
+        if msg.HasField(name):
+            setattr(spec, name, getattr(msg, name))
+    if msg.HasField("scaler"):
+        if msg.scaler.policy:
+            policy, _, n = msg.scaler.policy.partition(":")
+            spec.scaler.policy = policy
+            if n:  # "fixed:16" shorthand
+                try:
+                    spec.scaler.fixed_actors = int(n)
+                except ValueError:
+                    raise InvalidSpec("scaler.policy", f"'{msg.scaler.policy}': the count after ':' must be an "
+                                      "integer, e.g. 'fixed:16'") from None
+        for name in _SCALER_FIELDS:
+            if msg.scaler.HasField(name):
+                setattr(spec.scaler, name, getattr(msg.scaler, name))
+    return spec
+
+
+def to_proto(spec: TrainingSpec):
+    from nitro.v1 import common_pb2, training_pb2
+
+    sc = spec.scaler
+    return training_pb2.TrainingSpec(
+        env_id=spec.env_id, algo=spec.algo, preset=spec.preset, hyperparameters=spec.hyperparameters,
+        scaler=common_pb2.ScalerSpec(policy=sc.policy, **{n: getattr(sc, n) for n in _SCALER_FIELDS}),
+        job_id=spec.job_id, function_name=spec.function_name,
+        **{n: getattr(spec, n) for n in _SCALAR_FIELDS})

@@ -1,0 +1,308 @@
+"""Redis layout of a job (DESIGN section 3): policy blobs and the trajectory stream.
+
+Every key is bounded: policies expire, acked stream entries are deleted, the
+stream has a MAXLEN safety cap, and the dedup record keeps a time window.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from nitro.codec import BadSignatureError, MalformedPayloadError, PayloadError, UnsignedPayloadError, decode, encode
+
+log = logging.getLogger(__name__)
+
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_FIELDS = (b"inv", b"round", b"version", b"steps")
+
+
+def _job(job_id: str) -> str:
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
+        raise ValueError(f"job_id must match [A-Za-z0-9_-]{{1,64}}, got {job_id!r}")
+    return job_id
+
+
+def _version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be a non-negative int, got {version!r}")
+    return version
+
+
+def policy_key(job_id: str, version: int) -> str:
+    return f"nitro:{_job(job_id)}:policy:{_version(version)}"
+
+
+def latest_policy_key(job_id: str) -> str:
+    return f"nitro:{_job(job_id)}:policy:latest"
+
+
+def stream_key(job_id: str) -> str:
+    return f"nitro:{_job(job_id)}:traj"
+
+
+def seen_key(job_id: str) -> str:
+    return f"nitro:{_job(job_id)}:seen"
+
+
+class PolicyNotFoundError(LookupError):
+    def __init__(self, job_id: str, version: int):
+        self.job_id, self.version = job_id, version
+        super().__init__(f"policy version {version} of job {job_id!r} not found (never published or expired)")
+
+
+class PolicyStore:
+    """Serialized policy weights by version; one writer (the learner), many readers."""
+
+    def __init__(self, client: redis.Redis, job_id: str, ttl_s: int = 3600):
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+        self._r, self.job_id, self.ttl_s = client, _job(job_id), int(ttl_s)
+
+    def put(self, version: int, blob: bytes) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set(policy_key(self.job_id, version), blob, ex=self.ttl_s)
+        pipe.set(latest_policy_key(self.job_id), version, ex=self.ttl_s)
+        pipe.execute()
+
+    def get(self, version: int) -> bytes:
+        blob = self._r.get(policy_key(self.job_id, version))
+        if blob is None:
+            raise PolicyNotFoundError(self.job_id, version)
+        return blob
+
+    def latest(self) -> int | None:
+        v = self._r.get(latest_policy_key(self.job_id))
+        return int(v) if v is not None else None
+
+
+class TrajectoryWriter:
+    """Actor side: one signed stream entry per invocation."""
+
+    def __init__(self, client: redis.Redis, job_id: str, key: bytes, maxlen: int = 10000):
+        self._r, self._stream, self._key, self._maxlen = client, stream_key(job_id), key, maxlen
+
+    def append(
+        self, *, invocation_id: str, round: int, policy_version: int, steps: int, batch: dict, compress: bool = False
+    ) -> str:
+        if not invocation_id or not isinstance(invocation_id, str):
+            raise ValueError("invocation_id must be a non-empty str")
+        meta = (invocation_id, int(round), int(policy_version), int(steps))
+        # The stream fields are readable without decoding, but the signed copy is
+        # what the reader trusts: re-labelling a valid payload cannot dodge dedup.
+        payload = encode((*meta, batch), self._key, compress=compress)
+        fields = dict(zip(_FIELDS, (str(v).encode() for v in meta)))
+        fields[b"payload"] = payload
+        # Approximate MAXLEN is a memory cap for a stalled learner, not the normal cleanup (ack deletes).
+        entry_id = self._r.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
+        return entry_id.decode()
+
+
+@dataclass
+class TrajectoryEntry:
+    entry_id: str
+    invocation_id: str
+    round: int
+    policy_version: int
+    steps: int
+    batch: dict
+
+
+class _RecentIds:
+    """invocation id -> entry id of entries this reader handed out, oldest evicted first.
+
+    The size cap bounds memory; the Redis window covers ids evicted here.
+    """
+
+    def __init__(self, cap: int):
+        self._ids: dict[str, str] = {}
+        self._cap = cap
+
+    def get(self, invocation_id: str) -> str | None:
+        return self._ids.get(invocation_id)
+
+    def add(self, invocation_id: str, entry_id: str) -> None:
+        self._ids[invocation_id] = entry_id
+        if len(self._ids) > self._cap:
+            del self._ids[next(iter(self._ids))]
+
+
+class TrajectoryReader:
+    """Learner side of the stream: verified, deduplicated, at-least-once batches.
+
+    An entry stays pending until `ack`, so a learner that dies mid-batch gets it
+    back (same consumer name: on its first `read`; another consumer: `claim_stale`).
+    Rejected and duplicate entries are acked and deleted at once and only counted.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        job_id: str,
+        key: bytes,
+        group: str = "learner",
+        consumer: str = "learner-0",
+        max_payload_bytes: int = 256 << 20,
+        dedup_window_s: int = 24 * 3600,
+        recent_cap: int = 100_000,
+    ):
+        self._r, self._key = client, key
+        self.job_id = _job(job_id)
+        self._stream, self._seen_key = stream_key(job_id), seen_key(job_id)
+        self.group, self.consumer = group, consumer
+        self.max_payload_bytes = max_payload_bytes
+        self.dedup_window_s = int(dedup_window_s)
+        self.rejected: Counter[str] = Counter()
+        self.duplicates = 0
+        self.lost = 0  # pending entries whose data was trimmed away before they were acked
+        self._recent = _RecentIds(recent_cap)
+        self._backlog_from: str | None = "0"  # own pending entries are replayed first
+        self._claim_from = "0-0"
+        self._next_trim = 0.0
+        self._create_group()
+
+    def _create_group(self) -> None:
+        try:
+            self._r.xgroup_create(self._stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _grouped(self, fn, *args, **kwargs):
+        """Run a group command, recreating the group once if Redis lost it (restart without AOF)."""
+        try:
+            return fn(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("consumer group %s of job %s was missing; recreated", self.group, self.job_id)
+            self._create_group()
+            return fn(*args, **kwargs)
+
+    def read(self, count: int, block_ms: int) -> list[TrajectoryEntry]:
+        """Up to `count` entries, waiting at most `block_ms` (<= 0: no wait) for new ones.
+
+        Returns [] on timeout, and may return [] early when everything it
+        received was rejected or a duplicate. The client's socket_timeout must
+        exceed block_ms.
+        """
+        while self._backlog_from is not None:
+            msgs = self._xreadgroup(self._backlog_from, count, None)
+            if not msgs:
+                self._backlog_from = None
+                break
+            self._backlog_from = msgs[-1][0]
+            entries = self._admit(msgs)
+            if entries:
+                return entries
+        msgs = self._xreadgroup(">", count, block_ms if block_ms > 0 else None)
+        return self._admit(msgs) if msgs else []
+
+    def ack(self, entries: list[TrajectoryEntry]) -> None:
+        """Mark entries consumed: ack, delete, and remember their invocation ids, atomically."""
+        if not entries:
+            return
+        ids = [e.entry_id for e in entries]
+        now = time.time()
+        pipe = self._r.pipeline(transaction=True)
+        pipe.xack(self._stream, self.group, *ids)
+        pipe.xdel(self._stream, *ids)
+        pipe.zadd(self._seen_key, {e.invocation_id: now for e in entries})
+        if now >= self._next_trim:  # the window needs no per-ack precision; keep acks lean
+            pipe.zremrangebyscore(self._seen_key, "-inf", now - self.dedup_window_s)
+            pipe.expire(self._seen_key, self.dedup_window_s)
+            self._next_trim = now + min(60.0, self.dedup_window_s / 10)
+        pipe.execute()
+
+    def claim_stale(self, min_idle_ms: int, count: int) -> list[TrajectoryEntry]:
+        """Take over entries another (dead) consumer left pending for at least `min_idle_ms`."""
+        resp = self._grouped(
+            self._r.xautoclaim,
+            self._stream, self.group, self.consumer, min_idle_ms, start_id=self._claim_from, count=count,
+        )
+        # SCAN-like cursor: continue where the last call stopped, wrap at "0-0".
+        cursor = resp[0]
+        self._claim_from = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+        return self._admit(resp[1])
+
+    def pending_count(self) -> int:
+        """Entries delivered to any consumer of the group and not yet acked."""
+        return int(self._grouped(self._r.xpending, self._stream, self.group)["pending"])
+
+    # --- internals -------------------------------------------------------------
+    def _xreadgroup(self, start: str, count: int, block: int | None) -> list:
+        resp = self._grouped(
+            self._r.xreadgroup, self.group, self.consumer, {self._stream: start}, count=count, block=block
+        )
+        return resp[0][1] if resp else []
+
+    def _admit(self, msgs: list) -> list[TrajectoryEntry]:
+        entries: list[TrajectoryEntry] = []
+        drop: list[bytes] = []
+        for entry_id, fields in msgs:
+            if entry_id is None:
+                # XAUTOCLAIM (Redis 6.2) hides the id of a trimmed entry it just moved
+                # to us; the next read's pass over our own pending entries acks it.
+                self.lost += 1
+                self._backlog_from = "0"
+                continue
+            if not fields:
+                self.lost += 1
+                drop.append(entry_id)
+                continue
+            try:
+                entries.append(self._verify(entry_id, fields))
+            except PayloadError as exc:
+                self.rejected[exc.reason] += 1
+                log.warning("rejected trajectory entry %s of job %s: %s", entry_id, self.job_id, exc.reason)
+                drop.append(entry_id)
+        entries = self._drop_duplicates(entries, drop)
+        if drop:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.xack(self._stream, self.group, *drop)
+            pipe.xdel(self._stream, *drop)
+            pipe.execute()
+        return entries
+
+    def _verify(self, entry_id: Any, fields: dict) -> TrajectoryEntry:
+        payload = fields.get(b"payload")
+        if payload is None:
+            raise UnsignedPayloadError("entry has no payload field")
+        signed = decode(payload, self._key, max_size=self.max_payload_bytes)
+        if not (isinstance(signed, tuple) and len(signed) == 5):
+            raise MalformedPayloadError("payload is not a trajectory record")
+        inv, rnd, version, steps, batch = signed
+        if not (isinstance(inv, str) and all(type(v) is int for v in (rnd, version, steps)) and isinstance(batch, dict)):
+            raise MalformedPayloadError("payload is not a trajectory record")
+        claimed = tuple(fields.get(f) for f in _FIELDS)
+        if claimed != tuple(str(v).encode() for v in (inv, rnd, version, steps)):
+            raise BadSignatureError("stream fields differ from the signed metadata")
+        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return TrajectoryEntry(eid, inv, rnd, version, steps, batch)
+
+    def _drop_duplicates(self, entries: list[TrajectoryEntry], drop: list) -> list[TrajectoryEntry]:
+        if not entries:
+            return entries
+        fresh = [e for e in entries if self._recent.get(e.invocation_id) is None]
+        known = set()
+        if fresh:
+            scores = self._r.zmscore(self._seen_key, [e.invocation_id for e in fresh])
+            known = {e.invocation_id for e, s in zip(fresh, scores) if s is not None}
+        kept: list[TrajectoryEntry] = []
+        for e in entries:
+            handed_out = self._recent.get(e.invocation_id)
+            if handed_out == e.entry_id:
+                continue  # the same entry again (re-scan/claim of our own pending): caller has it
+            if handed_out is not None or e.invocation_id in known:
+                self.duplicates += 1  # another entry for an invocation already consumed (retry)
+                drop.append(e.entry_id)
+                continue
+            self._recent.add(e.invocation_id, e.entry_id)  # also catches a repeat later in this batch
+            kept.append(e)
+        return kept

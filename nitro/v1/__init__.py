@@ -1,0 +1,1 @@
+"""Generated gRPC contracts (package nitro.v1). Regenerate with `make protos`."""

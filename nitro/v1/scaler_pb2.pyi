@@ -1,0 +1,136 @@
+from nitro.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PlanRequest(_message.Message):
+    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SCALER_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_USD_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    score: float
+    scaler: _common_pb2.ScalerSpec
+    budget_usd: float
+    steps_per_actor: int
+    actor_memory_mb: int
+    learner_seconds: float
+    gradient_noise_scale: float
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ...) -> None: ...
+
+class PlanResponse(_message.Message):
+    __slots__ = ("actors", "reason", "budget_exhausted", "estimated_round_cost_usd", "budget_left_usd")
+    ACTORS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_ROUND_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_LEFT_USD_FIELD_NUMBER: _ClassVar[int]
+    actors: int
+    reason: str
+    budget_exhausted: bool
+    estimated_round_cost_usd: float
+    budget_left_usd: float
+    def __init__(self, actors: _Optional[int] = ..., reason: _Optional[str] = ..., budget_exhausted: _Optional[bool] = ..., estimated_round_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...
+
+class LaunchRequest(_message.Message):
+    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    policy_version: int
+    actors: int
+    steps_per_actor: int
+    env_id: str
+    seed: int
+    function_name: str
+    deadline_s: float
+    actor_memory_mb: int
+    wait: bool
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ...) -> None: ...
+
+class InvocationResult(_message.Message):
+    __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts")
+    INVOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    BILLED_MS_FIELD_NUMBER: _ClassVar[int]
+    INIT_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    invocation_id: str
+    ok: bool
+    error_type: str
+    error_message: str
+    duration_ms: float
+    billed_ms: int
+    init_ms: float
+    attempts: int
+    def __init__(self, invocation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., duration_ms: _Optional[float] = ..., billed_ms: _Optional[int] = ..., init_ms: _Optional[float] = ..., attempts: _Optional[int] = ...) -> None: ...
+
+class LaunchResponse(_message.Message):
+    __slots__ = ("launched", "succeeded", "failed", "invocations", "cost_usd", "seconds", "retries", "dispatch_seconds")
+    LAUNCHED_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    DISPATCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    launched: int
+    succeeded: int
+    failed: int
+    invocations: _containers.RepeatedCompositeFieldContainer[InvocationResult]
+    cost_usd: float
+    seconds: float
+    retries: int
+    dispatch_seconds: float
+    def __init__(self, launched: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., invocations: _Optional[_Iterable[_Union[InvocationResult, _Mapping]]] = ..., cost_usd: _Optional[float] = ..., seconds: _Optional[float] = ..., retries: _Optional[int] = ..., dispatch_seconds: _Optional[float] = ...) -> None: ...
+
+class GetCostRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetCostResponse(_message.Message):
+    __slots__ = ("actor_cost_usd", "learner_cost_usd", "total_cost_usd", "serverful_cost_usd", "invocations", "billed_ms", "budget_usd", "budget_left_usd")
+    ACTOR_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    SERVERFUL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    BILLED_MS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_USD_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_LEFT_USD_FIELD_NUMBER: _ClassVar[int]
+    actor_cost_usd: float
+    learner_cost_usd: float
+    total_cost_usd: float
+    serverful_cost_usd: float
+    invocations: int
+    billed_ms: int
+    budget_usd: float
+    budget_left_usd: float
+    def __init__(self, actor_cost_usd: _Optional[float] = ..., learner_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., invocations: _Optional[int] = ..., billed_ms: _Optional[int] = ..., budget_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,193 @@
+from nitro.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_PENDING: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_SUCCEEDED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_STOPPED: _ClassVar[JobState]
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_PENDING: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_SUCCEEDED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_STOPPED: JobState
+
+class TrainingSpec(_message.Message):
+    __slots__ = ("env_id", "algo", "preset", "hyperparameters", "scaler", "rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s", "job_id", "actor_memory_mb", "function_name", "target_return", "min_sample_fraction")
+    class HyperparametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    ALGO_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    HYPERPARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    SCALER_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_USD_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    ROUND_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_RETURN_FIELD_NUMBER: _ClassVar[int]
+    MIN_SAMPLE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    env_id: str
+    algo: str
+    preset: str
+    hyperparameters: _containers.ScalarMap[str, float]
+    scaler: _common_pb2.ScalerSpec
+    rounds: int
+    steps_per_actor: int
+    budget_usd: float
+    seed: int
+    eval_episodes: int
+    round_deadline_s: float
+    job_id: str
+    actor_memory_mb: int
+    function_name: str
+    target_return: float
+    min_sample_fraction: float
+    def __init__(self, env_id: _Optional[str] = ..., algo: _Optional[str] = ..., preset: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., rounds: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., budget_usd: _Optional[float] = ..., seed: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., round_deadline_s: _Optional[float] = ..., job_id: _Optional[str] = ..., actor_memory_mb: _Optional[int] = ..., function_name: _Optional[str] = ..., target_return: _Optional[float] = ..., min_sample_fraction: _Optional[float] = ...) -> None: ...
+
+class RoundReport(_message.Message):
+    __slots__ = ("job_id", "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "env_steps", "total_env_steps", "train_return", "eval_return", "lambda_max", "lambda_min", "convexity_ratio", "score", "round_cost_usd", "total_cost_usd", "serverful_cost_usd", "budget_left_usd", "phases", "round_seconds", "next_actors", "scaler_reason", "policy_loss", "value_loss", "entropy", "kl", "invocation_retries", "notes", "detector_seconds", "gradient_noise_scale")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_LAUNCHED_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_RETURN_FIELD_NUMBER: _ClassVar[int]
+    EVAL_RETURN_FIELD_NUMBER: _ClassVar[int]
+    LAMBDA_MAX_FIELD_NUMBER: _ClassVar[int]
+    LAMBDA_MIN_FIELD_NUMBER: _ClassVar[int]
+    CONVEXITY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    SERVERFUL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_LEFT_USD_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ACTORS_FIELD_NUMBER: _ClassVar[int]
+    SCALER_REASON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_LOSS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_LOSS_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    KL_FIELD_NUMBER: _ClassVar[int]
+    INVOCATION_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    DETECTOR_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    policy_version: int
+    actors_launched: int
+    actors_completed: int
+    actors_failed: int
+    env_steps: int
+    total_env_steps: int
+    train_return: float
+    eval_return: float
+    lambda_max: float
+    lambda_min: float
+    convexity_ratio: float
+    score: float
+    round_cost_usd: float
+    total_cost_usd: float
+    serverful_cost_usd: float
+    budget_left_usd: float
+    phases: _containers.RepeatedCompositeFieldContainer[_common_pb2.PhaseLatency]
+    round_seconds: float
+    next_actors: int
+    scaler_reason: str
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    kl: float
+    invocation_retries: int
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    detector_seconds: float
+    gradient_noise_scale: float
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors_launched: _Optional[int] = ..., actors_completed: _Optional[int] = ..., actors_failed: _Optional[int] = ..., env_steps: _Optional[int] = ..., total_env_steps: _Optional[int] = ..., train_return: _Optional[float] = ..., eval_return: _Optional[float] = ..., lambda_max: _Optional[float] = ..., lambda_min: _Optional[float] = ..., convexity_ratio: _Optional[float] = ..., score: _Optional[float] = ..., round_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., phases: _Optional[_Iterable[_Union[_common_pb2.PhaseLatency, _Mapping]]] = ..., round_seconds: _Optional[float] = ..., next_actors: _Optional[int] = ..., scaler_reason: _Optional[str] = ..., policy_loss: _Optional[float] = ..., value_loss: _Optional[float] = ..., entropy: _Optional[float] = ..., kl: _Optional[float] = ..., invocation_retries: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., detector_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ...) -> None: ...
+
+class TrainingStatus(_message.Message):
+    __slots__ = ("job_id", "state", "spec", "rounds_done", "last_report", "message", "total_cost_usd", "total_env_steps", "checkpoint_path", "created_unix", "finished_unix")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_DONE_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: JobState
+    spec: TrainingSpec
+    rounds_done: int
+    last_report: RoundReport
+    message: str
+    total_cost_usd: float
+    total_env_steps: int
+    checkpoint_path: str
+    created_unix: float
+    finished_unix: float
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., spec: _Optional[_Union[TrainingSpec, _Mapping]] = ..., rounds_done: _Optional[int] = ..., last_report: _Optional[_Union[RoundReport, _Mapping]] = ..., message: _Optional[str] = ..., total_cost_usd: _Optional[float] = ..., total_env_steps: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., created_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ...) -> None: ...
+
+class StartTrainingRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: TrainingSpec
+    def __init__(self, spec: _Optional[_Union[TrainingSpec, _Mapping]] = ...) -> None: ...
+
+class WatchTrainingRequest(_message.Message):
+    __slots__ = ("job_id", "from_round")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    from_round: int
+    def __init__(self, job_id: _Optional[str] = ..., from_round: _Optional[int] = ...) -> None: ...
+
+class GetTrainingRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class StopTrainingRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListTrainingsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTrainingsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[TrainingStatus]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[TrainingStatus, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,3 @@
+from scaler_svc.server import main
+
+main()

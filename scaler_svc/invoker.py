@@ -1,0 +1,123 @@
+"""Invoke actor functions through boto3's Lambda client, concurrently, and collect their bills.
+
+The same code path serves AWS Lambda and the local endpoint: only endpoint_url
+and credentials differ. Invocations are synchronous (RequestResponse) with the
+log tail requested, so the platform's REPORT line gives the billed duration.
+A throttled (429) or failed invocation is retried with the SAME invocation id:
+the trajectory stream drops a duplicate if the first attempt did push its batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from nitro.local_lambda.report import parse_report
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_ERRORS = {"TooManyRequestsException", "Sandbox.Timedout", "Runtime.ExitError", "ServiceException",
+                    "RedisUnavailableError", "EndpointConnectionError", "ReadTimeoutError", "ConnectionError"}
+
+
+@dataclass
+class Invocation:
+    invocation_id: str
+    event: dict
+
+
+@dataclass
+class InvocationOutcome:
+    invocation_id: str
+    ok: bool
+    error_type: str = ""
+    error_message: str = ""
+    duration_ms: float = 0.0
+    billed_ms: int = 0
+    init_ms: float = 0.0
+    attempts: int = 1
+    billed_attempts_ms: int = 0  # every attempt's billed time: what the platform charges
+    requests: int = 0
+
+
+def lambda_client(endpoint_url: str | None, region: str, *, max_connections: int, read_timeout: float):
+    cfg = Config(region_name=region, max_pool_connections=max_connections, read_timeout=read_timeout,
+                 connect_timeout=5, retries={"total_max_attempts": 1})  # retries are ours, with the same id
+    kwargs = {"endpoint_url": endpoint_url} if endpoint_url else {}
+    if endpoint_url and endpoint_url.startswith("http://127.0.0.1"):
+        # The local endpoint ignores credentials; never require real ones for it.
+        kwargs.update(aws_access_key_id="local", aws_secret_access_key="local")
+    return boto3.client("lambda", config=cfg, **kwargs)
+
+
+class Invoker:
+    def __init__(self, client, *, max_attempts: int = 3, backoff_s: float = 0.2):
+        self.client = client
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+
+    def _once(self, function_name: str, payload: bytes) -> tuple[bool, str, str, dict, dict]:
+        resp = self.client.invoke(FunctionName=function_name, InvocationType="RequestResponse", LogType="Tail",
+                                  Payload=payload)
+        body = resp["Payload"].read()
+        report = parse_report(resp["LogResult"]) if resp.get("LogResult") else {}
+        if resp.get("FunctionError"):
+            try:
+                err = json.loads(body)
+            except ValueError:
+                err = {"errorMessage": body[:500].decode(errors="replace")}
+            return False, str(err.get("errorType", "Unhandled")), str(err.get("errorMessage", "")), report, {}
+        return True, "", "", report, json.loads(body) if body else {}
+
+    def invoke(self, function_name: str, inv: Invocation, deadline: float) -> InvocationOutcome:
+        out = InvocationOutcome(inv.invocation_id, ok=False, attempts=0)
+        payload = json.dumps(inv.event).encode()
+        for attempt in range(1, self.max_attempts + 1):
+            out.attempts = attempt
+            try:
+                ok, etype, emsg, report, _ = self._once(function_name, payload)
+                out.requests += 1
+            except ClientError as exc:
+                out.requests += 1
+                ok, etype, emsg, report = False, exc.response["Error"].get("Code", "ClientError"), str(exc), {}
+            except BotoCoreError as exc:
+                ok, etype, emsg, report = False, type(exc).__name__, str(exc), {}
+            if report:
+                out.duration_ms = report.get("duration_ms", 0.0)
+                out.billed_ms = int(report.get("billed_ms", 0))
+                out.init_ms = report.get("init_ms", 0.0) or 0.0
+                out.billed_attempts_ms += out.billed_ms
+            out.ok, out.error_type, out.error_message = ok, etype, emsg
+            if ok or etype not in RETRYABLE_ERRORS:
+                break
+            pause = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+            if time.monotonic() + pause >= deadline:
+                break
+            time.sleep(pause)
+        return out
+
+    def invoke_all(self, function_name: str, invocations: list[Invocation], deadline_s: float,
+                   on_done=None) -> tuple[list[InvocationOutcome], float]:
+        """Run all invocations concurrently; returns outcomes and the dispatch time in seconds."""
+        if not invocations:
+            return [], 0.0
+        deadline = time.monotonic() + deadline_s
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(invocations), thread_name_prefix="invoke") as pool:
+            futures = [pool.submit(self.invoke, function_name, inv, deadline) for inv in invocations]
+            dispatch = time.perf_counter() - t0
+            outcomes = []
+            for f in futures:
+                o = f.result()
+                if on_done is not None:
+                    on_done(o)
+                outcomes.append(o)
+        return outcomes, dispatch

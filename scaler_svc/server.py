@@ -1,0 +1,237 @@
+"""ActorScaler: plans actors per round within the budget, invokes them, accounts for cost.
+
+Per-job state lives in one Redis hash (`nitro:{job}:scaler`): the scaling
+policy's JSON state, cost counters updated with HINCRBYFLOAT (atomic across
+replicas), and each round's plan so a retried Plan returns the same decision
+and never bills learner time twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import threading
+import time
+
+import grpc
+
+from nitro import cost, metrics
+from nitro.errors import ConfigError
+from nitro.grpc_util import Service, configure_logging
+from nitro.metrics import serve_metrics
+from nitro.redis_server import connect
+from nitro.scaling.base import RoundInputs
+from nitro.scaling.budget import plan_within_budget
+from nitro.scaling.policies import make_policy
+from nitro.spec import MAX_ACTORS, SCALER_POLICIES
+from nitro.v1 import scaler_pb2, scaler_pb2_grpc
+from scaler_svc.invoker import Invocation, Invoker, lambda_client
+
+log = logging.getLogger("scaler_svc")
+
+STATE_TTL_S = 7 * 24 * 3600
+DEFAULT_MS_PER_STEP = 1.0  # first-round guess of billed actor time per env step; replaced by measurements
+
+
+def strip_password(url: str) -> str:
+    """Actors get the address only; their password comes from their own environment."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.split('@')[-1]}" if sep else url
+
+
+def state_key(job_id: str) -> str:
+    return f"nitro:{job_id}:scaler"
+
+
+def policy_params(sc) -> tuple[str, dict]:
+    name = sc.policy or "nitro"
+    if name == "fixed":
+        return name, {"actors": sc.fixed_actors or 16}
+    if name == "hydrozoa":
+        return name, {"every": sc.period or 10}
+    return name, {}
+
+
+class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
+    def __init__(self, redis_client, invoker: Invoker, prices: cost.Prices, actor_redis_url: str):
+        self.redis, self.invoker, self.prices = redis_client, invoker, prices
+        self.actor_redis_url = actor_redis_url
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    # -- state ---------------------------------------------------------------------------
+    def _state(self, job_id: str) -> dict:
+        raw = self.redis.hgetall(state_key(job_id))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def _ledger(self, st: dict, budget: float) -> dict:
+        actor = float(st.get("actor_cost_usd", 0.0))
+        learner = float(st.get("learner_cost_usd", 0.0))
+        wall = float(st.get("wall_seconds", 0.0))
+        serverful = cost.serverful_job_cost(wall, self.prices, i_max=int(st.get("i_max", 64)))
+        return {"actor": actor, "learner": learner, "total": actor + learner, "serverful": serverful,
+                "budget": budget, "left": budget - actor - learner}
+
+    # -- RPCs ----------------------------------------------------------------------------
+    def Plan(self, request, context):
+        sc = request.scaler
+        name, params = policy_params(sc)
+        if name.partition(":")[0] not in SCALER_POLICIES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"scaler.policy: unknown {name!r}; allowed: {list(SCALER_POLICIES)}")
+        if not request.job_id or request.round < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required and round must be >= 0")
+        if not (request.budget_usd > 0 and request.budget_usd < float("inf")):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget_usd: must be > 0, got {request.budget_usd}")
+        if not 0 <= request.learner_seconds < 1e7 or not 0.0 <= request.score <= 1.0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "learner_seconds must be in [0, 1e7) and score in [0, 1]")
+        try:
+            policy = make_policy(name, params)
+            inputs = RoundInputs(round_index=request.round, score=request.score, i_min=sc.i_min, i_max=sc.i_max,
+                                 noise_scale=request.gradient_noise_scale or None)
+        except ConfigError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"scaler: {exc}")
+        key = state_key(request.job_id)
+        st = self._state(request.job_id)
+        cached = st.get(f"plan:{request.round}")
+        if cached:  # a retried Plan: same answer, learner time not billed again
+            return scaler_pb2.PlanResponse(**json.loads(cached))
+
+        learner_usd = cost.learner_cost(request.learner_seconds, self.prices)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hincrbyfloat(key, "learner_cost_usd", learner_usd)
+        pipe.hincrbyfloat(key, "wall_seconds", request.learner_seconds)
+        pipe.hset(key, mapping={"i_max": sc.i_max, "budget_usd": request.budget_usd})
+        pipe.execute()
+        metrics.COST_USD.labels("learner").inc(learner_usd)
+        st = self._state(request.job_id)
+
+        desired, new_state, reason = policy.decide(json.loads(st.get("policy_state", "{}")), inputs)
+        ledger = self._ledger(st, request.budget_usd)
+        rounds_seen = max(1, int(st.get("rounds_planned", 0)))
+        learner_per_round = float(st.get("wall_seconds", 0.0)) / rounds_seen
+        ms_per_step = float(st.get("billed_ms", 0)) / float(st.get("steps_billed", 0)) \
+            if float(st.get("steps_billed", 0)) > 0 else DEFAULT_MS_PER_STEP
+        memory = request.actor_memory_mb or 1024
+        per_actor = cost.lambda_invocation_cost(ms_per_step * max(1, request.steps_per_actor), memory, self.prices)
+        fixed = cost.learner_cost(learner_per_round, self.prices)
+        actors, exhausted, budget_reason = plan_within_budget(desired, sc.i_min, per_actor, fixed, ledger["left"])
+        if budget_reason:
+            reason = f"{reason}; {budget_reason}"
+        plan = {"actors": int(actors), "reason": reason, "budget_exhausted": bool(exhausted),
+                "estimated_round_cost_usd": per_actor * actors + fixed, "budget_left_usd": ledger["left"]}
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, mapping={"policy_state": json.dumps(new_state), f"plan:{request.round}": json.dumps(plan)})
+        pipe.hincrby(key, "rounds_planned", 1)
+        pipe.expire(key, STATE_TTL_S)
+        pipe.execute()
+        metrics.BUDGET_LEFT_USD.labels(request.job_id).set(ledger["left"])
+        return scaler_pb2.PlanResponse(**plan)
+
+    def Launch(self, request, context):
+        if not request.job_id or request.round < 0 or request.policy_version < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required; round and policy_version >= 0")
+        if not 1 <= request.actors <= MAX_ACTORS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
+        if not 1 <= request.steps_per_actor <= 1_000_000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
+        if not request.env_id or not request.function_name:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_id and function_name are required")
+        if not 0 < request.deadline_s <= 3600:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_s: must be in (0, 3600]")
+        memory = request.actor_memory_mb or 1024
+        invocations = [Invocation(f"{request.job_id}-r{request.round}-a{i}", {
+            "job_id": request.job_id, "round": request.round, "policy_version": request.policy_version,
+            "env_id": request.env_id, "num_steps": request.steps_per_actor,
+            "seed": (request.seed + i) % (2**62), "invocation_id": f"{request.job_id}-r{request.round}-a{i}",
+            "redis_url": self.actor_redis_url}) for i in range(request.actors)]
+        key = state_key(request.job_id)
+        usd_total = 0.0
+
+        def account(o):
+            nonlocal usd_total
+            usd = cost.lambda_invocation_cost(o.billed_attempts_ms, memory, self.prices, requests=o.requests)
+            usd_total += usd
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hincrbyfloat(key, "actor_cost_usd", usd)
+            pipe.hincrby(key, "invocations", o.requests)
+            pipe.hincrby(key, "billed_ms", o.billed_attempts_ms)
+            if o.ok:
+                pipe.hincrby(key, "steps_billed", request.steps_per_actor)
+            pipe.expire(key, STATE_TTL_S)
+            pipe.execute()
+            metrics.COST_USD.labels("actors").inc(usd)
+            metrics.INVOCATIONS.inc(o.requests)
+            if o.attempts > 1:
+                metrics.INVOCATION_RETRIES.inc(o.attempts - 1)
+            if not o.ok:
+                metrics.INVOCATION_FAILURES.labels(o.error_type or "unknown").inc()
+            with self._lock:
+                self._in_flight -= 1
+                metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
+
+        with self._lock:
+            self._in_flight += len(invocations)
+            metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
+        t0 = time.perf_counter()
+        with metrics.timed("invoke"):
+            outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
+                                                          on_done=account)
+        return scaler_pb2.LaunchResponse(
+            launched=len(invocations), succeeded=sum(o.ok for o in outcomes),
+            failed=sum(not o.ok for o in outcomes), cost_usd=usd_total, seconds=time.perf_counter() - t0,
+            retries=sum(o.attempts - 1 for o in outcomes), dispatch_seconds=dispatch,
+            invocations=[scaler_pb2.InvocationResult(
+                invocation_id=o.invocation_id, ok=o.ok, error_type=o.error_type, error_message=o.error_message[:1000],
+                duration_ms=o.duration_ms, billed_ms=o.billed_ms, init_ms=o.init_ms, attempts=o.attempts)
+                for o in outcomes])
+
+    def GetCost(self, request, context):
+        if not request.job_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: is required")
+        st = self._state(request.job_id)
+        if not st:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no cost records for job {request.job_id!r}")
+        budget = float(st.get("budget_usd", 0.0))
+        ledger = self._ledger(st, budget)
+        return scaler_pb2.GetCostResponse(
+            actor_cost_usd=ledger["actor"], learner_cost_usd=ledger["learner"], total_cost_usd=ledger["total"],
+            serverful_cost_usd=ledger["serverful"], invocations=int(st.get("invocations", 0)),
+            billed_ms=int(st.get("billed_ms", 0)), budget_usd=budget, budget_left_usd=ledger["left"])
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="scaler_svc", description="nitro ActorScaler")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50053)
+    p.add_argument("--metrics-port", type=int, default=9103)
+    p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--lambda-endpoint", default=os.environ.get("NITRO_LAMBDA_ENDPOINT"),
+                   help="Lambda invoke endpoint; omit for real AWS Lambda (region and credentials from the "
+                        "usual AWS environment)")
+    p.add_argument("--region", default=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-2")))
+    p.add_argument("--actor-redis-url", default=os.environ.get("NITRO_ACTOR_REDIS_URL"),
+                   help="Redis address as the actors see it (no password: actors read it from their env)")
+    p.add_argument("--prices", default=os.environ.get("NITRO_PRICES"), help="YAML/JSON file overriding prices")
+    p.add_argument("--max-concurrency", type=int, default=256)
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    configure_logging(args.log_level)
+    prices = cost.load_prices(args.prices) if args.prices else cost.Prices()
+    client = lambda_client(args.lambda_endpoint, args.region, max_connections=args.max_concurrency,
+                           read_timeout=900)
+    actor_url = args.actor_redis_url or strip_password(args.redis_url)
+    servicer = ScalerServicer(connect(args.redis_url), Invoker(client), prices, actor_url)
+    service = Service("scaler", args.host, args.port, max_workers=32)
+    service.add("nitro.v1.ActorScaler", lambda s: scaler_pb2_grpc.add_ActorScalerServicer_to_server(servicer, s))
+    serve_metrics(args.metrics_port, args.host)
+    service.install_signal_handlers()
+    service.start()
+    service.wait()

@@ -1,0 +1,31 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from nitro.redis_server import LocalRedis, connect
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One real redis-server (loopback, temp dir) for the session."""
+    server = LocalRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    """A client on an emptied database."""
+    client = connect(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def hmac_key() -> bytes:
+    return secrets.token_bytes(32)

@@ -1,0 +1,62 @@
+"""Sampler: batch layout, termination vs truncation, episodes continuing across calls."""
+
+import gymnasium as gym
+import numpy as np
+
+from nitro.inference import PolicyRunner
+from nitro.models import Policy, spec_for_spaces
+from nitro.rollout import Sampler, evaluate
+
+
+class _Countdown(gym.Env):
+    """Terminates after 3 steps when started at an even reset, else runs until the TimeLimit (5)."""
+
+    observation_space = gym.spaces.Box(-10.0, 10.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.resets += 1
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        term = self.resets % 2 == 1 and self.t == 3
+        return np.array([float(self.t)], np.float32), 1.0, term, False, {}
+
+
+def _runner(sampler):
+    spec = spec_for_spaces(sampler.env.observation_space, sampler.env.action_space, hidden_sizes=(8,))
+    return PolicyRunner(spec, Policy(spec).numpy_state(), 0)
+
+
+def test_termination_and_truncation_are_kept_apart_and_episodes_continue():
+    gym.register("NitroCountdown-v0", entry_point=_Countdown, max_episode_steps=5)
+    try:
+        sampler = Sampler("NitroCountdown-v0", seed=0)
+        runner = _runner(sampler)
+        rng = np.random.default_rng(0)
+        a = sampler.sample(runner, 4, rng)  # 3 steps terminate, 1 step into episode 2
+        b = sampler.sample(runner, 6, rng)  # 4 more steps -> truncated at 5, then 2 steps of episode 3
+        assert a["terminated"].tolist() == [False, False, True, False]
+        assert not a["truncated"].any()
+        assert a["episode_returns"] == [3.0] and a["bootstrap_value"] != 0.0
+        assert b["truncated"].tolist() == [False, False, False, True, False, False]
+        assert not b["terminated"].any()
+        assert b["episode_returns"] == [5.0], "episode 2 spans both invocations"
+        # the truncated step bootstraps from the real final observation (t=5), not the reset one
+        assert b["final_values"][3] == np.float32(runner.value(np.array([5.0], np.float32)))
+        assert b["final_values"][[0, 1, 2, 4, 5]].tolist() == [0.0] * 5
+        assert b["obs"].shape == (6, 1) and b["actions"].dtype == np.int64
+    finally:
+        gym.registry.pop("NitroCountdown-v0")
+
+
+def test_deterministic_evaluation_is_repeatable():
+    sampler = Sampler("CartPole-v1", seed=0)
+    runner = _runner(sampler)
+    assert evaluate(runner, "CartPole-v1", 2, seed=3) == evaluate(runner, "CartPole-v1", 2, seed=3)

@@ -1,0 +1,324 @@
+"""nitro.store against a real redis-server: policies and the trajectory stream."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from nitro.codec import encode
+from nitro.redis_server import LocalRedis, connect
+from nitro.store import (
+    PolicyNotFoundError,
+    PolicyStore,
+    TrajectoryReader,
+    TrajectoryWriter,
+    policy_key,
+    seen_key,
+    stream_key,
+)
+
+JOB = "job-1"
+
+
+def _batch(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.standard_normal((64, 11)).astype(np.float32),
+        "rewards": rng.standard_normal(64).astype(np.float32),
+        "terminated": np.zeros(64, bool),
+    }
+
+
+def _append(writer: TrajectoryWriter, inv: str, seed: int = 0, **kw) -> str:
+    return writer.append(invocation_id=inv, round=1, policy_version=3, steps=64, batch=_batch(seed), **kw)
+
+
+# --- keys and policies -------------------------------------------------------------
+
+
+def test_keys_and_job_id_validation():
+    assert policy_key("j", 7) == "nitro:j:policy:7"
+    assert stream_key("j") == "nitro:j:traj"
+    assert seen_key("j") == "nitro:j:seen"
+    for bad in ["", "a b", "x" * 65, "a:b", "a{b}"]:
+        with pytest.raises(ValueError, match="job_id"):
+            stream_key(bad)
+    with pytest.raises(ValueError, match="version"):
+        policy_key("j", -1)
+
+
+def test_policy_put_get_latest(redis_client):
+    store = PolicyStore(redis_client, JOB, ttl_s=60)
+    assert store.latest() is None
+    store.put(1, b"w1")
+    store.put(2, b"w2")
+    assert store.get(1) == b"w1" and store.get(2) == b"w2"
+    assert store.latest() == 2
+    assert 0 < redis_client.ttl(policy_key(JOB, 2)) <= 60
+    assert 0 < redis_client.ttl(f"nitro:{JOB}:policy:latest") <= 60
+
+
+def test_policy_not_found(redis_client):
+    store = PolicyStore(redis_client, JOB)
+    with pytest.raises(PolicyNotFoundError) as exc:
+        store.get(9)
+    assert exc.value.version == 9 and JOB in str(exc.value)
+
+
+def test_policy_expires(redis_client):
+    store = PolicyStore(redis_client, JOB, ttl_s=1)
+    store.put(1, b"w")
+    time.sleep(1.2)
+    with pytest.raises(PolicyNotFoundError):
+        store.get(1)
+
+
+# --- trajectory stream -----------------------------------------------------------------
+
+
+def test_append_read_ack_round_trip(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    eid = _append(writer, "inv-1", compress=True)
+    [entry] = reader.read(count=10, block_ms=100)
+    assert entry.entry_id == eid
+    assert (entry.invocation_id, entry.round, entry.policy_version, entry.steps) == ("inv-1", 1, 3, 64)
+    np.testing.assert_array_equal(entry.batch["obs"], _batch()["obs"])
+    assert reader.pending_count() == 1
+    reader.ack([entry])
+    assert reader.pending_count() == 0
+    assert redis_client.xlen(stream_key(JOB)) == 0
+    assert reader.read(count=10, block_ms=10) == []
+
+
+def test_group_creation_is_idempotent(redis_client, hmac_key):
+    TrajectoryReader(redis_client, JOB, hmac_key)
+    TrajectoryReader(redis_client, JOB, hmac_key)
+    assert len(redis_client.xinfo_groups(stream_key(JOB))) == 1
+
+
+def test_unacked_entries_return_to_restarted_reader(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    for i in range(3):
+        _append(writer, f"inv-{i}", seed=i)
+    first = TrajectoryReader(redis_client, JOB, hmac_key)
+    got = first.read(count=2, block_ms=100)
+    assert [e.invocation_id for e in got] == ["inv-0", "inv-1"]
+    del first  # "crash" before ack
+
+    again = TrajectoryReader(redis_client, JOB, hmac_key)  # same consumer name
+    backlog = again.read(count=10, block_ms=100)
+    assert [e.invocation_id for e in backlog] == ["inv-0", "inv-1"]
+    np.testing.assert_array_equal(backlog[1].batch["obs"], _batch(1)["obs"])
+    assert [e.invocation_id for e in again.read(count=10, block_ms=100)] == ["inv-2"]
+    assert again.duplicates == 0
+
+
+def test_stale_entries_claimed_from_dead_consumer(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    _append(writer, "inv-a")
+    _append(writer, "inv-b", seed=1)
+    dead = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-0")
+    assert len(dead.read(count=10, block_ms=100)) == 2
+
+    other = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-1")
+    assert other.claim_stale(min_idle_ms=60_000, count=10) == []  # not idle long enough
+    time.sleep(0.06)
+    claimed = other.claim_stale(min_idle_ms=50, count=10)
+    assert sorted(e.invocation_id for e in claimed) == ["inv-a", "inv-b"]
+    other.ack(claimed)
+    assert other.pending_count() == 0 and redis_client.xlen(stream_key(JOB)) == 0
+
+
+def test_claim_of_own_held_entry_is_not_a_duplicate(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    _append(writer, "inv-a")
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    [entry] = reader.read(count=10, block_ms=100)
+    time.sleep(0.02)
+    assert reader.claim_stale(min_idle_ms=10, count=10) == []  # already in the caller's hands
+    assert reader.duplicates == 0 and redis_client.xlen(stream_key(JOB)) == 1
+    reader.ack([entry])
+    assert redis_client.xlen(stream_key(JOB)) == 0
+
+
+def test_duplicate_in_same_read(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    _append(writer, "inv-1")
+    _append(writer, "inv-1")  # a Lambda retry
+    _append(writer, "inv-2")
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    got = reader.read(count=10, block_ms=100)
+    assert [e.invocation_id for e in got] == ["inv-1", "inv-2"]
+    assert reader.duplicates == 1
+    assert redis_client.xlen(stream_key(JOB)) == 2  # the duplicate is already deleted
+
+
+def test_duplicate_across_reads_and_readers(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    _append(writer, "inv-1")
+    [first] = reader.read(count=10, block_ms=100)
+    _append(writer, "inv-1")  # arrives before the first is acked
+    assert reader.read(count=10, block_ms=50) == []
+    assert reader.duplicates == 1
+    reader.ack([first])
+
+    _append(writer, "inv-1")  # arrives after ack
+    assert reader.read(count=10, block_ms=50) == []
+    assert reader.duplicates == 2
+
+    fresh = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-9")  # no local memory
+    _append(writer, "inv-1")
+    _append(writer, "inv-2")
+    assert [e.invocation_id for e in fresh.read(count=10, block_ms=50)] == ["inv-2"]
+    assert fresh.duplicates == 1
+
+
+def test_rejected_entries_are_counted_and_skipped(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    stream = stream_key(JOB)
+    meta = {b"inv": b"x", b"round": b"1", b"version": b"3", b"steps": b"64"}
+    _append(writer, "good-1")
+    redis_client.xadd(stream, {**meta, b"inv": b"raw", b"payload": pickle.dumps(_batch(), protocol=5)})
+    redis_client.xadd(stream, {**meta, b"inv": b"nopayload"})
+    forged = encode(("forged", 1, 3, 64, _batch()), b"not-the-deployment-key-0123456789")
+    redis_client.xadd(stream, {**meta, b"inv": b"forged", b"payload": forged})
+    tampered = bytearray(encode(("tampered", 1, 3, 64, _batch()), hmac_key))
+    tampered[-5] ^= 0xFF
+    redis_client.xadd(stream, {**meta, b"inv": b"tampered", b"payload": bytes(tampered)})
+    relabelled = encode(("good-1", 1, 3, 64, _batch()), hmac_key)  # valid payload, fields lie
+    redis_client.xadd(stream, {**meta, b"inv": b"other-id", b"payload": relabelled})
+    _append(writer, "good-2")
+
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    got = reader.read(count=100, block_ms=100)
+    assert [e.invocation_id for e in got] == ["good-1", "good-2"]
+    assert reader.rejected == {"unsigned": 2, "bad_signature": 3}
+    assert reader.pending_count() == 2  # rejected ones were acked
+    reader.ack(got)
+    assert redis_client.xlen(stream) == 0
+
+
+def test_oversized_payload_rejected(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    _append(writer, "big")
+    reader = TrajectoryReader(redis_client, JOB, hmac_key, max_payload_bytes=1000)
+    assert reader.read(count=10, block_ms=50) == []
+    assert reader.rejected == {"too_large": 1}
+
+
+def test_memory_bounded(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key, dedup_window_s=3600)
+    stream = stream_key(JOB)
+
+    def cycle(start: int, n: int) -> None:
+        for i in range(start, start + n):
+            _append(writer, f"inv-{i}", seed=i % 4)
+            reader.ack(reader.read(count=10, block_ms=100))
+        assert redis_client.xlen(stream) == 0
+
+    cycle(0, 200)
+    used_after_warmup = redis_client.info("memory")["used_memory"]
+    cycle(200, 1000)
+    used_after = redis_client.info("memory")["used_memory"]
+    assert redis_client.xlen(stream) == 0 and reader.pending_count() == 0
+    # Payloads (~3 KB each, ~3 MB in total) are gone; only small dedup records remain.
+    assert used_after - used_after_warmup < 500_000
+    assert 0 < redis_client.ttl(seen_key(JOB)) <= 3600
+    assert redis_client.zcard(seen_key(JOB)) == 1200
+
+
+def test_dedup_window_trims_old_ids(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key, dedup_window_s=1)
+    _append(writer, "old")
+    reader.ack(reader.read(count=10, block_ms=100))
+    time.sleep(1.1)
+    _append(writer, "new")
+    reader.ack(reader.read(count=10, block_ms=100))
+    assert redis_client.zrange(seen_key(JOB), 0, -1) == [b"new"]
+
+
+def test_maxlen_caps_stream(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key, maxlen=100)
+    for i in range(1000):
+        _append(writer, f"inv-{i}")  # nobody reads: the cap is what bounds memory
+    assert redis_client.xlen(stream_key(JOB)) < 300
+
+
+def test_trimmed_pending_entry_is_cleared(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    _append(writer, "inv-a")
+    dead = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-0")
+    [entry] = dead.read(count=10, block_ms=100)
+    redis_client.xdel(stream_key(JOB), entry.entry_id)  # as a MAXLEN trim would
+    time.sleep(0.02)
+    other = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-1")
+    assert other.claim_stale(min_idle_ms=10, count=10) == []
+    assert other.read(count=10, block_ms=10) == []
+    assert other.lost >= 1 and other.pending_count() == 0
+
+
+def test_read_blocks_for_block_ms_when_empty(redis_client, hmac_key):
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    reader.read(count=10, block_ms=10)  # consume the one-off backlog pass
+    calls = 0
+    original = redis_client.xreadgroup
+
+    def counting(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)
+
+    redis_client.xreadgroup = counting
+    t0 = time.monotonic()
+    assert reader.read(count=10, block_ms=300) == []
+    waited = time.monotonic() - t0
+    assert 0.28 <= waited < 1.0
+    assert calls == 1  # one blocking call, not a polling loop
+
+
+def test_read_wakes_up_when_entry_arrives(redis_client, hmac_key):
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    reader.read(count=10, block_ms=10)
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    timer = threading.Timer(0.1, lambda: _append(writer, "late"))
+    timer.start()
+    t0 = time.monotonic()
+    got = reader.read(count=10, block_ms=5000)
+    assert [e.invocation_id for e in got] == ["late"]
+    assert time.monotonic() - t0 < 2.0
+    timer.join()
+
+
+def test_reader_survives_redis_data_loss(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    _append(writer, "before")
+    [entry] = reader.read(count=10, block_ms=100)
+    redis_client.flushall()  # as a restart without persistence would
+    reader.ack([entry])  # nothing left to ack: must not raise
+    assert reader.pending_count() == 0  # group recreated on demand
+    _append(writer, "after")
+    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == ["after"]
+
+
+def test_unacked_entries_survive_redis_restart(tmp_path, hmac_key):
+    with LocalRedis(data_dir=tmp_path, appendonly=True) as server:
+        client = connect(server.url)
+        writer = TrajectoryWriter(client, JOB, hmac_key)
+        _append(writer, "inv-1")
+        assert len(TrajectoryReader(client, JOB, hmac_key).read(count=10, block_ms=100)) == 1
+        server.restart()  # the learner and Redis both restart before the ack
+        reader = TrajectoryReader(client, JOB, hmac_key)
+        [entry] = reader.read(count=10, block_ms=100)
+        assert entry.invocation_id == "inv-1"
+        reader.ack([entry])
+        assert client.xlen(stream_key(JOB)) == 0
+        client.close()
