@@ -36,6 +36,26 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def cpu_seconds(root_pid: int) -> tuple[float, float]:
+    """CPU time (user+system) of the endpoint process and, separately, of its worker children."""
+    tick = os.sysconf("SC_CLK_TCK")
+    own = children = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        if int(entry) == root_pid:
+            own += cpu
+        elif int(fields[1]) == root_pid:  # ppid
+            children += cpu
+    return own, children
+
+
 def run_parallel(fn, n: int, threads: int) -> tuple[list, float]:
     """Call fn() n times from `threads` threads; return (results, wall seconds)."""
     counter = iter(range(n))
@@ -82,7 +102,11 @@ def main() -> None:
 
         run_parallel(invoke, 300, CONCURRENCY)  # warm-up: connections, workers, imports
         seq, _ = run_parallel(invoke, 200, 1)
+        cpu0 = cpu_seconds(ll.pid)
         results, wall = run_parallel(invoke, N, CONCURRENCY)
+        cpu1 = cpu_seconds(ll.pid)
+        server_cpu_ms = (cpu1[0] - cpu0[0]) * 1000 / N
+        worker_cpu_ms = (cpu1[1] - cpu0[1]) * 1000 / N
 
         # Reference 1: a bare HTTP round trip to /healthz at the same concurrency, plain urllib3.
         http = urllib3.PoolManager(maxsize=CONCURRENCY)
@@ -126,6 +150,8 @@ def main() -> None:
           f"p90 {pct(latency, 0.9):.2f} ms; minus handler: median {statistics.median(client_overhead):.2f} ms")
     print(f"  sequential (1 client thread) latency: median {statistics.median(r[0] for r in seq):.2f} ms, "
           f"server-side overhead median {statistics.median(r[2] - r[1] for r in seq):.3f} ms")
+    print(f"  CPU per invocation: endpoint process {server_cpu_ms:.3f} ms, worker processes {worker_cpu_ms:.3f} ms "
+          f"(the rest of {amortized * os.cpu_count():.2f} core-ms goes to the boto3 client and anything else running)")
     print(f"  amortized wall per invocation: {amortized:.3f} ms ({N / wall:.0f} invocations/s)")
     print(f"  reference: bare GET /healthz via urllib3 at concurrency {CONCURRENCY}: median {statistics.median(health):.2f} ms, "
           f"amortized {health_amortized:.3f} ms ({N / health_wall:.0f}/s)")
@@ -144,6 +170,9 @@ def main() -> None:
         "client_median_overhead_ms": round(statistics.median(client_overhead), 3),
         "amortized_ms_per_invocation": round(amortized, 4),
         "throughput_per_s": round(N / wall, 1),
+        "endpoint_cpu_ms_per_invocation": round(server_cpu_ms, 3),
+        "worker_cpu_ms_per_invocation": round(worker_cpu_ms, 3),
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "reference_direct_call_ms": round(direct_ms, 6),
         "reference_healthz_amortized_ms": round(health_amortized, 4),
         "reference_healthz_median_ms": round(statistics.median(health), 3),

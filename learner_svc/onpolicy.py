@@ -119,7 +119,8 @@ class OnPolicyLoop:
         launch: Future = self.pool.submit(self._launch, round_index, actors)
         deadline = t0 + self.spec.round_deadline_s
         batches: dict[str, dict] = {}
-        ingest = 0.0
+        processed_before = self.reader.processing_seconds
+        ack_seconds = 0.0
         launch_resp = None
         failed: set[str] = set()
         while time.perf_counter() < deadline and not self.job.stop_requested.is_set():
@@ -133,7 +134,6 @@ class OnPolicyLoop:
                     failed = expected - set(batches)
             if expected <= set(batches) | failed and launch_resp is not None:
                 break
-            t_read = time.perf_counter()
             entries = self.reader.read(count=64, block_ms=100)
             if not entries:
                 continue
@@ -145,9 +145,11 @@ class OnPolicyLoop:
                     notes.append(f"dropped stale batch {e.invocation_id} (policy v{e.policy_version})")
             for e in keep:
                 batches[e.invocation_id] = e.batch
+            t_ack = time.perf_counter()
             self.reader.ack(entries)  # acked once buffered: a learner crash before this redelivers them
-            ingest += time.perf_counter() - t_read
+            ack_seconds += time.perf_counter() - t_ack
         wall = time.perf_counter() - t0
+        ingest = self.reader.processing_seconds - processed_before + ack_seconds
         if launch_resp is None:
             notes.append(f"round deadline ({self.spec.round_deadline_s:g} s) passed with "
                          f"{len(batches)}/{actors} batches")

@@ -1,19 +1,23 @@
-"""Exceptions shared across nitro packages."""
+"""Error types shared across the library and the services."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 
-class ConfigError(ValueError):
-    """A required setting (environment variable, file, flag) is missing or invalid."""
+class NitroError(Exception):
+    """Base class for errors raised by the nitro library."""
 
 
-class UnknownEnvironmentError(LookupError):
-    """An environment id that neither Gymnasium nor ALE knows."""
+class ConfigError(NitroError, ValueError):
+    """A setting (field, flag, environment variable, file) is missing or invalid; the message names it."""
+
+
+class UnknownEnvironmentError(NitroError, LookupError):
+    """A Gymnasium environment id that is not registered and could not be imported."""
 
     def __init__(self, env_id: str, suggestions: Sequence[str] = ()):
         self.env_id = env_id
         self.suggestions = list(suggestions)
-        hint = f"; did you mean {', '.join(self.suggestions)}?" if self.suggestions else ""
+        hint = f"; did you mean {', '.join(repr(s) for s in self.suggestions)}?" if self.suggestions else ""
         super().__init__(f"unknown environment id {env_id!r}{hint}")

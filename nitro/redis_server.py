@@ -22,7 +22,7 @@ from redis.retry import Retry
 _LOG_NAME = "redis.log"
 _CONF_NAME = "redis.conf"
 _STDIO_NAME = "redis.stdio"
-# Kept simple so the value never needs escaping in redis.conf or the URL.
+# A plain alphabet, so the value never needs quoting in redis.conf.
 _PASSWORD_RE = re.compile(r"[A-Za-z0-9._~+/=-]{1,512}")
 
 
@@ -133,23 +133,30 @@ class LocalRedis:
             self._data_dir = Path(tempfile.mkdtemp(prefix="nitro-redis-"))
         self._data_dir.mkdir(parents=True, exist_ok=True)
         binary = self._binary or find_redis_server_binary()
-        fixed_port = self._port is not None
-        # A picked port can be taken between probe and bind; only then is a new pick worth it.
-        for attempt in range(1 if fixed_port else 3):
-            if not fixed_port:
+        picked = self._port is None
+        attempts = 3 if picked else 1
+        for attempt in range(attempts):
+            if picked:
                 self._port = _free_loopback_port()
             try:
                 self._launch(binary)
-                _LIVE.add(self)
-                return self
             except RedisServerError:
-                if fixed_port or attempt == 2 or "Address already in use" not in self.log_tail():
-                    raise
+                # A picked port can be taken between probe and bind: only then pick again.
+                lost_race = picked and "Address already in use" in self.log_tail(3)
+                if picked:
+                    self._port = None
+                if lost_race and attempt + 1 < attempts:
+                    continue
+                raise
+            _LIVE.add(self)
+            return self
         raise AssertionError("unreachable")
 
     def _launch(self, binary: str) -> None:
         conf = self.data_dir / _CONF_NAME
-        conf.write_text(self._config_text())
+        # Owner-only: the file may hold requirepass.
+        with os.fdopen(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(self._config_text())
         with open(self.data_dir / _STDIO_NAME, "ab") as stdio:
             self._proc = subprocess.Popen(
                 [binary, str(conf)], stdin=subprocess.DEVNULL, stdout=stdio, stderr=stdio, cwd=self.data_dir
@@ -258,7 +265,9 @@ class _Retry(Retry):
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
         def retryable(err: Exception) -> bool:
-            return not isinstance(err, redis.AuthenticationError) and (is_retryable is None or is_retryable(err))
+            if isinstance(err, redis.AuthenticationError):
+                return False
+            return is_retryable is None or is_retryable(err)
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 

@@ -15,7 +15,14 @@ from typing import Any
 
 import redis
 
-from nitro.codec import BadSignatureError, MalformedPayloadError, PayloadError, UnsignedPayloadError, decode, encode
+from nitro.codec import (
+    BadSignatureError,
+    MalformedPayloadError,
+    PayloadError,
+    UnsignedPayloadError,
+    decode,
+    encode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +96,14 @@ class TrajectoryWriter:
         self._r, self._stream, self._key, self._maxlen = client, stream_key(job_id), key, maxlen
 
     def append(
-        self, *, invocation_id: str, round: int, policy_version: int, steps: int, batch: dict, compress: bool = False
+        self,
+        *,
+        invocation_id: str,
+        round: int,
+        policy_version: int,
+        steps: int,
+        batch: dict,
+        compress: bool = False,
     ) -> str:
         if not invocation_id or not isinstance(invocation_id, str):
             raise ValueError("invocation_id must be a non-empty str")
@@ -160,6 +174,7 @@ class TrajectoryReader:
         self.dedup_window_s = int(dedup_window_s)
         self.rejected: Counter[str] = Counter()
         self.duplicates = 0
+        self.processing_seconds = 0.0  # verify + decode + dedup time: the learner's "ingest" phase
         self.lost = 0  # pending entries whose data was trimmed away before they were acked
         self._recent = _RecentIds(recent_cap)
         self._backlog_from: str | None = "0"  # own pending entries are replayed first
@@ -243,6 +258,13 @@ class TrajectoryReader:
         return resp[0][1] if resp else []
 
     def _admit(self, msgs: list) -> list[TrajectoryEntry]:
+        t0 = time.perf_counter()
+        try:
+            return self._admit_timed(msgs)
+        finally:
+            self.processing_seconds += time.perf_counter() - t0
+
+    def _admit_timed(self, msgs: list) -> list[TrajectoryEntry]:
         entries: list[TrajectoryEntry] = []
         drop: list[bytes] = []
         for entry_id, fields in msgs:
@@ -278,7 +300,8 @@ class TrajectoryReader:
         if not (isinstance(signed, tuple) and len(signed) == 5):
             raise MalformedPayloadError("payload is not a trajectory record")
         inv, rnd, version, steps, batch = signed
-        if not (isinstance(inv, str) and all(type(v) is int for v in (rnd, version, steps)) and isinstance(batch, dict)):
+        ints = all(type(v) is int for v in (rnd, version, steps))
+        if not (isinstance(inv, str) and ints and isinstance(batch, dict)):
             raise MalformedPayloadError("payload is not a trajectory record")
         claimed = tuple(fields.get(f) for f in _FIELDS)
         if claimed != tuple(str(v).encode() for v in (inv, rnd, version, steps)):

@@ -70,7 +70,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         actor = float(st.get("actor_cost_usd", 0.0))
         learner = float(st.get("learner_cost_usd", 0.0))
         wall = float(st.get("wall_seconds", 0.0))
-        serverful = cost.serverful_job_cost(wall, self.prices, i_max=int(st.get("i_max", 64)))
+        serverful = cost.serverful_job_cost(wall, int(st.get("i_max", 64)), self.prices)
         return {"actor": actor, "learner": learner, "total": actor + learner, "serverful": serverful,
                 "budget": budget, "left": budget - actor - learner}
 
@@ -153,7 +153,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
 
         def account(o):
             nonlocal usd_total
-            usd = cost.lambda_invocation_cost(o.billed_attempts_ms, memory, self.prices, requests=o.requests)
+            usd = cost.lambda_cost(o.billed_attempts_ms, o.requests, memory, self.prices)
             usd_total += usd
             pipe = self.redis.pipeline(transaction=False)
             pipe.hincrbyfloat(key, "actor_cost_usd", usd)
@@ -224,7 +224,12 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     configure_logging(args.log_level)
-    prices = cost.load_prices(args.prices) if args.prices else cost.Prices()
+    prices = cost.Prices()
+    if args.prices:
+        import yaml
+
+        with open(args.prices) as f:
+            prices = cost.Prices.from_mapping(yaml.safe_load(f))
     client = lambda_client(args.lambda_endpoint, args.region, max_connections=args.max_concurrency,
                            read_timeout=900)
     actor_url = args.actor_redis_url or strip_password(args.redis_url)

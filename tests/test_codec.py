@@ -47,7 +47,11 @@ def _batch() -> dict:
         "count": np.int64(7),
         "flag": np.bool_(True),
         "scalars": [1, 2.5, "x", b"raw", None, True, 3 + 4j, bytearray(b"ba")],
-        "nested": {"returns": [1.0, -2.0], "sets": ({1, 2}, frozenset({"a"})), "arr": [np.zeros(2, np.float64)]},
+        "nested": {
+            "returns": [1.0, -2.0],
+            "sets": ({1, 2}, frozenset({"a"})),
+            "arr": [np.zeros(2, np.float64)],
+        },
     }
 
 
@@ -133,7 +137,9 @@ def test_disallowed_global(hmac_key):
     assert "join" in str(exc.value)
 
 
-@pytest.mark.parametrize("obj", [np.array([1, "a"], dtype=object), {"x": [np.empty(3, dtype=object)]}, np.dtype("O")])
+@pytest.mark.parametrize(
+    "obj", [np.array([1, "a"], dtype=object), {"x": [np.empty(3, dtype=object)]}, np.dtype("O")]
+)
 def test_object_dtype_is_disallowed(hmac_key, obj):
     with pytest.raises(DisallowedTypeError):
         decode(encode(obj, hmac_key), hmac_key)
@@ -285,7 +291,8 @@ def test_load_hmac_key_env_wins_over_file(tmp_path):
     path = tmp_path / "key"
     path.write_text(generate_hmac_key())
     hexkey = generate_hmac_key()
-    assert load_hmac_key({"NITRO_HMAC_KEY": hexkey, "NITRO_HMAC_KEY_FILE": str(path)}) == bytes.fromhex(hexkey)
+    env = {"NITRO_HMAC_KEY": hexkey, "NITRO_HMAC_KEY_FILE": str(path)}
+    assert load_hmac_key(env) == bytes.fromhex(hexkey)
 
 
 def test_load_hmac_key_missing(tmp_path):

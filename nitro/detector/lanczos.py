@@ -87,6 +87,10 @@ def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], dim: int, k: int = D
         basis[j] = q
         w = matvec(q).to(torch.float64)
         alpha = float(w @ q)
+        if not math.isfinite(alpha) or not bool(torch.isfinite(w).all()):
+            # A NaN/inf product means the operator itself is broken: report that, not stale Ritz values.
+            nan = float("nan")
+            return EigResult(nan, nan, (), j + 1, j + 1, False, False, 1.0)
         w -= alpha * q
         if j > 0:
             w -= beta * basis[j - 1]
@@ -97,8 +101,6 @@ def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], dim: int, k: int = D
         history.append((float(ritz[-1]), float(ritz[0])))
         beta = float(w.norm())
         anorm = max(anorm, abs(alpha) + beta + (betas[-1] if betas else 0.0))
-        if not math.isfinite(beta) or not math.isfinite(alpha):
-            break  # a NaN/inf product: report what there is; the score guards the rest
         if beta <= BREAKDOWN_TOL * anorm or anorm == 0.0:
             invariant = True
             break

@@ -41,6 +41,7 @@ class LambdaApi:
     def __init__(self, functions: list[FunctionConfig]) -> None:
         self.pools = {f.name: FunctionPool(f) for f in functions}
         self._background: set[asyncio.Task] = set()
+        self._arns: dict[tuple[str, str | None], str] = {}
 
     def body_limit(self, method: str, path: str, headers: dict[str, str]) -> int:
         if headers.get("x-amz-invocation-type") == "Event":
@@ -85,26 +86,34 @@ class LambdaApi:
                                                           "object."}, request_id)
         if invocation_type == "DryRun":
             return 204, [("x-amzn-RequestId", request_id)], b""
-        arn = function_arn(name, qualifier)
+        arn = self._arns.get((name, qualifier))
+        if arn is None:  # cached: reading the region from the environment each time shows in profiles
+            arn = self._arns[name, qualifier] = function_arn(name, qualifier)
         if invocation_type == "Event":
-            try:
-                if req.body.strip():
-                    json.loads(req.body)
-            except ValueError as exc:
-                return _bad_json(f"Could not parse request body into json: {exc}", request_id)
-            task = asyncio.get_running_loop().create_task(self._run_event(pool, request_id, req.body, arn))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            return 202, [("x-amzn-RequestId", request_id)], b""
+            return self._accept_event(pool, request_id, req.body, arn)
+        return await self._run_sync(pool, request_id, req, arn, client_context)
 
+    def _accept_event(self, pool: FunctionPool, request_id: str, payload: bytes, arn: str) -> Response:
+        try:
+            if payload.strip():
+                json.loads(payload)  # AWS rejects a bad event up front, before answering 202
+        except ValueError as exc:
+            return _bad_json(f"Could not parse request body into json: {exc}", request_id)
+        task = asyncio.get_running_loop().create_task(self._run_event(pool, request_id, payload, arn))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return 202, [("x-amzn-RequestId", request_id)], b""
+
+    async def _run_sync(self, pool: FunctionPool, request_id: str, req: Request, arn: str,
+                        client_context) -> Response:
         try:
             pool.admit()
         except Throttled:
             return _error(429, "TooManyRequestsException",
                           {"Reason": "ReservedFunctionConcurrentInvocationLimitExceeded", "Type": "User",
                            "message": "Rate Exceeded."}, request_id)
+        capture = req.headers.get("x-amz-log-type") == "Tail"
         try:
-            capture = req.headers.get("x-amz-log-type") == "Tail"
             outcome = await pool.execute(request_id, req.body, arn, client_context, capture)
         finally:
             pool.leave()

@@ -49,7 +49,8 @@ class LocalLambda:
                "--ready-fd", str(ready_w), "--lifeline-fd", str(lifeline_r)]
         env = {**os.environ, "PYTHONPATH": _child_pythonpath()}
         try:
-            self._proc = subprocess.Popen(cmd, pass_fds=(ready_w, lifeline_r), env=env, stdin=subprocess.DEVNULL)
+            self._proc = subprocess.Popen(cmd, pass_fds=(ready_w, lifeline_r), env=env, stdin=subprocess.DEVNULL,
+                                          start_new_session=True)
         finally:
             os.close(ready_w)
             os.close(lifeline_r)
@@ -62,6 +63,11 @@ class LocalLambda:
         finally:
             os.close(ready_r)
         return self
+
+    @property
+    def pid(self) -> int | None:
+        """The endpoint process (its workers are its children)."""
+        return self._proc.pid if self._proc is not None else None
 
     def _read_url(self, fd: int) -> str:
         deadline = time.monotonic() + self.startup_timeout_s

@@ -69,6 +69,7 @@ def _error_json(error_type: str, message: str) -> bytes:
 class FunctionPool:
     def __init__(self, cfg: FunctionConfig) -> None:
         self.cfg = cfg
+        self.max_workers = cfg.workers
         self.in_flight = 0
         self._idle: list[Worker] = []
         self._live = 0  # running or starting
@@ -144,7 +145,7 @@ class FunctionPool:
         self._maybe_spawn()
 
     def _maybe_spawn(self) -> None:
-        if self._jobs and self._live < self.cfg.workers and not self._closing:
+        if self._jobs and self._live < self.max_workers and not self._closing:
             self._live += 1
             asyncio.get_running_loop().create_task(self._spawn())
 

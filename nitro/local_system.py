@@ -1,0 +1,618 @@
+"""Local mode: Redis, the local Lambda endpoint and the three services as loopback processes.
+
+`LocalSystem(state_dir).start()` brings them up in dependency order, each on a
+free port with its own log in <state_dir>/logs, and waits until each answers
+its health check. <state_dir>/state.json says where everything is (no secrets);
+the per-system HMAC key is in <state_dir>/hmac.key and the Redis password in
+<state_dir>/redis.password (both mode 0600). `stop()` ends them in reverse order.
+
+`python -m nitro.local_system --state-dir DIR` is the supervisor: it runs the
+system in the foreground until SIGTERM/SIGINT (`nitro up` starts it detached).
+
+Every child runs in its own session, so a terminal Ctrl-C reaches only the
+supervisor, which then stops the children in order; and (on Linux) with a
+parent-death signal, so none outlives a supervisor that is killed outright.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from nitro.codec import generate_hmac_key
+from nitro.redis_server import LocalRedis, find_redis_server_binary
+
+log = logging.getLogger("nitro.local_system")
+
+STATE_FILE = "state.json"
+HMAC_KEY_FILE = "hmac.key"
+REDIS_PASSWORD_FILE = "redis.password"
+SUPERVISOR_LOG = "supervisor.log"
+DEFAULT_LEARNER_PORT = 50051  # the SDK's default target
+COMPONENTS = ("redis", "lambda", "detector", "scaler", "learner")
+SERVICES = ("detector", "scaler", "learner")
+ACTOR_FUNCTION = "nitro-actor=actor_fn.handler.handler"
+# The learner finishes or checkpoints its round in flight when told to stop.
+STOP_GRACE_S = {"learner": 60.0}
+DEFAULT_STOP_GRACE_S = 20.0
+
+# Runs between fork and the real program: new session, SIGTERM when the parent dies, exec.
+_SHIM = """import os, sys
+try:
+    os.setsid()
+except OSError:
+    pass
+try:
+    import ctypes, signal
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[1]):
+    os._exit(70)  # the parent died before the death signal was armed
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+class LocalSystemError(RuntimeError):
+    """A component could not be started, or the system is already up."""
+
+
+class StartupAborted(LocalSystemError):
+    """stop was requested while the system was starting."""
+
+
+@dataclass
+class Component:
+    name: str
+    pid: int
+    address: str
+    log: str
+    url: str = ""
+    metrics_port: int | None = None
+    metrics_url: str = ""
+    start_time: str | None = None  # from /proc: tells our process from a reused pid
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("proc")
+        return d
+
+
+# --- small OS helpers -------------------------------------------------------------------
+
+
+def free_port(preferred: int | None = None) -> int:
+    for port in ([preferred] if preferred else []) + [0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise AssertionError("unreachable")
+
+
+def process_start_time(pid: int) -> str | None:
+    """Start time in clock ticks since boot (Linux), None where /proc is unavailable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def pid_alive(pid: int | None, start_time: str | None = None) -> bool:
+    """True if `pid` runs and (when known) is the same process that was recorded."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return start_time is None
+    if Path("/proc/self/stat").exists():
+        now = process_start_time(pid)
+        return now is not None and (start_time is None or now == start_time)
+    return True
+
+
+def log_tail(path: str | os.PathLike, lines: int = 25) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+def write_secret(path: Path, value: str) -> None:
+    """Mode 0600 from the first byte: never readable by others, even briefly."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+# --- health probes (also used by `nitro status`) -------------------------------------------
+
+
+def grpc_health(address: str, timeout: float = 2.0) -> str:
+    """SERVING, NOT_SERVING, SERVICE_UNKNOWN or 'unreachable'."""
+    try:
+        with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    except grpc.RpcError:
+        return "unreachable"
+
+
+def http_health(url: str, timeout: float = 2.0) -> str:
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+        with opener.open(f"{url}/healthz", timeout=timeout) as resp:
+            return "SERVING" if resp.status == 200 else f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except OSError:
+        return "unreachable"
+
+
+def redis_health(url: str, password: str | None, timeout: float = 2.0) -> str:
+    import redis
+
+    client = redis.Redis.from_url(url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return "SERVING" if client.ping() else "NOT_SERVING"
+    except redis.AuthenticationError:
+        return "NOT_SERVING (authentication failed)"
+    except redis.RedisError:
+        return "unreachable"
+    finally:
+        client.close()
+
+
+def probe(name: str, comp: dict, state_dir: str | os.PathLike) -> str:
+    if name == "redis":
+        pw_file = Path(state_dir) / REDIS_PASSWORD_FILE
+        password = pw_file.read_text().strip() if pw_file.exists() else None
+        return redis_health(comp["url"], password)
+    if name == "lambda":
+        return http_health(comp["url"])
+    return grpc_health(comp["address"])
+
+
+# --- the system ---------------------------------------------------------------------------
+
+
+class LocalSystem:
+    """Start/stop the whole local deployment. Use from the main thread (parent-death signal)."""
+
+    def __init__(self, state_dir: str | os.PathLike = ".nitro", ports: dict[str, int] | None = None, *,
+                 concurrency: int = 64, actor_timeout_s: float = 60.0, actor_memory_mb: int = 1024,
+                 startup_timeout_s: float = 180.0, python: str = sys.executable):
+        self.state_dir = Path(state_dir).resolve()
+        self.logs_dir = self.state_dir / "logs"
+        self.data_dir = self.state_dir / "data"
+        self.ports = dict(ports or {})
+        self.concurrency = concurrency
+        self.actor_timeout_s = actor_timeout_s
+        self.actor_memory_mb = actor_memory_mb
+        self.startup_timeout_s = startup_timeout_s
+        self.python = python
+        self.components: dict[str, Component] = {}
+        self.hmac_key: str | None = None
+        self._redis: LocalRedis | None = None
+        self._redis_password: str | None = None
+        self._status = "stopped"
+        self._taken: set[int] = set()
+        # Plain flags, not Events: request_stop runs in signal handlers, where taking a lock can deadlock.
+        self._stop_requested = False
+        self._hurry = False
+        self._lock = threading.Lock()
+
+    # addresses --------------------------------------------------------------------------
+    @property
+    def learner_address(self) -> str:
+        return self.components["learner"].address
+
+    @property
+    def redis_url(self) -> str:
+        """With the password: for code in this process only, never print it."""
+        return self._redis.url
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / STATE_FILE
+
+    def child_env(self) -> dict[str, str]:
+        """The environment every component gets: the system's HMAC key and import path."""
+        env = dict(os.environ)
+        env["NITRO_HMAC_KEY"] = self.hmac_key
+        env.pop("NITRO_HMAC_KEY_FILE", None)
+        env["NITRO_REDIS_PASSWORD_FILE"] = str(self.state_dir / REDIS_PASSWORD_FILE)  # actors
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), _repo_root()) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        # Everything here is loopback: an HTTP(S) proxy from the environment must not intercept it.
+        for var in ("NO_PROXY", "no_proxy"):
+            env[var] = ",".join(p for p in (env.get(var), "127.0.0.1,localhost") if p)
+        return env
+
+    # lifecycle --------------------------------------------------------------------------
+    def start(self) -> LocalSystem:
+        if self._status != "stopped":
+            return self
+        existing = read_state(self.state_dir)
+        if existing and pid_alive(existing.get("supervisor_pid"), existing.get("supervisor_start_time")):
+            raise LocalSystemError(f"a local system is already up in {self.state_dir} "
+                                   f"(supervisor pid {existing['supervisor_pid']}); run `nitro down` first")
+        if existing:
+            cleanup_stale(self.state_dir, existing)
+        self._status = "starting"
+        try:
+            self._start_all()
+        except BaseException:
+            self.stop()
+            raise
+        self._status = "ready"
+        self._write_state()
+        return self
+
+    def _start_all(self) -> None:
+        for d in (self.state_dir, self.logs_dir, self.data_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.hmac_key = generate_hmac_key()
+        write_secret(self.state_dir / HMAC_KEY_FILE, self.hmac_key)
+        self._redis_password = secrets.token_urlsafe(24)
+        write_secret(self.state_dir / REDIS_PASSWORD_FILE, self._redis_password)
+
+        self._start_redis()
+        self._write_state()
+        redis_url, actor_redis_url = self._redis.url, self._redis.url_without_password
+
+        port = self._port("lambda")
+        url = f"http://127.0.0.1:{port}"
+        self._spawn("lambda", ["-m", "nitro.local_lambda", "--host", "127.0.0.1", "--port", str(port),
+                               "--function", ACTOR_FUNCTION, "--concurrency", str(self.concurrency),
+                               "--timeout", str(self.actor_timeout_s), "--memory", str(self.actor_memory_mb)],
+                    address=f"127.0.0.1:{port}", url=url)
+        self._wait_healthy(["lambda"])
+
+        # The detector and scaler do not depend on each other: start both, then wait.
+        for name, extra in (("detector", []),
+                            ("scaler", ["--lambda-endpoint", url, "--actor-redis-url", actor_redis_url])):
+            self._spawn_service(name, ["--redis-url", redis_url, *extra])
+        self._wait_healthy(["detector", "scaler"])
+        self._spawn_service("learner", ["--redis-url", redis_url,
+                                        "--detector", self.components["detector"].address,
+                                        "--scaler", self.components["scaler"].address,
+                                        "--data-dir", str(self.data_dir)])
+        self._wait_healthy(["learner"])
+
+    def _port(self, name: str) -> int:
+        if name in self.ports:
+            return self.ports[name]
+        port = free_port(DEFAULT_LEARNER_PORT if name == "learner" else None)
+        while port in self._taken:  # the OS may hand the same free port out twice
+            port = free_port()
+        self._taken.add(port)
+        return port
+
+    def _start_redis(self) -> None:
+        self._check_abort()
+        wrapper = self.state_dir / "bin" / "redis-server"
+        wrapper.parent.mkdir(exist_ok=True)
+        # LocalRedis launches `binary conf`: a wrapper gives redis the same session and death signal.
+        wrapper.write_text("#!/bin/sh\nexec " + shlex.join([self.python, "-I", "-S", "-c", _SHIM]) + ' "$PPID" '
+                           + shlex.quote(find_redis_server_binary()) + ' "$@"\n')
+        wrapper.chmod(0o700)
+        self._redis = LocalRedis(data_dir=self.state_dir / "redis", port=self.ports.get("redis"),
+                                 password=self._redis_password, binary=str(wrapper))
+        self._redis.start()
+        pid = self._redis.pid
+        self.components["redis"] = Component(
+            "redis", pid, f"127.0.0.1:{self._redis.port}", str(self._redis.data_dir / "redis.log"),
+            url=self._redis.url_without_password, start_time=process_start_time(pid))
+        log.info("redis listening on %s", self._redis.url_without_password)
+
+    def _spawn_service(self, name: str, extra: list[str]) -> None:
+        port, metrics_port = self._port(name), self._port(f"{name}_metrics")
+        self._spawn(name, ["-m", f"{name}_svc", "--host", "127.0.0.1", "--port", str(port),
+                           "--metrics-port", str(metrics_port), *extra],
+                    address=f"127.0.0.1:{port}", metrics_port=metrics_port,
+                    metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
+
+    def _spawn(self, name: str, args: list[str], **info) -> Component:
+        self._check_abort()
+        log_path = self.logs_dir / f"{name}.log"
+        shown = " ".join(a.replace(self._redis_password, "***") for a in args)
+        with open(log_path, "ab") as out:
+            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} nitro local: python {shown}\n".encode())
+            out.flush()
+            with self._lock:  # so stop() from another thread never misses a just-started child
+                proc = subprocess.Popen(
+                    [self.python, "-I", "-S", "-c", _SHIM, str(os.getpid()), self.python, *args],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.state_dir,
+                    env=self.child_env())
+                comp = Component(name, proc.pid, log=str(log_path), proc=proc, **info)
+                self.components[name] = comp
+        comp.start_time = process_start_time(proc.pid)
+        log.info("started %s (pid %d) on %s", name, proc.pid, comp.address)
+        self._write_state()
+        return comp
+
+    def _check_abort(self) -> None:
+        if self._stop_requested:
+            raise StartupAborted("stop requested during startup")
+
+    def _wait_healthy(self, names: list[str]) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        pending, delay = list(names), 0.2
+        while pending:
+            self._check_abort()
+            for name in list(pending):
+                comp = self.components[name]
+                rc = comp.proc.poll()
+                if rc is not None:
+                    raise LocalSystemError(f"{name} exited with code {rc} during startup; "
+                                           f"last lines of {comp.log}:\n{log_tail(comp.log)}")
+                if probe(name, comp.to_dict(), self.state_dir) == "SERVING":
+                    pending.remove(name)
+                    log.info("%s is healthy", name)
+            if pending and time.monotonic() > deadline:
+                name = pending[0]
+                comp = self.components[name]
+                raise LocalSystemError(f"{name} did not become healthy within {self.startup_timeout_s:.0f} s; "
+                                       f"last lines of {comp.log}:\n{log_tail(comp.log)}")
+            if pending:
+                time.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+
+    def request_stop(self) -> None:
+        """Thread- and signal-safe: ends start() or wait(); a second request hurries stop()."""
+        if self._stop_requested:
+            self._hurry = True
+        self._stop_requested = True
+
+    def wait(self, poll_s: float = 0.5) -> str | None:
+        """Block until stop is requested (None) or a component exits on its own (its name)."""
+        while not self._stop_requested:
+            time.sleep(poll_s)
+            for name, comp in self.components.items():
+                gone = not self._redis.running if name == "redis" else comp.proc.poll() is not None
+                if gone:
+                    return name
+        return None
+
+    def stop(self) -> list[str]:
+        """Stop every component in reverse start order (SIGTERM, then SIGKILL after a grace period)."""
+        self._stop_requested = True
+        with self._lock:
+            names = list(self.components)
+        stopped = []
+        for name in reversed(names):
+            comp = self.components[name]
+            if name == "redis":
+                self._redis.close()
+                self._redis = None
+            else:
+                self._terminate(comp)
+            stopped.append(name)
+            log.info("stopped %s (pid %d)", name, comp.pid)
+        if self._redis is not None:  # started but never became a component
+            self._redis.close()
+            self._redis = None
+        self.components.clear()
+        self._status = "stopped"
+        state = read_state(self.state_dir)
+        if state and state.get("supervisor_pid") == os.getpid():
+            for f in (STATE_FILE, HMAC_KEY_FILE, REDIS_PASSWORD_FILE):
+                (self.state_dir / f).unlink(missing_ok=True)
+        return stopped
+
+    def _terminate(self, comp: Component) -> None:
+        proc = comp.proc
+        if proc.poll() is None:
+            proc.terminate()
+            deadline = time.monotonic() + STOP_GRACE_S.get(comp.name, DEFAULT_STOP_GRACE_S)
+            while proc.poll() is None and time.monotonic() < deadline and not self._hurry:
+                time.sleep(0.05)
+            if proc.poll() is None:
+                log.warning("%s did not stop after SIGTERM; killing it", comp.name)
+                proc.kill()
+        proc.wait()
+
+    def _write_state(self) -> None:
+        comps = {n: c.to_dict() for n, c in self.components.items()}
+        state = {
+            "version": 1,
+            "status": self._status,
+            "supervisor_pid": os.getpid(),
+            "supervisor_start_time": process_start_time(os.getpid()),
+            "state_dir": str(self.state_dir),
+            "updated_unix": time.time(),
+            "learner": comps.get("learner", {}).get("address", ""),
+            "redis_url": comps.get("redis", {}).get("url", ""),
+            "lambda_endpoint": comps.get("lambda", {}).get("url", ""),
+            "hmac_key_file": str(self.state_dir / HMAC_KEY_FILE),
+            "redis_password_file": str(self.state_dir / REDIS_PASSWORD_FILE),
+            "components": comps,
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.state_file)
+
+    def __enter__(self) -> LocalSystem:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --- state.json for other processes (the CLI) -------------------------------------------
+
+
+def read_state(state_dir: str | os.PathLike) -> dict | None:
+    try:
+        return json.loads((Path(state_dir) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def running_state(state_dir: str | os.PathLike) -> dict | None:
+    """state.json if its supervisor is alive, else None."""
+    state = read_state(state_dir)
+    if state and pid_alive(state.get("supervisor_pid"), state.get("supervisor_start_time")):
+        return state
+    return None
+
+
+def _kill_leftovers(state: dict, sig: int) -> list[str]:
+    hit = []
+    for name, comp in reversed(list(state.get("components", {}).items())):
+        if pid_alive(comp.get("pid"), comp.get("start_time")):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(comp["pid"], sig)
+            hit.append(name)
+    return hit
+
+
+def cleanup_stale(state_dir: str | os.PathLike, state: dict) -> list[str]:
+    """The supervisor died without cleaning up: kill what it left and forget it."""
+    left = _kill_leftovers(state, signal.SIGKILL)
+    for f in (STATE_FILE, HMAC_KEY_FILE, REDIS_PASSWORD_FILE):
+        (Path(state_dir) / f).unlink(missing_ok=True)
+    return left
+
+
+def shutdown(state_dir: str | os.PathLike, timeout_s: float = 150.0) -> list[str] | None:
+    """SIGTERM the supervisor and wait until it and every component are gone.
+
+    Returns the names of what was running, or None if nothing was up. Anything
+    still alive after `timeout_s` is killed.
+    """
+    state = read_state(state_dir)
+    if state is None:
+        return None
+    pid, start = state.get("supervisor_pid"), state.get("supervisor_start_time")
+    if not pid_alive(pid, start):
+        left = cleanup_stale(state_dir, state)
+        return left or None
+    running = [n for n, c in state.get("components", {}).items() if pid_alive(c.get("pid"), c.get("start_time"))]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    comps = state.get("components", {}).values()
+    while time.monotonic() < deadline:
+        if not pid_alive(pid, start) and not any(pid_alive(c.get("pid"), c.get("start_time")) for c in comps):
+            break
+        time.sleep(0.2)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            if pid_alive(pid, start):
+                os.kill(pid, signal.SIGKILL)
+        _kill_leftovers(state, signal.SIGKILL)
+    if (Path(state_dir) / STATE_FILE).exists() and not pid_alive(pid, start):
+        cleanup_stale(state_dir, state)
+    return running + ["supervisor"]
+
+
+def spawn_supervisor(state_dir: str | os.PathLike, args: list[str] = ()) -> subprocess.Popen:
+    """Start `python -m nitro.local_system` detached (own session), logging to <state_dir>/logs."""
+    logs = Path(state_dir).resolve() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / SUPERVISOR_LOG, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "nitro.local_system", "--state-dir", str(state_dir), *args],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def wait_until_ready(state_dir: str | os.PathLike, proc: subprocess.Popen, timeout_s: float = 600.0) -> dict:
+    """Wait for a spawned supervisor to report "ready"; on failure stop it and raise with its log."""
+    deadline = time.monotonic() + timeout_s
+    supervisor_log = Path(state_dir) / "logs" / SUPERVISOR_LOG
+    while True:
+        state = read_state(state_dir)
+        if state and state.get("supervisor_pid") == proc.pid and state.get("status") == "ready":
+            return state
+        rc = proc.poll()
+        if rc is not None:
+            raise LocalSystemError(f"the local system failed to start (exit code {rc}); "
+                                   f"last lines of {supervisor_log}:\n{log_tail(supervisor_log, 40)}")
+        if time.monotonic() > deadline:
+            proc.terminate()
+            proc.wait()
+            raise LocalSystemError(f"the local system was not ready within {timeout_s:.0f} s; "
+                                   f"last lines of {supervisor_log}:\n{log_tail(supervisor_log, 40)}")
+        time.sleep(0.25)
+
+
+# --- the supervisor ---------------------------------------------------------------------
+
+
+def run_foreground(system: LocalSystem, on_ready=None) -> int:
+    """Start, run until SIGTERM/SIGINT or a component dies, stop. Returns an exit code."""
+    old = {s: signal.signal(s, lambda *_: system.request_stop()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        system.start()
+        log.info("local system ready; learner at %s", system.learner_address)
+        if on_ready:
+            on_ready(system)
+        dead = system.wait()
+        if dead:
+            comp = system.components[dead]
+            log.error("%s exited unexpectedly; stopping everything. Last lines of %s:\n%s",
+                      dead, comp.log, log_tail(comp.log))
+            return 1
+        return 0
+    except StartupAborted:
+        log.info("startup interrupted")
+        return 130
+    except LocalSystemError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        system.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m nitro.local_system",
+                                description="Run the local Nitro system in the foreground until SIGTERM/SIGINT.")
+    p.add_argument("--state-dir", default=".nitro")
+    p.add_argument("--concurrency", type=int, default=64, help="actor function concurrency limit")
+    p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds each component may take")
+    p.add_argument("--learner-port", type=int, default=None, help=f"default {DEFAULT_LEARNER_PORT} if free")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s: %(message)s")
+    ports = {"learner": args.learner_port} if args.learner_port else None
+    system = LocalSystem(args.state_dir, ports, concurrency=args.concurrency, startup_timeout_s=args.startup_timeout)
+    return run_foreground(system)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Writers for a training run's results: rounds.csv, summary.json and training.png.
+
+Pure functions of what the SDK returned, so experiment scripts can reuse them.
+Reports and statuses may be SDK wrappers (nitro.sdk.RoundReport/TrainingStatus),
+proto messages or plain dicts with the proto's field names.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+def as_dict(obj) -> dict:
+    if obj is None:
+        return {}
+    if isinstance(obj, dict):
+        return obj
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    from nitro.sdk import message_to_dict  # a proto message
+
+    return message_to_dict(obj)
+
+
+def round_rows(reports: Iterable) -> tuple[list[str], list[dict]]:
+    """Flat CSV rows: phases become phase_<name>_s columns, notes one '; '-joined string."""
+    rows, columns, phase_cols = [], [], []
+    for report in reports:
+        d = dict(as_dict(report))
+        phases = d.pop("phases", None) or {}
+        row = {k: ("; ".join(v) if isinstance(v, list) else v) for k, v in d.items()}
+        for name, seconds in phases.items():
+            col = f"phase_{name}_s"
+            row[col] = seconds
+            if col not in phase_cols:
+                phase_cols.append(col)
+        columns += [k for k in d if k not in columns]
+        rows.append(row)
+    if not rows:  # header only: the fields a report would have
+        from nitro.v1 import training_pb2
+
+        columns = [f.name for f in training_pb2.RoundReport.DESCRIPTOR.fields if f.name != "phases"]
+    return columns + phase_cols, rows
+
+
+def write_rounds_csv(path: str | os.PathLike, reports: Sequence) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns, rows = round_rows(reports)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def summarize(status, reports: Sequence, wall_s: float) -> dict:
+    """The numbers a user wants at the end of a run (also what summary.json holds)."""
+    st = as_dict(status)
+    reps = [as_dict(r) for r in reports]
+    last = reps[-1] if reps else (st.get("last_report") or {})
+    evals = [(r.get("eval_return", math.nan), r.get("round")) for r in reps]
+    finite = [(v, k) for v, k in evals if isinstance(v, (int, float)) and math.isfinite(v)]
+    best = max(finite, key=lambda vk: vk[0]) if finite else (None, None)
+    spec = st.get("spec") or {}
+    return {
+        "job_id": st.get("job_id") or last.get("job_id", ""),
+        "state": st.get("state", "UNKNOWN"),
+        "message": st.get("message", ""),
+        "env_id": spec.get("env_id", ""),
+        "algo": spec.get("algo", ""),
+        "scaler": (spec.get("scaler") or {}).get("policy", ""),
+        "rounds": len(reps) if reps else st.get("rounds_done", 0),
+        "rounds_planned": spec.get("rounds"),
+        "final_eval_return": last.get("eval_return") if last else None,
+        "best_eval_return": best[0],
+        "best_round": best[1],
+        "total_env_steps": st.get("total_env_steps") or last.get("total_env_steps", 0),
+        "total_cost_usd": st.get("total_cost_usd") or last.get("total_cost_usd", 0.0),
+        "serverful_cost_usd": last.get("serverful_cost_usd", 0.0),
+        "actors_launched": sum(r.get("actors_launched", 0) for r in reps),
+        "wall_s": wall_s,
+        "checkpoint_path": st.get("checkpoint_path", ""),
+        "created_unix": st.get("created_unix"),
+        "finished_unix": st.get("finished_unix"),
+        "spec": spec,
+    }
+
+
+def write_summary(path: str | os.PathLike, status, reports: Sequence, wall_s: float) -> dict:
+    summary = summarize(status, reports, wall_s)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def plot_training(path: str | os.PathLike, reports: Sequence) -> Path:
+    """Three stacked panels: eval/train return, actors and cumulative cost per round."""
+    # Figure without pyplot: no global state, no GUI backend, safe from threads.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    reps = [as_dict(r) for r in reports]
+    x = [r.get("round", i) for i, r in enumerate(reps)]
+
+    def col(name):
+        return [r.get(name, math.nan) for r in reps]
+
+    fig = Figure(figsize=(8, 9), layout="constrained")
+    FigureCanvasAgg(fig)
+    ret, actors, cost = fig.subplots(3, 1, sharex=True)
+    ret.plot(x, col("eval_return"), marker="o", ms=3, label="eval return")
+    ret.plot(x, col("train_return"), alpha=0.6, label="train return")
+    ret.set_ylabel("return")
+    ret.legend(loc="best")
+    actors.step(x, col("actors_launched"), where="mid", label="launched")
+    actors.plot(x, col("actors_completed"), ls="", marker=".", label="completed")
+    actors.set_ylabel("actors")
+    actors.legend(loc="best")
+    cost.plot(x, col("total_cost_usd"), label="nitro (serverless)")
+    cost.plot(x, col("serverful_cost_usd"), ls="--", label="serverful comparator")
+    cost.set_ylabel("cumulative cost (USD)")
+    cost.set_xlabel("round")
+    cost.legend(loc="best")
+    job = reps[0].get("job_id", "") if reps else ""
+    fig.suptitle(f"training {job}".strip() if reps else "no rounds reported")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path

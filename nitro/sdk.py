@@ -1,0 +1,305 @@
+"""Python client for the learner's TrainingService.
+
+    from nitro.sdk import NitroClient
+    with NitroClient("127.0.0.1:50051") as client:
+        status = client.start_training({"env_id": "CartPole-v1", "rounds": 3})
+        for report in client.watch(status.job_id):
+            print(report.round, report.eval_return, report.phases)
+
+`watch` yields `RoundReport` and the other calls return `TrainingStatus`: thin
+read-only wrappers around the proto messages. Attribute access falls through to
+the message (`report.eval_return`), `phases` is a dict {phase: seconds} and
+`to_dict()` gives plain Python values. `.message` is the proto itself.
+
+Server errors raise `NitroRpcError` subclasses carrying the gRPC status
+(`.code`) and the server's message (`.details`). A spec the client can already
+tell is malformed raises `nitro.spec.InvalidSpec` before anything is sent; all
+other validation (env ids, ranges) is the server's, so the client does not
+need the user's environments installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping
+
+import grpc
+
+from nitro import grpc_util
+from nitro.spec import InvalidSpec, TrainingSpec, to_proto
+from nitro.v1 import common_pb2, training_pb2, training_pb2_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+# --- errors ---------------------------------------------------------------------------
+
+
+class NitroRpcError(Exception):
+    """A failed call: `.code` is the grpc.StatusCode, `.details` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, method: str = ""):
+        self.code = code
+        self.details = details or ""
+        self.method = method
+        super().__init__(f"{code.name}: {self.details}")
+
+
+class InvalidArgumentError(NitroRpcError):
+    pass
+
+
+class NotFoundError(NitroRpcError):
+    pass
+
+
+class UnavailableError(NitroRpcError):
+    pass
+
+
+class FailedPreconditionError(NitroRpcError):
+    pass
+
+
+class ResourceExhaustedError(NitroRpcError):
+    pass
+
+
+class UnauthenticatedError(NitroRpcError):
+    pass
+
+
+_ERROR_BY_CODE = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+}
+
+
+def map_rpc_error(err: grpc.RpcError, method: str = "") -> NitroRpcError:
+    """The typed exception for a grpc.RpcError (a call error exposes code() and details())."""
+    code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = err.details() if callable(getattr(err, "details", None)) else str(err)
+    code = code or grpc.StatusCode.UNKNOWN
+    return _ERROR_BY_CODE.get(code, NitroRpcError)(code, details or "", method)
+
+
+# --- results ----------------------------------------------------------------------------
+
+
+class _Wrapper:
+    __slots__ = ("message",)
+
+    def __init__(self, message):
+        object.__setattr__(self, "message", message)
+
+    def __getattr__(self, name):
+        return getattr(self.message, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_dict()!r})"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.message == self.message
+
+    def to_dict(self) -> dict:
+        return message_to_dict(self.message)
+
+
+class RoundReport(_Wrapper):
+    """One finished round (see training.proto RoundReport for the fields)."""
+
+    __slots__ = ()
+
+    @property
+    def phases(self) -> dict[str, float]:
+        return {p.phase: p.seconds for p in self.message.phases}
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.message.notes)
+
+
+class TrainingStatus(_Wrapper):
+    """A job's state; `state_name` is e.g. "RUNNING", `finished` is True once it ended."""
+
+    __slots__ = ()
+
+    @property
+    def state_name(self) -> str:
+        return _state_name(self.message.state)
+
+    @property
+    def finished(self) -> bool:
+        return self.message.state in _FINAL_STATES
+
+    @property
+    def last_report(self) -> RoundReport | None:
+        return RoundReport(self.message.last_report) if self.message.HasField("last_report") else None
+
+
+_FINAL_STATES = {training_pb2.JOB_STATE_SUCCEEDED, training_pb2.JOB_STATE_FAILED, training_pb2.JOB_STATE_STOPPED}
+
+
+def _state_name(value: int) -> str:
+    return training_pb2.JobState.Name(value).removeprefix("JOB_STATE_")
+
+
+def message_to_dict(msg) -> dict:
+    """Proto message -> plain dict; phases become {phase: seconds}, enums their names, every field present."""
+    out = {}
+    for f in msg.DESCRIPTOR.fields:
+        value = getattr(msg, f.name)
+        if f.name == "phases":
+            out[f.name] = {p.phase: p.seconds for p in value}
+        elif f.message_type is not None and f.message_type.GetOptions().map_entry:
+            out[f.name] = dict(value)
+        elif f.is_repeated:
+            out[f.name] = [message_to_dict(v) if hasattr(v, "DESCRIPTOR") else v for v in value]
+        elif f.message_type is not None:
+            out[f.name] = message_to_dict(value) if msg.HasField(f.name) else None
+        elif f.enum_type is not None:
+            out[f.name] = _state_name(value) if f.enum_type.name == "JobState" else f.enum_type.values_by_number[value].name
+        else:
+            out[f.name] = value
+    return out
+
+
+# --- specs ------------------------------------------------------------------------------
+
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(TrainingSpec)}
+_SCALER_FIELDS = set(common_pb2.ScalerSpec.DESCRIPTOR.fields_by_name)
+
+
+def spec_to_proto(spec) -> training_pb2.TrainingSpec:
+    """TrainingSpec dataclass, partial dict or proto -> proto.
+
+    A dict sets only the fields it names, so the server's defaults apply to the
+    rest. Its keys are TrainingSpec's field names; "scaler" is a dict of
+    ScalerSpec fields or a policy string ("nitro", "fixed:16", ...).
+    """
+    if isinstance(spec, training_pb2.TrainingSpec):
+        return spec
+    if isinstance(spec, TrainingSpec):
+        return to_proto(spec)
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"spec must be a TrainingSpec, a dict or a nitro.v1 TrainingSpec, not {type(spec).__name__}")
+    unknown = sorted(set(spec) - _SPEC_FIELDS)
+    if unknown:
+        raise InvalidSpec(unknown[0], f"unknown field; allowed: {sorted(_SPEC_FIELDS)}")
+    if not isinstance(spec.get("env_id"), str) or not spec["env_id"]:
+        raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1'")
+    msg = training_pb2.TrainingSpec()
+    for name, value in spec.items():
+        if value is None:
+            continue
+        if name == "scaler":
+            _set_scaler(msg.scaler, value)
+        elif name == "hyperparameters":
+            for key, v in dict(value).items():
+                _set(msg.hyperparameters, key, v, f"hyperparameters.{key}")
+        else:
+            _set(msg, name, value, name)
+    return msg
+
+
+def _set_scaler(msg, value) -> None:
+    if isinstance(value, str):
+        value = {"policy": value}
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise InvalidSpec("scaler", "must be a policy name or a dict of scaler settings")
+    unknown = sorted(set(value) - _SCALER_FIELDS)
+    if unknown:
+        raise InvalidSpec(f"scaler.{unknown[0]}", f"unknown field; allowed: {sorted(_SCALER_FIELDS)}")
+    for name, v in value.items():
+        if v is not None:
+            _set(msg, name, v, f"scaler.{name}")
+    msg.SetInParent()  # an empty scaler dict still marks the field as given
+
+
+def _set(target, name: str, value, label: str) -> None:
+    try:
+        if isinstance(target, training_pb2.TrainingSpec | common_pb2.ScalerSpec):
+            setattr(target, name, value)
+        else:  # map<string, double>
+            target[name] = value
+    except (TypeError, ValueError) as exc:
+        raise InvalidSpec(label, f"bad value {value!r}: {exc}") from None
+
+
+# --- client -----------------------------------------------------------------------------
+
+
+class NitroClient:
+    """A TrainingService client. Every call carries a deadline (per method, or `timeout` seconds
+    for all unary calls when given) and, with `token`, an "authorization: Bearer" header."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None, timeout: float | None = None):
+        self.target = target
+        self._timeout = timeout
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._channel = grpc_util.make_channel(target)
+        self._stub = training_pb2_grpc.TrainingServiceStub(self._channel)
+
+    def __enter__(self) -> NitroClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: str, request):
+        timeout = self._timeout if self._timeout is not None else grpc_util.DEADLINES[method]
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise map_rpc_error(err, method) from None
+
+    def start_training(self, spec: TrainingSpec | Mapping | training_pb2.TrainingSpec) -> TrainingStatus:
+        request = training_pb2.StartTrainingRequest(spec=spec_to_proto(spec))
+        return TrainingStatus(self._call("StartTraining", request))
+
+    def get(self, job_id: str) -> TrainingStatus:
+        return TrainingStatus(self._call("GetTraining", training_pb2.GetTrainingRequest(job_id=job_id)))
+
+    def stop(self, job_id: str) -> TrainingStatus:
+        return TrainingStatus(self._call("StopTraining", training_pb2.StopTrainingRequest(job_id=job_id)))
+
+    def list(self) -> list[TrainingStatus]:
+        return [TrainingStatus(j) for j in self._call("ListTrainings", training_pb2.ListTrainingsRequest()).jobs]
+
+    def watch(self, job_id: str, from_round: int = 0, *, reconnects: int = 3) -> Iterator[RoundReport]:
+        """Round reports from `from_round` on, until the job ends.
+
+        If the stream breaks with UNAVAILABLE (learner restarting, network blip) it
+        is reopened after the last round received, up to `reconnects` times in a row.
+        Closing the iterator cancels the stream.
+        """
+        next_round, failures = from_round, 0
+        while True:
+            call = self._stub.WatchTraining(
+                training_pb2.WatchTrainingRequest(job_id=job_id, from_round=next_round),
+                timeout=grpc_util.DEADLINES["WatchTraining"], metadata=self._metadata)
+            try:
+                for msg in call:
+                    failures = 0
+                    next_round = msg.round + 1
+                    yield RoundReport(msg)
+                return
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or failures >= reconnects:
+                    raise map_rpc_error(err, "WatchTraining") from None
+                failures += 1
+                time.sleep(min(0.5 * 2 ** failures, 5.0))
+            finally:
+                call.cancel()
