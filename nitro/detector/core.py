@@ -49,9 +49,6 @@ class DetectionResult:
 
 
 def _tensors(samples: Mapping[str, np.ndarray], idx: np.ndarray, normalize_advantages: bool):
-    missing = [k for k in REQUIRED if k not in samples]
-    if missing:
-        raise ConfigError(f"detector samples lack {missing}; required: {list(REQUIRED)}")
     obs = torch.as_tensor(np.asarray(samples["obs"])[idx])
     actions = torch.as_tensor(np.asarray(samples["actions"])[idx])
     logp = torch.as_tensor(np.asarray(samples["logp"], dtype=np.float32)[idx])
@@ -79,7 +76,12 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
     if subset_size < 1 or lanczos_steps < 1:
         raise ConfigError("invalid value for subset_size / lanczos_steps: both must be integers >= 1")
     t0 = time.perf_counter()
-    n = len(samples["obs"]) if "obs" in samples else 0
+    missing = [k for k in REQUIRED if k not in samples]
+    if missing:
+        raise ConfigError(f"detector samples lack {missing}; required: {list(REQUIRED)}")
+    n = len(samples["obs"])
+    if any(len(samples[k]) != n for k in REQUIRED):
+        raise ConfigError(f"detector samples differ in length: {({k: len(samples[k]) for k in REQUIRED})}")
     if n == 0:
         raise ConfigError("detector samples are empty: need at least one step")
     idx = np.arange(n) if full_batch else select_subset(n, subset_size, seed)

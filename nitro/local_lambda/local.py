@@ -18,9 +18,9 @@ from .config import FunctionConfig
 
 def _child_pythonpath() -> str:
     """The caller's import roots, so handlers importable here are importable in the workers."""
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    paths = [os.path.abspath(p or ".") for p in sys.path
-             if not any(os.path.abspath(p or ".").startswith(pre) for pre in prefixes)]
+    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    paths = [os.path.abspath(p or ".") for p in sys.path]
+    paths = [p for p in paths if os.path.isdir(p) and not p.startswith(prefixes)]
     existing = os.environ.get("PYTHONPATH")
     return os.pathsep.join(dict.fromkeys(paths + ([existing] if existing else [])))
 

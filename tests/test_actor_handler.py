@@ -1,0 +1,131 @@
+"""The actor Lambda handler end to end: policy in Redis -> one signed batch in the stream.
+
+Real redis-server, real local Lambda endpoint, real boto3 client.
+"""
+
+import json
+import time
+
+import boto3
+import numpy as np
+import pytest
+from botocore.config import Config
+
+from nitro.envs import env_spaces
+from nitro.local_lambda import FunctionConfig, LocalLambda
+from nitro.models import Policy, policy_to_blob, spec_for_spaces
+from nitro.store import PolicyStore, TrajectoryReader
+
+JOB = "handler-test"
+
+
+@pytest.fixture(scope="module")
+def key_hex():
+    return "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def endpoint(key_hex):
+    fn = FunctionConfig("nitro-actor", "actor_fn.handler.handler", timeout_s=30, concurrency=4, max_workers=2,
+                        env={"NITRO_HMAC_KEY": key_hex})
+    with LocalLambda([fn]) as ll:
+        yield ll
+
+
+@pytest.fixture
+def lam(endpoint):
+    return boto3.client("lambda", endpoint_url=endpoint.endpoint_url, region_name="us-east-1",
+                        aws_access_key_id="test", aws_secret_access_key="test",
+                        config=Config(retries={"total_max_attempts": 1}, read_timeout=60))
+
+
+def publish_policy(client, key: bytes, env_id="CartPole-v1", version=3) -> Policy:
+    spec = spec_for_spaces(*env_spaces(env_id), obs_norm=True)
+    policy = Policy(spec)
+    PolicyStore(client, JOB).put(version, policy_to_blob(policy, version, key))
+    return policy
+
+
+def event(redis_server, **kw):
+    e = {"job_id": JOB, "round": 0, "policy_version": 3, "env_id": "CartPole-v1", "num_steps": 300, "seed": 1,
+         "invocation_id": "inv-1", "redis_url": redis_server.url}
+    e.update(kw)
+    return e
+
+
+def invoke(lam, ev):
+    resp = lam.invoke(FunctionName="nitro-actor", Payload=json.dumps(ev).encode())
+    return resp, json.loads(resp["Payload"].read())
+
+
+def test_policy_in_redis_to_batch_in_stream_through_boto3(redis_client, redis_server, lam, key_hex):
+    key = bytes.fromhex(key_hex)
+    publish_policy(redis_client, key)
+    resp, summary = invoke(lam, event(redis_server))
+    assert "FunctionError" not in resp, summary
+    assert summary["ok"] and summary["steps"] == 300 and summary["episodes"] >= 1
+    assert summary["duration_ms"] > 0 and summary["mean_episode_return"] > 0
+    reader = TrajectoryReader(redis_client, JOB, key)
+    entries = reader.read(count=10, block_ms=1000)
+    assert len(entries) == 1
+    e = entries[0]
+    assert (e.invocation_id, e.round, e.policy_version, e.steps) == ("inv-1", 0, 3, 300)
+    b = e.batch
+    for name in ("obs", "actions", "rewards", "terminated", "truncated", "logp", "values", "final_values"):
+        assert len(b[name]) == 300, name
+    assert b["obs"].shape == (300, 4) and b["policy_version"] == 3 and b["invocation_id"] == "inv-1"
+    assert sum(b["episode_lengths"]) <= 300 and isinstance(b["bootstrap_value"], float)
+    reader.ack(entries)
+    assert redis_client.xlen(f"nitro:{JOB}:traj") == 0
+
+
+def test_warm_actor_continues_episodes_and_reloads_new_version(redis_client, redis_server, lam, key_hex):
+    key = bytes.fromhex(key_hex)
+    publish_policy(redis_client, key, version=3)
+    publish_policy(redis_client, key, version=4)
+    for i, version in enumerate((3, 3, 4)):
+        resp, summary = invoke(lam, event(redis_server, invocation_id=f"warm-{i}", policy_version=version,
+                                          num_steps=50))
+        assert summary["ok"] and summary["policy_version"] == version
+    reader = TrajectoryReader(redis_client, JOB, key)
+    got = reader.read(count=10, block_ms=1000)
+    assert sorted(e.policy_version for e in got) == [3, 3, 4]
+    assert all(len(e.batch["rewards"]) == 50 for e in got)
+
+
+@pytest.mark.parametrize("case,expected_type", [
+    ("missing_policy", "PolicyNotFoundError"),
+    ("unknown_env", "UnknownEnvironmentError"),
+    ("bad_event", "ConfigError"),
+])
+def test_errors_are_clear_function_errors(redis_client, redis_server, lam, key_hex, case, expected_type):
+    publish_policy(redis_client, bytes.fromhex(key_hex))
+    ev = {"missing_policy": event(redis_server, policy_version=99),
+          "unknown_env": event(redis_server, env_id="NoSuchEnv-v0"),
+          "bad_event": {k: v for k, v in event(redis_server).items() if k != "num_steps"}}[case]
+    resp, body = invoke(lam, ev)
+    assert resp["FunctionError"] == "Unhandled"
+    assert body["errorType"] == expected_type
+    assert {"missing_policy": "99", "unknown_env": "NoSuchEnv-v0", "bad_event": "num_steps"}[case] in body["errorMessage"]
+
+
+def test_unreachable_redis_fails_fast_not_hangs(redis_server, lam):
+    t0 = time.monotonic()
+    resp, body = invoke(lam, event(redis_server, redis_url="redis://127.0.0.1:1/0", invocation_id="nored"))
+    assert resp["FunctionError"] == "Unhandled"
+    assert body["errorType"] == "RedisUnavailableError" and "127.0.0.1:1" in body["errorMessage"]
+    assert time.monotonic() - t0 < 15
+
+
+def test_direct_call_signs_batch_with_deployment_key(redis_client, redis_server, monkeypatch):
+    from actor_fn import handler as actor
+
+    key = b"k" * 32
+    monkeypatch.setenv("NITRO_HMAC_KEY", key.hex())
+    monkeypatch.setattr(actor._Warm, "key", None)
+    publish_policy(redis_client, key)
+    out = actor.handler(event(redis_server, invocation_id="direct", num_steps=20))
+    assert out["ok"]
+    wrong = TrajectoryReader(redis_client, JOB, b"x" * 32, consumer="other")
+    assert wrong.read(count=5, block_ms=200) == [] and sum(wrong.rejected.values()) == 1
+    np.testing.assert_equal(out["steps"], 20)
