@@ -155,9 +155,9 @@ class OnPolicyLoop:
                          f"{len(batches)}/{actors} batches")
             launch_resp = scaler_pb2.LaunchResponse(launched=actors)
         invoke = min(launch_resp.dispatch_seconds, max(0.0, wall - ingest))
-        phases["invoke"] = invoke
-        phases["ingest"] = ingest
-        phases["sample"] = max(0.0, wall - ingest - invoke)
+        metrics.observe_phase("invoke", invoke, phases)
+        metrics.observe_phase("ingest", ingest, phases)
+        metrics.observe_phase("sample", max(0.0, wall - ingest - invoke), phases)
         for r in launch_resp.invocations:
             if not r.ok:
                 notes.append(f"actor {r.invocation_id} failed: {r.error_type}: {r.error_message[:200]}")

@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import grpc
@@ -92,9 +92,7 @@ class Component:
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("proc")
-        return d
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "proc"}
 
 
 # --- small OS helpers -------------------------------------------------------------------

@@ -45,10 +45,13 @@ def timed(phase: str, sink: dict[str, float] | None = None):
     try:
         yield
     finally:
-        dt = time.perf_counter() - t0
-        ROUND_PHASE_SECONDS.labels(phase).observe(dt)
-        if sink is not None:
-            sink[phase] = sink.get(phase, 0.0) + dt
+        observe_phase(phase, time.perf_counter() - t0, sink)
+
+
+def observe_phase(phase: str, seconds: float, sink: dict[str, float] | None = None) -> None:
+    ROUND_PHASE_SECONDS.labels(phase).observe(seconds)
+    if sink is not None:
+        sink[phase] = sink.get(phase, 0.0) + seconds
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> int:

@@ -105,6 +105,7 @@ def plot_training(path: str | os.PathLike, reports: Sequence) -> Path:
     # Figure without pyplot: no global state, no GUI backend, safe from threads.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     reps = [as_dict(r) for r in reports]
     x = [r.get("round", i) for i, r in enumerate(reps)]
@@ -122,11 +123,15 @@ def plot_training(path: str | os.PathLike, reports: Sequence) -> Path:
     actors.step(x, col("actors_launched"), where="mid", label="launched")
     actors.plot(x, col("actors_completed"), ls="", marker=".", label="completed")
     actors.set_ylabel("actors")
+    actors.set_ylim(bottom=0)
+    actors.yaxis.set_major_locator(MaxNLocator(integer=True))
     actors.legend(loc="best")
     cost.plot(x, col("total_cost_usd"), label="nitro (serverless)")
     cost.plot(x, col("serverful_cost_usd"), ls="--", label="serverful comparator")
     cost.set_ylabel("cumulative cost (USD)")
+    cost.set_ylim(bottom=0)
     cost.set_xlabel("round")
+    cost.xaxis.set_major_locator(MaxNLocator(integer=True))
     cost.legend(loc="best")
     job = reps[0].get("job_id", "") if reps else ""
     fig.suptitle(f"training {job}".strip() if reps else "no rounds reported")

@@ -78,7 +78,8 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     try:
         resolve_env_id(spec.env_id)
     except UnknownEnvironmentError as exc:
-        raise InvalidSpec("env_id", f"{exc}; use any registered Gymnasium id") from exc
+        raise InvalidSpec("env_id", f"{exc}; allowed: any registered Gymnasium id (e.g. 'CartPole-v1', "
+                          "'Hopper-v5', 'ALE/Qbert-v5') or 'package.module:EnvId-v0'") from exc
     if spec.algo not in ALGOS:
         raise InvalidSpec("algo", f"unknown algorithm {spec.algo!r}; allowed: {list(ALGOS)}")
     if spec.preset not in PPO_PRESETS:

@@ -7,8 +7,11 @@ http.server's thread-per-connection design when 64 keep-alive connections share 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Awaitable, Callable, Protocol
+
+log = logging.getLogger("nitro.local_lambda")
 
 _REASONS = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad Request", 404: "Not Found",
             405: "Method Not Allowed", 411: "Length Required", 413: "Request Entity Too Large",
@@ -58,6 +61,20 @@ async def _drain_body(reader: asyncio.StreamReader, n: int) -> None:
         n -= len(chunk)
 
 
+def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str], bool]:
+    """-> method, path, query, lower-cased headers, whether to close after the response."""
+    request_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
+    method, target, version = request_line.split(" ", 2)
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    connection = headers.get("connection", "").lower()
+    close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
+    path, _, query = target.partition("?")
+    return method, path, query, headers, close
+
+
 def connection_handler(app: App) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -67,15 +84,7 @@ def connection_handler(app: App) -> Callable[[asyncio.StreamReader, asyncio.Stre
                 except asyncio.IncompleteReadError:
                     return  # the client closed its keep-alive connection
                 head_read = time.perf_counter()
-                request_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
-                method, target, version = request_line.split(" ", 2)
-                headers = {}
-                for line in header_lines:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
-                close = headers.get("connection", "").lower() == "close" or (
-                    version == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive")
-                path, _, query = target.partition("?")
+                method, path, query, headers, close = _parse_head(head)
                 if "chunked" in headers.get("transfer-encoding", ""):
                     writer.write(_encode(411, [], b"", True))
                     return
@@ -91,8 +100,12 @@ def connection_handler(app: App) -> Callable[[asyncio.StreamReader, asyncio.Stre
                 else:
                     body = await reader.readexactly(length) if length else b""
                 received = time.perf_counter()
-                status, out_headers, out_body = await app.handle(
-                    Request(method, path, query, headers, body, received, (received - head_read) * 1000))
+                try:
+                    status, out_headers, out_body = await app.handle(
+                        Request(method, path, query, headers, body, received, (received - head_read) * 1000))
+                except Exception:
+                    log.exception("error while handling %s %s", method, path)
+                    status, out_headers, out_body = 500, [], b"internal error"
                 writer.write(_encode(status, out_headers, out_body, close))
                 if len(out_body) >= 65536:
                     writer.write(out_body)

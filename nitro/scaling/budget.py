@@ -7,10 +7,13 @@ import math
 from nitro.errors import ConfigError
 
 EXHAUSTED = "budget exhausted"
+# Dollar amounts closer than this are equal: 0.30 - 0.10 must buy 20 actors at 0.01. The guard can
+# therefore overspend by at most a billionth of a dollar per round.
+USD_TOLERANCE = 1e-9
 
 
 def _affordable(money: float, unit: float) -> int:
-    """Largest a with a * unit <= money, exact under float comparison (no epsilon overspend)."""
+    """Largest a with a * unit <= money (money already includes the tolerance)."""
     a = int(money // unit)
     while (a + 1) * unit <= money:
         a += 1
@@ -39,7 +42,7 @@ def plan_within_budget(desired_actors: int, i_min: int, cost_per_actor_usd: floa
     if math.isnan(budget_left_usd):
         raise ConfigError("invalid value for budget_left_usd: must be a number or None, got nan")
     floor = min(i_min, desired_actors)
-    money = budget_left_usd - fixed_round_cost_usd
+    money = budget_left_usd - fixed_round_cost_usd + USD_TOLERANCE
     if money < 0:
         return 0, True, EXHAUSTED
     affordable = desired_actors if cost_per_actor_usd == 0 else _affordable(money, cost_per_actor_usd)

@@ -1,0 +1,494 @@
+"""The `nitro` command: run the local system and train through the SDK.
+
+One `_add_<command>` function builds each subcommand's parser and points it at
+`cmd_<command>`; a new subcommand is one more pair and one more entry in
+COMMANDS. Errors end as one line on stderr, "error: <STATUS>: <message>",
+with exit code 2 for bad input and 1 otherwise; Ctrl-C exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from nitro import local_system as ls
+from nitro.sdk import DEFAULT_TARGET, NitroClient, NitroRpcError
+from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec
+
+BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND,
+             grpc.StatusCode.ALREADY_EXISTS}
+SCALER_POLICIES = "nitro|fixed|max|hydrozoa|kungfu|fixed:N"
+
+
+class CliError(Exception):
+    def __init__(self, message: str, exit_code: int = 1):
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+# --- nitro up / down / status -----------------------------------------------------------------
+
+
+def _add_state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", default=os.environ.get("NITRO_STATE_DIR", ".nitro"),
+                   help="where the local system keeps state.json, logs, keys and data (default: %(default)s)")
+
+
+def _add_up(sub) -> None:
+    p = sub.add_parser("up", help="start Redis, the local Lambda endpoint and the three services",
+                       description="Start the local system and print its addresses.")
+    _add_state_dir(p)
+    p.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops everything")
+    p.add_argument("--concurrency", type=int, default=64, help="actor function concurrency (default: %(default)s)")
+    p.add_argument("--startup-timeout", type=float, default=180.0,
+                   help="seconds each component may take to become healthy (default: %(default)s)")
+    p.add_argument("--learner-port", type=int, default=None,
+                   help=f"learner gRPC port (default: {ls.DEFAULT_LEARNER_PORT} if free, else any)")
+    p.set_defaults(func=cmd_up)
+
+
+def cmd_up(args) -> int:
+    state = ls.running_state(args.state_dir)
+    if state:
+        print(f"nitro is already up (supervisor pid {state['supervisor_pid']})")
+        _print_addresses(state)
+        return 0
+    if args.foreground:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        system = _local_system(args)
+        return ls.run_foreground(system, on_ready=lambda s: (
+            _print_addresses(ls.read_state(s.state_dir)), print("Ctrl-C to stop everything", flush=True)))
+    extra = ["--concurrency", str(args.concurrency), "--startup-timeout", str(args.startup_timeout)]
+    if args.learner_port:
+        extra += ["--learner-port", str(args.learner_port)]
+    proc = ls.spawn_supervisor(args.state_dir, extra)
+    print(f"starting nitro (supervisor pid {proc.pid}, logs in {Path(args.state_dir) / 'logs'}) ...", flush=True)
+    try:
+        state = ls.wait_until_ready(args.state_dir, proc, timeout_s=4 * args.startup_timeout + 60)
+    except KeyboardInterrupt:
+        proc.terminate()  # the supervisor stops what it started
+        proc.wait()
+        raise
+    unhealthy = {n: h for n, h in _health(state).items() if h != "SERVING"}
+    if unhealthy:
+        raise CliError(f"started, but unhealthy: {unhealthy}; see {Path(args.state_dir) / 'logs'}")
+    print("nitro is up")
+    _print_addresses(state)
+    return 0
+
+
+def _local_system(args) -> ls.LocalSystem:
+    ports = {"learner": args.learner_port} if getattr(args, "learner_port", None) else None
+    return ls.LocalSystem(args.state_dir, ports, concurrency=getattr(args, "concurrency", 64),
+                          startup_timeout_s=getattr(args, "startup_timeout", 180.0))
+
+
+def _print_addresses(state: dict) -> None:
+    comps = state["components"]
+    rows = [("learner", comps["learner"]["address"], comps["learner"]["metrics_url"]),
+            ("detector", comps["detector"]["address"], comps["detector"]["metrics_url"]),
+            ("scaler", comps["scaler"]["address"], comps["scaler"]["metrics_url"]),
+            ("lambda", comps["lambda"]["url"], ""),
+            ("redis", comps["redis"]["url"], "")]
+    for name, address, metrics in rows:
+        print(f"  {name:<9} {address:<28} {'metrics ' + metrics if metrics else ''}".rstrip())
+    print(f"  state     {Path(state['state_dir']) / ls.STATE_FILE}  (logs in {Path(state['state_dir']) / 'logs'})")
+    sys.stdout.flush()
+
+
+def _health(state: dict) -> dict[str, str]:
+    return {n: ls.probe(n, c, state["state_dir"]) for n, c in state["components"].items()}
+
+
+def _add_down(sub) -> None:
+    p = sub.add_parser("down", help="stop the local system", description="Stop everything `nitro up` started.")
+    _add_state_dir(p)
+    p.add_argument("--timeout", type=float, default=150.0,
+                   help="seconds to wait before killing what is left (default: %(default)s)")
+    p.set_defaults(func=cmd_down)
+
+
+def cmd_down(args) -> int:
+    state = ls.read_state(args.state_dir)
+    if state is None:
+        print(f"nitro is not up (no {Path(args.state_dir) / ls.STATE_FILE})")
+        return 0
+    if not ls.pid_alive(state.get("supervisor_pid"), state.get("supervisor_start_time")):
+        killed = ls.cleanup_stale(args.state_dir, state)
+        print("nitro was not running; removed its stale state" + (f" and killed {', '.join(killed)}" if killed else ""))
+        return 0
+    print(f"stopping nitro (supervisor pid {state['supervisor_pid']}; a running round may take a minute) ...",
+          flush=True)
+    stopped = ls.shutdown(args.state_dir, timeout_s=args.timeout)
+    print(f"stopped: {', '.join(stopped)}")
+    return 0
+
+
+def _add_status(sub) -> None:
+    p = sub.add_parser("status", help="health of each component and the jobs",
+                       description="Show each component's address and health, and the learner's jobs. "
+                                   "Exit code 0 when everything is healthy, 1 otherwise.")
+    _add_state_dir(p)
+    _add_target(p, "a learner to ask instead of the local system")
+    p.set_defaults(func=cmd_status)
+
+
+def cmd_status(args) -> int:
+    healthy = True
+    if args.target:
+        target = args.target
+        health = ls.grpc_health(target)
+        print(f"learner {target}: {health}")
+        healthy = health == "SERVING"
+    else:
+        state = ls.running_state(args.state_dir)
+        if state is None:
+            print(f"nitro is not up (no running supervisor for {Path(args.state_dir) / ls.STATE_FILE})")
+            return 1
+        target = state["learner"]
+        print(f"nitro local system (supervisor pid {state['supervisor_pid']}, {state['status']})")
+        print(f"  {'COMPONENT':<10} {'HEALTH':<12} {'PID':>7}  {'ADDRESS':<28} METRICS")
+        health = _health(state)
+        for name, comp in state["components"].items():
+            healthy &= health[name] == "SERVING"
+            print(f"  {name:<10} {health[name]:<12} {comp['pid']:>7}  {comp['url'] or comp['address']:<28} "
+                  f"{comp.get('metrics_url') or ''}".rstrip())
+    try:
+        with NitroClient(target, token=args.token) as client:
+            jobs = client.list()
+    except NitroRpcError as exc:
+        print(f"jobs: unavailable ({exc})")
+        return 1
+    if not jobs:
+        print("jobs: none")
+    else:
+        print(f"jobs:\n  {'JOB':<32} {'STATE':<10} {'ROUNDS':>9} {'COST':>10}  MESSAGE")
+        for j in jobs:
+            rounds = f"{j.rounds_done}/{j.spec.rounds}" if j.HasField("spec") else str(j.rounds_done)
+            print(f"  {j.job_id:<32} {j.state_name:<10} {rounds:>9} {'$' + format(j.total_cost_usd, '.4f'):>10}  "
+                  f"{j.message}".rstrip())
+    return 0 if healthy else 1
+
+
+# --- nitro train ----------------------------------------------------------------------------------
+
+_DEFAULTS, _SCALER_DEFAULTS = TrainingSpec(), ScalerSettings()
+
+# (flag, spec field ("scaler.x" for scaler settings), type, help). Every flag defaults to None:
+# only what the user gave is sent, so the server's defaults apply to the rest.
+TRAIN_FIELDS = [
+    ("--env", "env_id", str, "Gymnasium environment id, e.g. Hopper-v5, CartPole-v1 (required)"),
+    ("--algo", "algo", str, "algorithm"),
+    ("--preset", "preset", str, "hyperparameter preset (tuned, paper, fast, ...)"),
+    ("--i-min", "scaler.i_min", int, "fewest actors per round"),
+    ("--i-max", "scaler.i_max", int, "most actors per round"),
+    ("--fixed-actors", "scaler.fixed_actors", int, "actors per round for --scaler fixed"),
+    ("--decay", "scaler.decay", float, "boosting score decay d in (0, 1] (--scaler nitro)"),
+    ("--window", "scaler.window", int, "sliding window n of convexity ratios (--scaler nitro)"),
+    ("--period", "scaler.period", int, "rounds between doublings (--scaler hydrozoa)"),
+    ("--rounds", "rounds", int, "training rounds"),
+    ("--steps-per-actor", "steps_per_actor", int, "environment steps each actor samples per round"),
+    ("--budget", "budget_usd", float, "budget in USD; the job stops when the next round is unaffordable"),
+    ("--seed", "seed", int, "random seed"),
+    ("--eval-episodes", "eval_episodes", int, "deterministic evaluation episodes per round"),
+    ("--round-deadline", "round_deadline_s", float, "seconds a round waits for its actors"),
+    ("--job-id", "job_id", str, "job id (generated when not given)"),
+    ("--actor-memory", "actor_memory_mb", int, "actor function memory in MB (billing)"),
+    ("--function", "function_name", str, "actor function name"),
+    ("--target-return", "target_return", float, "stop once the eval return reaches this (0 = off)"),
+    ("--min-sample-fraction", "min_sample_fraction", float,
+     "at the round deadline, proceed with at least this share of the samples"),
+]
+
+
+def _dest(field: str) -> str:
+    return "spec__" + field.replace(".", "__")
+
+
+def _default_of(field: str):
+    if field.startswith("scaler."):
+        return getattr(_SCALER_DEFAULTS, field.removeprefix("scaler."))
+    return getattr(_DEFAULTS, field)
+
+
+def parse_hp(text: str) -> tuple[str, float]:
+    """--hp NAME=VALUE: a numeric hyperparameter override (true/false mean 1/0)."""
+    name, sep, raw = text.partition("=")
+    name, raw = name.strip(), raw.strip()
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, e.g. lr=3e-4, got {text!r}")
+    if raw.lower() in ("true", "false"):
+        return name, float(raw.lower() == "true")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: value must be a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{name}: value must be finite, got {raw!r}")
+    return name, value
+
+
+def parse_scaler(text: str) -> tuple[str, int | None]:
+    """--scaler POLICY or fixed:N. Policy names are checked by the server, which knows them all."""
+    policy, sep, count = text.strip().partition(":")
+    if not policy:
+        raise argparse.ArgumentTypeError(f"expected one of {SCALER_POLICIES}, got {text!r}")
+    if not sep:
+        return policy, None
+    if policy != "fixed":
+        raise argparse.ArgumentTypeError(f"only 'fixed' takes an actor count (fixed:N), got {text!r}")
+    try:
+        n = int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the count in {text!r} must be an integer, e.g. fixed:16") from None
+    return policy, n
+
+
+def _add_target(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--target", default=os.environ.get("NITRO_TARGET"), metavar="HOST:PORT",
+                   help=f"{help_text} (default: $NITRO_TARGET, else the learner in --state-dir's state.json)")
+    p.add_argument("--token", default=os.environ.get("NITRO_TOKEN"), help="bearer token (default: $NITRO_TOKEN)")
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="submit a training job, watch it, write the results",
+                       description="Start a job, show its progress, and write results/<job>/{rounds.csv, "
+                                   "summary.json, training.png, checkpoint.pt}. Flags not given take the "
+                                   "server's defaults (shown in brackets).")
+    spec = p.add_argument_group("training spec")
+    for flag, field, typ, text in TRAIN_FIELDS:
+        default = _default_of(field)
+        shown = f" [{default}]" if default not in ("", None) else ""
+        metavar = {int: "N", float: "X"}.get(typ, field.upper())
+        spec.add_argument(flag, dest=_dest(field), type=typ, default=None, metavar=metavar, help=text + shown)
+    spec.add_argument("--scaler", type=parse_scaler, default=None, metavar="POLICY",
+                      help=f"scaling policy: {SCALER_POLICIES} [{_SCALER_DEFAULTS.policy}]")
+    spec.add_argument("--hp", type=parse_hp, action="append", default=[], metavar="NAME=VALUE",
+                      help="override a numeric hyperparameter of the preset; repeatable")
+    run = p.add_argument_group("running")
+    _add_target(run, "learner address")
+    _add_state_dir(run)
+    run.add_argument("--local", action="store_true",
+                     help="start the local system for this job and stop it afterwards (reuses one already up)")
+    run.add_argument("--results-dir", default="results", help="where results/<job>/ goes (default: %(default)s)")
+    run.add_argument("--no-progress", action="store_true", help="a plain line per round instead of a progress bar")
+    p.set_defaults(func=cmd_train)
+
+
+def build_spec(args) -> dict:
+    """The flags the user gave, as a partial spec dict for NitroClient.start_training."""
+    spec: dict = {}
+    for _, field, _, _ in TRAIN_FIELDS:
+        value = getattr(args, _dest(field))
+        if value is None:
+            continue
+        if field.startswith("scaler."):
+            spec.setdefault("scaler", {})[field[7:]] = value
+        else:
+            spec[field] = value
+    if args.scaler is not None:
+        policy, count = args.scaler
+        scaler = spec.setdefault("scaler", {})
+        scaler["policy"] = policy
+        if count is not None:
+            if scaler.get("fixed_actors", count) != count:
+                raise InvalidSpec("scaler.fixed_actors",
+                                  f"--scaler fixed:{count} and --fixed-actors {scaler['fixed_actors']} disagree")
+            scaler["fixed_actors"] = count
+    if args.hp:
+        spec["hyperparameters"] = dict(args.hp)
+    if not spec.get("env_id"):
+        raise InvalidSpec("env_id", "is required: pass --env, e.g. --env CartPole-v1")
+    return spec
+
+
+def _resolve_target(args) -> str:
+    if args.target:
+        return args.target
+    state = ls.running_state(args.state_dir)
+    if state:
+        return state["learner"]
+    raise CliError(f"nitro is not up (no running system in {args.state_dir}): run `nitro up`, "
+                   f"or pass --local, or --target HOST:PORT (e.g. {DEFAULT_TARGET})")
+
+
+@contextlib.contextmanager
+def _signals(handler, signals=(signal.SIGINT, signal.SIGTERM)):
+    """Route the signals to `handler` inside the block."""
+    old = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _raise_interrupt(*_):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _local_for_job(args):
+    """Yield a learner address from a local system started here (and stopped on the way out)."""
+    if ls.running_state(args.state_dir):
+        print(f"using the local system already up in {args.state_dir}")
+        yield ls.running_state(args.state_dir)["learner"]
+        return
+    system = _local_system(args)
+    print(f"starting the local system in {args.state_dir} ...", flush=True)
+    try:
+        # While starting, Ctrl-C/SIGTERM ask start() to give up cleanly rather than raising anywhere.
+        with _signals(lambda *_: system.request_stop()):
+            system.start()
+        print(f"local system up; learner at {system.learner_address}", flush=True)
+        with _signals(_raise_interrupt):  # `nitro down` (SIGTERM) ends the job like Ctrl-C
+            yield system.learner_address
+    except ls.StartupAborted:
+        raise KeyboardInterrupt from None
+    finally:
+        print("stopping the local system ...", flush=True)
+        with _signals(lambda *_: system.request_stop()):  # a second Ctrl-C skips the grace periods
+            system.stop()
+
+
+def cmd_train(args) -> int:
+    spec = build_spec(args)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_signals(_raise_interrupt, (signal.SIGTERM,)))  # a kill ends it like Ctrl-C
+        target = stack.enter_context(_local_for_job(args)) if args.local else _resolve_target(args)
+        client = stack.enter_context(NitroClient(target, token=args.token))
+        return _run_job(client, spec, args)
+
+
+def _round_line(r) -> str:
+    return (f"round {r.round:>4}  actors {r.actors_launched:>3}  eval {r.eval_return:10.2f}  "
+            f"train {r.train_return:10.2f}  score {r.score:4.2f}  cost ${r.total_cost_usd:.4f}")
+
+
+def _run_job(client: NitroClient, spec: dict, args) -> int:
+    from tqdm import tqdm
+
+    t0 = time.monotonic()
+    status = client.start_training(spec)
+    job = status.job_id
+    s = status.spec
+    print(f"job {job}: {s.env_id} {s.algo}, scaler {s.scaler.policy}, {s.rounds} rounds", flush=True)
+    plain = args.no_progress or not sys.stderr.isatty()
+    bar = tqdm(total=s.rounds or None, unit="round", desc=job, disable=plain, dynamic_ncols=True)
+    reports, interrupted, failure = [], False, None
+    try:
+        for r in client.watch(job):
+            reports.append(r)
+            bar.update(1)
+            bar.set_postfix_str(f"actors {r.actors_launched} eval {r.eval_return:.1f} "
+                                f"cost ${r.total_cost_usd:.4f} score {r.score:.2f}")
+            if plain:
+                print(_round_line(r), flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        bar.close()
+        print(f"\ninterrupted: stopping job {job} ...", flush=True)
+        with contextlib.suppress(NitroRpcError):
+            status = client.stop(job)
+    except NitroRpcError as exc:
+        failure = exc  # write what arrived, then report the error
+    finally:
+        bar.close()
+    status = _final_status(client, job, status, wait_s=0 if interrupted or failure else 15)
+    out = _write_results(Path(args.results_dir) / job, status, reports, time.monotonic() - t0)
+    if failure:
+        print(f"results so far in {out}/", file=sys.stderr)
+        raise failure
+    return 130 if interrupted else (1 if status.state_name == "FAILED" else 0)
+
+
+def _final_status(client: NitroClient, job: str, last, wait_s: float):
+    """The job's status once it has ended (the stream can close just before the state flips)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            last = client.get(job)
+        except NitroRpcError:
+            return last
+        if last.finished or time.monotonic() >= deadline:
+            return last
+        time.sleep(0.5)
+
+
+def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
+    from nitro import results
+
+    out.mkdir(parents=True, exist_ok=True)
+    results.write_rounds_csv(out / "rounds.csv", reports)
+    summary = results.write_summary(out / "summary.json", status, reports, wall_s)
+    results.plot_training(out / "training.png", reports)
+    ckpt = status.checkpoint_path
+    if ckpt and os.path.isfile(ckpt):
+        shutil.copy2(ckpt, out / "checkpoint.pt")
+        ckpt_line = f"{out / 'checkpoint.pt'}"
+    else:
+        ckpt_line = f"{ckpt} (not reachable from here)" if ckpt else "none"
+
+    def num(v, fmt):
+        return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
+
+    planned = f" / {summary['rounds_planned']}" if summary.get("rounds_planned") else ""
+    print(f"\njob {summary['job_id']} {summary['state']}" + (f": {summary['message']}" if summary["message"] else ""))
+    print(f"  rounds        {summary['rounds']}{planned}")
+    print(f"  eval return   final {num(summary['final_eval_return'], '.2f')}, "
+          f"best {num(summary['best_eval_return'], '.2f')} (round {summary['best_round']})")
+    print(f"  env steps     {summary['total_env_steps']:,}")
+    print(f"  cost          ${summary['total_cost_usd']:.4f} "
+          f"(serverful comparator ${summary['serverful_cost_usd']:.4f})")
+    print(f"  wall time     {wall_s:.1f} s")
+    print(f"  checkpoint    {ckpt_line}")
+    print(f"  results       {out}/ (rounds.csv, summary.json, training.png)", flush=True)
+    return out
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+COMMANDS = (_add_up, _add_down, _add_status, _add_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nitro", description="Distributed deep RL with serverless actors and "
+                                                          "Nitro boosting.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except NitroRpcError as exc:
+        hint = " (is the system up? `nitro status`)" if exc.code == grpc.StatusCode.UNAVAILABLE else ""
+        print(f"error: {exc.code.name}: {exc.details}{hint}", file=sys.stderr)
+        return 2 if exc.code in BAD_INPUT else 1
+    except InvalidSpec as exc:
+        print(f"error: INVALID_ARGUMENT: {exc}", file=sys.stderr)
+        return 2
+    except (CliError, ls.LocalSystemError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""A real local system (Redis, Lambda endpoint, three gRPC services) shared by service-level tests."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from nitro.local_system import LocalSystem
+
+
+def start_system(state_dir, concurrency: int = 8) -> LocalSystem:
+    return LocalSystem(state_dir=state_dir, concurrency=concurrency, actor_timeout_s=60).start()
+
+
+def scrape(port: int) -> dict[str, list]:
+    """Parse a /metrics exposition into {family name: samples}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def sample_value(samples, name: str, **labels) -> float:
+    total = 0.0
+    for s in samples:
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            total += s.value
+    return total

@@ -1,0 +1,172 @@
+"""End to end through the SDK against real processes: Redis, the Lambda endpoint, three services.
+
+CartPole-v1, 3 rounds, Nitro boosting on; reports streamed, metrics scraped,
+results written, bad requests answered with the right status and no crash.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from nitro import results
+from nitro.grpc_util import check_health
+from nitro.metrics import PHASES
+from nitro.sdk import InvalidArgumentError, NitroClient, NotFoundError, UnavailableError
+from tests.system import sample_value, scrape, start_system
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory):
+    sysm = start_system(tmp_path_factory.mktemp("nitro-state"))
+    yield sysm
+    sysm.stop()
+
+
+@pytest.fixture(scope="module")
+def client(system):
+    with NitroClient(system.learner_address) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def finished_job(client):
+    spec = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 3, "steps_per_actor": 128, "eval_episodes": 2,
+            "budget_usd": 1.0, "seed": 3, "scaler": {"policy": "nitro", "i_min": 2, "i_max": 6}}
+    status = client.start_training(spec)
+    reports = list(client.watch(status.job_id))
+    return client.get(status.job_id), reports
+
+
+def test_three_rounds_streamed_with_complete_reports(finished_job):
+    status, reports = finished_job
+    assert status.state_name == "SUCCEEDED", status.message
+    assert [r.round for r in reports] == [0, 1, 2]
+    total = 0
+    for r in reports:
+        assert 2 <= r.actors_launched <= 6
+        assert r.actors_completed == r.actors_launched and r.actors_failed == 0
+        assert r.env_steps == r.actors_launched * 128
+        total += r.env_steps
+        assert r.total_env_steps == total
+        assert math.isfinite(r.eval_return) and r.eval_return > 0
+        assert math.isfinite(r.convexity_ratio) and 0.0 <= r.score <= 1.0
+        assert r.lambda_max != 0.0 or r.lambda_min != 0.0, "the detector really ran"
+        assert set(r.phases) == set(PHASES), r.phases
+        assert sum(r.phases.values()) <= r.round_seconds * 1.01
+        assert r.total_cost_usd > 0 and r.serverful_cost_usd > 0
+        assert 2 <= r.next_actors <= 6 and r.scaler_reason.startswith("nitro")
+    costs = [r.total_cost_usd for r in reports]
+    assert costs == sorted(costs) and sum(r.round_cost_usd for r in reports) == pytest.approx(costs[-1], rel=1e-6)
+    assert status.total_env_steps == total and status.checkpoint_path
+
+
+def test_metrics_scraped_from_every_service(system, finished_job):
+    comps = system.components
+    learner = scrape(comps["learner"].metrics_port)
+    phases = {s.labels.get("phase") for s in learner["nitro_round_phase_seconds"]
+              if s.name.endswith("_count")}
+    assert {"sample", "ingest", "update", "publish", "evaluate", "detect", "plan", "invoke"} <= phases
+    assert sample_value(learner["nitro_env_steps"], "nitro_env_steps_total") >= 3 * 2 * 128
+    assert "nitro_current_round" in learner and "nitro_budget_left_usd" in learner
+    scaler = scrape(comps["scaler"].metrics_port)
+    assert sample_value(scaler["nitro_actor_invocations"], "nitro_actor_invocations_total") >= 6
+    assert sample_value(scaler["nitro_cost_usd"], "nitro_cost_usd_total", component="actors") > 0
+    assert "nitro_actors_in_flight" in scaler
+    detector = scrape(comps["detector"].metrics_port)
+    assert sample_value(detector["nitro_detector_seconds"], "nitro_detector_seconds_count") >= 3
+    for fam in (learner, scaler, detector):  # no label per round or per actor
+        for samples in fam.values():
+            for s in samples:
+                assert not {"round", "actor", "invocation"} & set(s.labels)
+
+
+def test_results_written(tmp_path, finished_job):
+    status, reports = finished_job
+    out = tmp_path / status.job_id
+    out.mkdir()
+    results.write_rounds_csv(out / "rounds.csv", reports)
+    results.write_summary(out / "summary.json", status, reports, wall_s=1.0)
+    results.plot_training(out / "training.png", reports)
+    assert len((out / "rounds.csv").read_text().strip().splitlines()) == 4
+    assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+BAD_SPECS = [
+    ({"env_id": "NoSuchEnv-v9"}, "env_id"),
+    ({"env_id": "CartPole-v1", "algo": "dqn"}, "algo"),
+    ({"env_id": "CartPole-v1", "scaler": {"policy": "random"}}, "scaler.policy"),
+    ({"env_id": "CartPole-v1", "scaler": {"i_min": 9, "i_max": 4}}, "scaler.i_min"),
+    ({"env_id": "CartPole-v1", "scaler": {"i_min": 0}}, "scaler.i_min"),
+    ({"env_id": "CartPole-v1", "rounds": 0}, "rounds"),
+    ({"env_id": "CartPole-v1", "rounds": -3}, "rounds"),
+    ({"env_id": "CartPole-v1", "steps_per_actor": 0}, "steps_per_actor"),
+    ({"env_id": "CartPole-v1", "budget_usd": 0.0}, "budget_usd"),
+    ({"env_id": "CartPole-v1", "budget_usd": -1.0}, "budget_usd"),
+    ({"env_id": "CartPole-v1", "budget_usd": float("nan")}, "budget_usd"),
+    ({"env_id": "CartPole-v1", "preset": "nope"}, "preset"),
+    ({"env_id": "CartPole-v1", "hyperparameters": {"lr": -1.0}}, "hyperparameters"),
+]
+
+
+@pytest.mark.parametrize("spec,field", BAD_SPECS, ids=[f for _, f in BAD_SPECS])
+def test_bad_input_is_invalid_argument_naming_the_field(client, system, spec, field):
+    with pytest.raises(InvalidArgumentError) as err:
+        client.start_training(spec)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.value.details and ("allowed" in err.value.details or "must" in err.value.details)
+    assert check_health(system.learner_address)
+
+
+def test_unknown_job_is_not_found(client):
+    for call in (client.get, client.stop):
+        with pytest.raises(NotFoundError, match="no-such-job"):
+            call("no-such-job")
+    with pytest.raises(NotFoundError):
+        list(client.watch("no-such-job"))
+
+
+def test_redis_unreachable_is_unavailable_with_address(system, tmp_path):
+    from nitro.local_system import free_port
+
+    port = free_port()
+    env = system.child_env()
+    proc = subprocess.Popen([sys.executable, "-m", "learner_svc", "--port", str(port), "--metrics-port",
+                             str(free_port()), "--redis-url", "redis://127.0.0.1:1/0",
+                             "--detector", system.components["detector"].address,
+                             "--scaler", system.components["scaler"].address, "--data-dir", str(tmp_path)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+
+        deadline = time.time() + 60
+        while not check_health(f"127.0.0.1:{port}") and time.time() < deadline:
+            time.sleep(0.2)
+        with NitroClient(f"127.0.0.1:{port}") as c:
+            with pytest.raises(UnavailableError, match="127.0.0.1:1"):
+                c.start_training({"env_id": "CartPole-v1"})
+        assert check_health(f"127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_services_expose_health_and_reflection(system):
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    for name, service in (("learner", "nitro.v1.TrainingService"), ("detector", "nitro.v1.BoostingDetector"),
+                          ("scaler", "nitro.v1.ActorScaler")):
+        addr = system.components[name].address
+        assert check_health(addr, service)
+        with grpc.insecure_channel(addr) as ch:
+            stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+            resp = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                                  timeout=5))
+            names = {s.name for s in resp.list_services_response.service}
+        assert service in names and "grpc.health.v1.Health" in names
