@@ -398,14 +398,17 @@ def _run_job(client: NitroClient, spec: dict, args) -> int:
     except KeyboardInterrupt:
         interrupted = True
         bar.close()
-        print(f"\ninterrupted: stopping job {job} ...", flush=True)
+        print(f"\ninterrupted: stopping job {job} (Ctrl-C again to leave without waiting) ...", flush=True)
         with contextlib.suppress(NitroRpcError):
             status = client.stop(job)
     except NitroRpcError as exc:
         failure = exc  # write what arrived, then report the error
     finally:
         bar.close()
-    status = _final_status(client, job, status, wait_s=0 if interrupted or failure else 15)
+    # The stream can close just before the state flips; a stopped job finishes its round in flight.
+    status = _final_status(client, job, status, wait_s=0 if failure else 60 if interrupted else 15)
+    if interrupted and status.finished:
+        reports += _remaining_reports(client, job, reports)
     out = _write_results(Path(args.results_dir) / job, status, reports, time.monotonic() - t0)
     if failure:
         print(f"results so far in {out}/", file=sys.stderr)
@@ -413,8 +416,16 @@ def _run_job(client: NitroClient, spec: dict, args) -> int:
     return 130 if interrupted else (1 if status.state_name == "FAILED" else 0)
 
 
+def _remaining_reports(client: NitroClient, job: str, reports: list) -> list:
+    """Reports of rounds that ended after the stream was left (the job has ended, so this returns)."""
+    try:
+        return list(client.watch(job, from_round=reports[-1].round + 1 if reports else 0))
+    except NitroRpcError:
+        return []
+
+
 def _final_status(client: NitroClient, job: str, last, wait_s: float):
-    """The job's status once it has ended (the stream can close just before the state flips)."""
+    """The job's status once it has ended, or the latest one after `wait_s`."""
     deadline = time.monotonic() + wait_s
     while True:
         try:

@@ -31,6 +31,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -227,6 +228,8 @@ class LocalSystem:
         self._redis_password: str | None = None
         self._status = "stopped"
         self._taken: set[int] = set()
+        self._launchers: dict[str, Callable[[], None]] = {}
+        self._relaunches: dict[str, int] = {}
         # Plain flags, not Events: request_stop runs in signal handlers, where taking a lock can deadlock.
         self._stop_requested = False
         self._hurry = False
@@ -291,24 +294,42 @@ class LocalSystem:
         self._write_state()
         redis_url, actor_redis_url = self._redis.url, self._redis.url_without_password
 
-        port = self._port("lambda")
-        url = f"http://127.0.0.1:{port}"
-        self._spawn("lambda", ["-m", "nitro.local_lambda", "--host", "127.0.0.1", "--port", str(port),
-                               "--function", ACTOR_FUNCTION, "--concurrency", str(self.concurrency),
-                               "--timeout", str(self.actor_timeout_s), "--memory", str(self.actor_memory_mb)],
-                    address=f"127.0.0.1:{port}", url=url)
+        def start_lambda() -> None:
+            port = self._port("lambda")
+            self._spawn("lambda", ["-m", "nitro.local_lambda", "--host", "127.0.0.1", "--port", str(port),
+                                   "--function", ACTOR_FUNCTION, "--concurrency", str(self.concurrency),
+                                   "--timeout", str(self.actor_timeout_s), "--memory", str(self.actor_memory_mb)],
+                        address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
+
+        self._launch("lambda", start_lambda)
         self._wait_healthy(["lambda"])
+        lambda_url = self.components["lambda"].url
 
         # The detector and scaler do not depend on each other: start both, then wait.
-        for name, extra in (("detector", []),
-                            ("scaler", ["--lambda-endpoint", url, "--actor-redis-url", actor_redis_url])):
-            self._spawn_service(name, ["--redis-url", redis_url, *extra])
+        self._launch("detector", lambda: self._spawn_service("detector", ["--redis-url", redis_url]))
+        self._launch("scaler", lambda: self._spawn_service("scaler", [
+            "--redis-url", redis_url, "--lambda-endpoint", lambda_url, "--actor-redis-url", actor_redis_url]))
         self._wait_healthy(["detector", "scaler"])
-        self._spawn_service("learner", ["--redis-url", redis_url,
-                                        "--detector", self.components["detector"].address,
-                                        "--scaler", self.components["scaler"].address,
-                                        "--data-dir", str(self.data_dir)])
+        self._launch("learner", lambda: self._spawn_service("learner", [
+            "--redis-url", redis_url, "--detector", self.components["detector"].address,
+            "--scaler", self.components["scaler"].address, "--data-dir", str(self.data_dir)]))
         self._wait_healthy(["learner"])
+
+    def _launch(self, name: str, launcher) -> None:
+        self._launchers[name] = launcher
+        launcher()
+
+    def _relaunch_after_port_clash(self, comp: Component) -> bool:
+        """A picked port can be taken by someone else before the child binds it: pick new ones."""
+        name = comp.name
+        if any(k in self.ports for k in (name, f"{name}_metrics")) or self._relaunches.get(name, 0) >= 3:
+            return False
+        if "address already in use" not in log_tail(comp.log, 80).lower():
+            return False
+        self._relaunches[name] = self._relaunches.get(name, 0) + 1
+        log.warning("%s could not bind its port; retrying on another", name)
+        self._launchers[name]()
+        return True
 
     def _port(self, name: str) -> int:
         if name in self.ports:
@@ -374,6 +395,8 @@ class LocalSystem:
             for name in list(pending):
                 comp = self.components[name]
                 rc = comp.proc.poll()
+                if rc is not None and self._relaunch_after_port_clash(comp):
+                    continue
                 if rc is not None:
                     raise LocalSystemError(f"{name} exited with code {rc} during startup; "
                                            f"last lines of {comp.log}:\n{log_tail(comp.log)}")
@@ -535,7 +558,7 @@ def shutdown(state_dir: str | os.PathLike, timeout_s: float = 150.0) -> list[str
         _kill_leftovers(state, signal.SIGKILL)
     if (Path(state_dir) / STATE_FILE).exists() and not pid_alive(pid, start):
         cleanup_stale(state_dir, state)
-    return running + ["supervisor"]
+    return list(reversed(running)) + ["supervisor"]
 
 
 def spawn_supervisor(state_dir: str | os.PathLike, args: list[str] = ()) -> subprocess.Popen:

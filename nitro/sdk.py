@@ -9,7 +9,7 @@
 `watch` yields `RoundReport` and the other calls return `TrainingStatus`: thin
 read-only wrappers around the proto messages. Attribute access falls through to
 the message (`report.eval_return`), `phases` is a dict {phase: seconds} and
-`to_dict()` gives plain Python values. `.message` is the proto itself.
+`to_dict()` gives plain Python values. `.proto` is the message itself.
 
 Server errors raise `NitroRpcError` subclasses carrying the gRPC status
 (`.code`) and the server's message (`.details`). A spec the client can already
@@ -91,13 +91,13 @@ def map_rpc_error(err: grpc.RpcError, method: str = "") -> NitroRpcError:
 
 
 class _Wrapper:
-    __slots__ = ("message",)
+    __slots__ = ("proto",)  # not "message": TrainingStatus has a field of that name
 
-    def __init__(self, message):
-        object.__setattr__(self, "message", message)
+    def __init__(self, proto):
+        object.__setattr__(self, "proto", proto)
 
     def __getattr__(self, name):
-        return getattr(self.message, name)
+        return getattr(self.proto, name)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"{type(self).__name__} is read-only")
@@ -106,10 +106,10 @@ class _Wrapper:
         return f"{type(self).__name__}({self.to_dict()!r})"
 
     def __eq__(self, other) -> bool:
-        return type(other) is type(self) and other.message == self.message
+        return type(other) is type(self) and other.proto == self.proto
 
     def to_dict(self) -> dict:
-        return message_to_dict(self.message)
+        return message_to_dict(self.proto)
 
 
 class RoundReport(_Wrapper):
@@ -119,11 +119,11 @@ class RoundReport(_Wrapper):
 
     @property
     def phases(self) -> dict[str, float]:
-        return {p.phase: p.seconds for p in self.message.phases}
+        return {p.phase: p.seconds for p in self.proto.phases}
 
     @property
     def notes(self) -> list[str]:
-        return list(self.message.notes)
+        return list(self.proto.notes)
 
 
 class TrainingStatus(_Wrapper):
@@ -133,15 +133,15 @@ class TrainingStatus(_Wrapper):
 
     @property
     def state_name(self) -> str:
-        return _state_name(self.message.state)
+        return _state_name(self.proto.state)
 
     @property
     def finished(self) -> bool:
-        return self.message.state in _FINAL_STATES
+        return self.proto.state in _FINAL_STATES
 
     @property
     def last_report(self) -> RoundReport | None:
-        return RoundReport(self.message.last_report) if self.message.HasField("last_report") else None
+        return RoundReport(self.proto.last_report) if self.proto.HasField("last_report") else None
 
 
 _FINAL_STATES = {training_pb2.JOB_STATE_SUCCEEDED, training_pb2.JOB_STATE_FAILED, training_pb2.JOB_STATE_STOPPED}

@@ -1,0 +1,70 @@
+"""Round overhead of the full system: Hopper-v5 PPO, 16 actors x 256 steps, a few rounds.
+
+Runs the real local system (Redis, Lambda endpoint, three services), then reads
+the learner's phase histograms from /metrics. Figure: the fraction of round wall
+time spent outside sampling, SGD and evaluation (invoke + ingest + publish +
+detect + plan + bookkeeping). Reference in the same run: the round wall time
+itself. Target <= 0.05.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nitro.local_system import LocalSystem  # noqa: E402
+from nitro.sdk import NitroClient  # noqa: E402
+from tests.system import sample_value, scrape  # noqa: E402
+
+ROUNDS, ACTORS, STEPS, TARGET = 6, 16, 256, 0.05
+WORK = ("sample", "update", "evaluate")
+
+
+def phase_sums(port: int) -> tuple[dict[str, float], float, float]:
+    fam = scrape(port)
+    sums = {}
+    for s in fam["nitro_round_phase_seconds"]:
+        if s.name == "nitro_round_phase_seconds_sum":
+            sums[s.labels["phase"]] = s.value
+    wall = sample_value(fam["nitro_round_seconds"], "nitro_round_seconds_sum")
+    count = sample_value(fam["nitro_round_seconds"], "nitro_round_seconds_count")
+    return sums, wall, count
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        system = LocalSystem(state_dir=tmp, concurrency=ACTORS).start()
+        try:
+            with NitroClient(system.learner_address) as client:
+                spec = {"env_id": "Hopper-v5", "preset": "tuned", "rounds": ROUNDS, "steps_per_actor": STEPS,
+                        "eval_episodes": 3, "budget_usd": 10.0, "seed": 0,
+                        "scaler": {"policy": "fixed", "fixed_actors": ACTORS, "i_min": 1, "i_max": ACTORS}}
+                t0 = time.time()
+                job = client.start_training(spec)
+                reports = list(client.watch(job.job_id))
+                elapsed = time.time() - t0
+            sums, wall, count = phase_sums(system.components["learner"].metrics_port)
+        finally:
+            system.stop()
+    work = sum(sums.get(p, 0.0) for p in WORK)
+    overhead = wall - work
+    fraction = overhead / wall
+    print(f"{len(reports)} rounds of Hopper-v5 PPO, {ACTORS} actors x {STEPS} steps, {elapsed:.1f} s end to end")
+    for phase, secs in sorted(sums.items(), key=lambda kv: -kv[1]):
+        print(f"  {phase:>9}: {secs:7.3f} s total, {secs / count:6.3f} s per round ({secs / wall:6.1%})")
+    print(f"  unattributed bookkeeping: {wall - sum(sums.values()):.3f} s")
+    print(f"overhead fraction outside sample/update/evaluate: {fraction:.4f} (target <= {TARGET})")
+    print(json.dumps({"benchmark": "round_overhead", "rounds": int(count), "actors": ACTORS,
+                      "steps_per_actor": STEPS, "overhead_seconds": round(overhead, 4),
+                      "reference_round_wall_seconds": round(wall, 4), "ratio": round(fraction, 4),
+                      "phases_seconds": {k: round(v, 4) for k, v in sums.items()},
+                      "target_ratio": TARGET, "meets_target": fraction <= TARGET}))
+
+
+if __name__ == "__main__":
+    main()
