@@ -74,57 +74,71 @@ def trained_round(warmup_rounds: int, seed: int):
     return learner, collate(batches, cfg.gamma, cfg.gae_lambda), stats.seconds
 
 
-def explicit_estimate(policy, samples, clip: float, seed: int, rows: int, eig_n: int) -> dict:
-    """Time `rows` Hessian rows and an eigvalsh of size eig_n; scale both to the full dimension."""
+def _subset_tensors(samples, idx):
+    return [torch.as_tensor(np.asarray(samples[k])[idx]) for k in ("obs", "actions", "logp", "advantages")]
+
+
+def hessian_rows(policy, samples, clip: float, seed: int):
+    """A function timing n explicit-Hessian rows (H e_i) of the default subset's objective, and d."""
     idx = select_subset(len(samples["obs"]), 512, seed)
-    t = lambda k, dt=torch.float32: torch.as_tensor(np.asarray(samples[k])[idx])  # noqa: E731
-    hvp, dim = make_hvp(ppo_objective(policy, t("obs"), t("actions"), t("logp"), t("advantages"), clip),
-                        policy.policy_parameters())
+    hvp, dim = make_hvp(ppo_objective(policy, *_subset_tensors(samples, idx), clip), policy.policy_parameters())
     e = torch.zeros(dim)
-    start = time.perf_counter()
-    for i in range(rows):
-        e[i] = 1.0
-        hvp(e)
-        e[i] = 0.0
-    per_row = (time.perf_counter() - start) / rows
-    a = torch.randn(eig_n, eig_n, dtype=torch.float32, generator=torch.Generator().manual_seed(0))
+
+    def time_rows(first: int, n: int) -> float:
+        start = time.perf_counter()
+        for i in range(first, first + n):
+            e[i] = 1.0
+            hvp(e)
+            e[i] = 0.0
+        return (time.perf_counter() - start) / n
+
+    return time_rows, dim
+
+
+def eigvalsh_seconds(n: int, repeats: int = 3) -> float:
+    """Median seconds of a float32 symmetric eigendecomposition of size n."""
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(0))
     a = a + a.T
-    start = time.perf_counter()
-    torch.linalg.eigvalsh(a)
-    eig_s = (time.perf_counter() - start) * (dim / eig_n) ** 3
-    return {"dim": dim, "rows_timed": rows, "per_row_s": per_row, "rows_s": per_row * dim, "eig_n": eig_n,
-            "eig_s": eig_s, "total_s": per_row * dim + eig_s, "memory_gib_float32": dim * dim * 4 / 2**30}
+    return _timed(lambda: torch.linalg.eigvalsh(a), repeats)[1]
 
 
 def overhead(args) -> dict:
     learner, samples, update_s = trained_round(args.warmup_rounds, args.seed)
     policy, clip = learner.policy, learner.config.clip
     kw = dict(clip=clip, normalize_advantages=learner.config.normalize_advantages, seed=args.seed)
+    time_rows, dim = hessian_rows(policy, samples, clip, args.seed)
     detect(policy, samples, **kw)  # warm-up (allocator, first-call overheads)
-    runs = [detect(policy, samples, **kw) for _ in range(args.repeats)]
+    # Interleaved so that load from other processes on a shared machine hits all three alike.
+    runs, full, per_row = [], [], []
+    rows_each = max(1, args.explicit_rows // args.repeats)
+    for r in range(args.repeats):
+        runs.append(detect(policy, samples, **kw))
+        full.append(detect(policy, samples, full_batch=True, **kw))
+        per_row.append(time_rows(r * rows_each, rows_each))
     det = runs[-1]
-    detector_s = statistics.median(r.seconds for r in runs)
+    detector_s = statistics.median(x.seconds for x in runs)
+    full_s = statistics.median(x.seconds for x in full)
+    row_s = statistics.median(per_row)
     print(f"detector (subset {det.samples_used}, Lanczos k=20, {det.hvp_count} HVPs): median {detector_s:.3f}s "
           f"of {args.repeats}; lambda_max {det.lambda_max:.4g}, lambda_min {det.lambda_min:.4g}, R {det.ratio:.4g}, "
           f"converged {det.converged} (delta {det.convergence_delta:.2e})")
     print(f"update of the same round (paper preset, 4096 steps, 30 epochs x minibatch 128): {update_s:.2f}s")
-    full = [detect(policy, samples, full_batch=True, **kw) for _ in range(2)]
-    full_s = statistics.median(r.seconds for r in full)
     print(f"ablation, full batch ({full[-1].samples_used} samples): {full_s:.3f}s = "
           f"{full_s / detector_s:.1f}x the default; R {full[-1].ratio:.4g}")
-    ex = explicit_estimate(policy, samples, clip, args.seed, args.explicit_rows, args.eig_n)
-    print(f"ablation, explicit Hessian (EXTRAPOLATED, not run: {ex['dim']}x{ex['dim']} = "
-          f"{ex['memory_gib_float32']:.1f} GiB float32): {ex['rows_timed']} rows timed at {ex['per_row_s'] * 1e3:.2f} ms "
-          f"-> {ex['rows_s']:.0f}s for all rows, eigvalsh timed at n={ex['eig_n']} and scaled by (d/n)^3 -> "
-          f"{ex['eig_s']:.0f}s; total ~{ex['total_s']:.0f}s = {ex['total_s'] / detector_s:.0f}x the default")
+    eig_s = eigvalsh_seconds(args.eig_n) * (dim / args.eig_n) ** 3
+    explicit_s = row_s * dim + eig_s
+    print(f"ablation, explicit Hessian (EXTRAPOLATED, not run: {dim}x{dim} = {dim * dim * 4 / 2**30:.1f} GiB "
+          f"float32): {rows_each * args.repeats} rows timed, median {row_s * 1e3:.2f} ms each -> {row_s * dim:.0f}s "
+          f"for all {dim} rows; float32 eigvalsh timed at n={args.eig_n} and scaled by (d/n)^3 -> {eig_s:.0f}s; "
+          f"total ~{explicit_s:.0f}s = {explicit_s / detector_s:.0f}x the default")
     ratio = detector_s / update_s
     print(f"detector / update = {ratio:.4f} (target <= {TARGET})")
     return {"benchmark": "detector_overhead", "env": ENV, "detector_s": round(detector_s, 4),
             "update_s": round(update_s, 3), "ratio": round(ratio, 4), "target_ratio": TARGET,
             "meets_target": ratio <= TARGET, "subset": det.samples_used, "lanczos_steps": det.hvp_count,
             "full_batch_s": round(full_s, 4), "full_batch_ratio_vs_default": round(full_s / detector_s, 2),
-            "explicit_s_estimate": round(ex["total_s"], 1),
-            "explicit_ratio_vs_default": round(ex["total_s"] / detector_s, 1), "explicit_extrapolated": True,
+            "explicit_s_estimate": round(explicit_s, 1),
+            "explicit_ratio_vs_default": round(explicit_s / detector_s, 1), "explicit_extrapolated": True,
             "torch_threads": torch.get_num_threads()}
 
 
@@ -189,9 +203,8 @@ def solvers(args) -> dict:
                              "explicit_s": secs, "rows": _solver_rows(hvp, dim, ref.lambda_max, ref.lambda_min)})
     learner, samples, _ = trained_round(args.warmup_rounds, args.seed)
     idx = select_subset(len(samples["obs"]), 512, args.seed)
-    t = lambda k: torch.as_tensor(np.asarray(samples[k])[idx])  # noqa: E731
     pol = learner.policy
-    hvp, dim = make_hvp(ppo_objective(pol, t("obs"), t("actions"), t("logp"), t("advantages"), learner.config.clip),
+    hvp, dim = make_hvp(ppo_objective(pol, *_subset_tensors(samples, idx), learner.config.clip),
                         pol.policy_parameters())
     ref, secs = _timed(lambda: eigsh_extremes(hvp, dim, ncv=60, tol=1e-10))
     print(f"Hopper 2x256 actor, d={dim}, 512 samples: reference eigsh tol=1e-10 ({ref.matvecs} HVPs, {secs:.1f}s), "

@@ -23,8 +23,7 @@ import boto3
 import urllib3
 from botocore.config import Config
 
-from nitro.local_lambda import FunctionConfig, LocalLambda
-from nitro.local_lambda import testing_handlers
+from nitro.local_lambda import FunctionConfig, LocalLambda, testing_handlers
 
 N = 1000
 CONCURRENCY = 64

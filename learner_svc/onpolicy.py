@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass

@@ -52,7 +52,7 @@ def _add_up(sub) -> None:
     p.add_argument("--startup-timeout", type=float, default=180.0,
                    help="seconds each component may take to become healthy (default: %(default)s)")
     p.add_argument("--learner-port", type=int, default=None,
-                   help=f"learner gRPC port (default: {ls.DEFAULT_LEARNER_PORT} if free, else any)")
+                   help="learner gRPC port (default: any free port; 50051 makes NitroClient() find it)")
     p.set_defaults(func=cmd_up)
 
 
@@ -62,6 +62,8 @@ def cmd_up(args) -> int:
         print(f"nitro is already up (supervisor pid {state['supervisor_pid']})")
         _print_addresses(state)
         return 0
+    if ls.lock_held(args.state_dir):
+        raise CliError(f"nitro is already starting in {args.state_dir} (see `nitro status`)")
     if args.foreground:
         import logging
 
@@ -427,14 +429,17 @@ def _remaining_reports(client: NitroClient, job: str, reports: list) -> list:
 def _final_status(client: NitroClient, job: str, last, wait_s: float):
     """The job's status once it has ended, or the latest one after `wait_s`."""
     deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            last = client.get(job)
-        except NitroRpcError:
-            return last
-        if last.finished or time.monotonic() >= deadline:
-            return last
-        time.sleep(0.5)
+    try:
+        while True:
+            try:
+                last = client.get(job)
+            except NitroRpcError:
+                return last
+            if last.finished or time.monotonic() >= deadline:
+                return last
+            time.sleep(0.5)
+    except KeyboardInterrupt:  # stop waiting, still write what arrived
+        return last
 
 
 def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
@@ -499,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `nitro status | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

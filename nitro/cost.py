@@ -53,7 +53,8 @@ class Prices:
                     raise ConfigError(f"invalid value for prices.{f.name}: must be a non-empty string")
             elif f.name == "actor_vm_billing":
                 if v not in VM_BILLING:
-                    raise ConfigError(f"invalid value for prices.{f.name}: must be one of {list(VM_BILLING)}, got {v!r}")
+                    raise ConfigError(f"invalid value for prices.{f.name}: must be one of {list(VM_BILLING)}, "
+                                      f"got {v!r}")
             elif f.name in ("actor_vm_vcpus", "actors_per_vcpu"):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise ConfigError(f"invalid value for prices.{f.name}: must be an integer >= 1, got {v!r}")
@@ -122,7 +123,8 @@ def serverful_vm_count(i_max: int, prices: Prices) -> int:
 
 def serverful_round_cost(round_seconds: float, i_max: int, prices: Prices, *, include_learner: bool = True) -> float:
     """Marginal cost of one round of a running serverful job (pro rata, no startup, no rounding)."""
-    vms = serverful_vm_count(i_max, prices) * _check("round_seconds", round_seconds) / 3600.0 * prices.actor_vm_usd_per_hour
+    hours = _check("round_seconds", round_seconds) / 3600.0
+    vms = serverful_vm_count(i_max, prices) * hours * prices.actor_vm_usd_per_hour
     return vms + (learner_cost(round_seconds, prices) if include_learner else 0.0)
 
 

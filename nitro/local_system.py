@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ STATE_FILE = "state.json"
 HMAC_KEY_FILE = "hmac.key"
 REDIS_PASSWORD_FILE = "redis.password"
 SUPERVISOR_LOG = "supervisor.log"
-DEFAULT_LEARNER_PORT = 50051  # the SDK's default target
+LOCK_FILE = "lock"
 COMPONENTS = ("redis", "lambda", "detector", "scaler", "learner")
 SERVICES = ("detector", "scaler", "learner")
 ACTOR_FUNCTION = "nitro-actor=actor_fn.handler.handler"
@@ -99,15 +100,10 @@ class Component:
 # --- small OS helpers -------------------------------------------------------------------
 
 
-def free_port(preferred: int | None = None) -> int:
-    for port in ([preferred] if preferred else []) + [0]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise AssertionError("unreachable")
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def process_start_time(pid: int) -> str | None:
@@ -134,6 +130,33 @@ def pid_alive(pid: int | None, start_time: str | None = None) -> bool:
         now = process_start_time(pid)
         return now is not None and (start_time is None or now == start_time)
     return True
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether `pid` holds a socket listening on TCP `port` (None where /proc cannot tell).
+
+    A health answer on a port proves nothing by itself: another process may hold
+    that port (ours then fails to bind), and its health must not pass for ours.
+    """
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{cols[9]}]")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+    return False
 
 
 def log_tail(path: str | os.PathLike, lines: int = 25) -> str:
@@ -234,6 +257,7 @@ class LocalSystem:
         self._stop_requested = False
         self._hurry = False
         self._lock = threading.Lock()
+        self._lock_fd: int | None = None
 
     # addresses --------------------------------------------------------------------------
     @property
@@ -266,13 +290,16 @@ class LocalSystem:
     def start(self) -> LocalSystem:
         if self._status != "stopped":
             return self
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._hold_lock()
         existing = read_state(self.state_dir)
         if existing and pid_alive(existing.get("supervisor_pid"), existing.get("supervisor_start_time")):
+            self._release_lock()
             raise LocalSystemError(f"a local system is already up in {self.state_dir} "
                                    f"(supervisor pid {existing['supervisor_pid']}); run `nitro down` first")
         if existing:
             cleanup_stale(self.state_dir, existing)
-        self._status = "starting"
+        self._status, self._stop_requested, self._hurry = "starting", False, False
         try:
             self._start_all()
         except BaseException:
@@ -281,6 +308,21 @@ class LocalSystem:
         self._status = "ready"
         self._write_state()
         return self
+
+    def _hold_lock(self) -> None:
+        """One system per state dir, even when two `nitro up` race: the lock lives as long as we do."""
+        fd = os.open(self.state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LocalSystemError(f"another local system is starting or running in {self.state_dir}") from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = None
 
     def _start_all(self) -> None:
         for d in (self.state_dir, self.logs_dir, self.data_dir):
@@ -292,7 +334,7 @@ class LocalSystem:
 
         self._start_redis()
         self._write_state()
-        redis_url, actor_redis_url = self._redis.url, self._redis.url_without_password
+        actor_redis_url = self._redis.url_without_password
 
         def start_lambda() -> None:
             port = self._port("lambda")
@@ -306,16 +348,16 @@ class LocalSystem:
         lambda_url = self.components["lambda"].url
 
         # The detector and scaler do not depend on each other: start both, then wait.
-        self._launch("detector", lambda: self._spawn_service("detector", ["--redis-url", redis_url]))
+        self._launch("detector", lambda: self._spawn_service("detector", []))
         self._launch("scaler", lambda: self._spawn_service("scaler", [
-            "--redis-url", redis_url, "--lambda-endpoint", lambda_url, "--actor-redis-url", actor_redis_url]))
+            "--lambda-endpoint", lambda_url, "--actor-redis-url", actor_redis_url]))
         self._wait_healthy(["detector", "scaler"])
         self._launch("learner", lambda: self._spawn_service("learner", [
-            "--redis-url", redis_url, "--detector", self.components["detector"].address,
+            "--detector", self.components["detector"].address,
             "--scaler", self.components["scaler"].address, "--data-dir", str(self.data_dir)]))
         self._wait_healthy(["learner"])
 
-    def _launch(self, name: str, launcher) -> None:
+    def _launch(self, name: str, launcher: Callable[[], None]) -> None:
         self._launchers[name] = launcher
         launcher()
 
@@ -334,7 +376,7 @@ class LocalSystem:
     def _port(self, name: str) -> int:
         if name in self.ports:
             return self.ports[name]
-        port = free_port(DEFAULT_LEARNER_PORT if name == "learner" else None)
+        port = free_port()
         while port in self._taken:  # the OS may hand the same free port out twice
             port = free_port()
         self._taken.add(port)
@@ -359,12 +401,14 @@ class LocalSystem:
 
     def _spawn_service(self, name: str, extra: list[str]) -> None:
         port, metrics_port = self._port(name), self._port(f"{name}_metrics")
+        # The Redis URL carries the password: pass it in the environment, never on the command line (ps).
         self._spawn(name, ["-m", f"{name}_svc", "--host", "127.0.0.1", "--port", str(port),
                            "--metrics-port", str(metrics_port), *extra],
+                    env={"NITRO_REDIS_URL": self._redis.url},
                     address=f"127.0.0.1:{port}", metrics_port=metrics_port,
                     metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
 
-    def _spawn(self, name: str, args: list[str], **info) -> Component:
+    def _spawn(self, name: str, args: list[str], *, env: dict[str, str] | None = None, **info) -> Component:
         self._check_abort()
         log_path = self.logs_dir / f"{name}.log"
         shown = " ".join(a.replace(self._redis_password, "***") for a in args)
@@ -375,7 +419,7 @@ class LocalSystem:
                 proc = subprocess.Popen(
                     [self.python, "-I", "-S", "-c", _SHIM, str(os.getpid()), self.python, *args],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.state_dir,
-                    env=self.child_env())
+                    env={**self.child_env(), **(env or {})})
                 comp = Component(name, proc.pid, log=str(log_path), proc=proc, **info)
                 self.components[name] = comp
         comp.start_time = process_start_time(proc.pid)
@@ -400,7 +444,9 @@ class LocalSystem:
                 if rc is not None:
                     raise LocalSystemError(f"{name} exited with code {rc} during startup; "
                                            f"last lines of {comp.log}:\n{log_tail(comp.log)}")
-                if probe(name, comp.to_dict(), self.state_dir) == "SERVING":
+                port = int(comp.address.rsplit(":", 1)[1])
+                if (probe(name, comp.to_dict(), self.state_dir) == "SERVING"
+                        and listens_on(comp.pid, port) is not False):
                     pending.remove(name)
                     log.info("%s is healthy", name)
             if pending and time.monotonic() > deadline:
@@ -452,6 +498,7 @@ class LocalSystem:
         if state and state.get("supervisor_pid") == os.getpid():
             for f in (STATE_FILE, HMAC_KEY_FILE, REDIS_PASSWORD_FILE):
                 (self.state_dir / f).unlink(missing_ok=True)
+        self._release_lock()
         return stopped
 
     def _terminate(self, comp: Component) -> None:
@@ -501,6 +548,29 @@ def read_state(state_dir: str | os.PathLike) -> dict | None:
         return json.loads((Path(state_dir) / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def lock_held(state_dir: str | os.PathLike) -> bool:
+    """True while a LocalSystem (starting or running) holds `state_dir`."""
+    try:
+        fd = os.open(Path(state_dir) / LOCK_FILE, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def local_target(state_dir: str | os.PathLike = ".nitro") -> str:
+    """The learner address of the local system running in `state_dir` (for NitroClient)."""
+    state = running_state(state_dir)
+    if state is None:
+        raise LocalSystemError(f"no local system is up in {state_dir}: run `nitro up`")
+    return state["learner"]
 
 
 def running_state(state_dir: str | os.PathLike) -> dict | None:
@@ -627,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", default=".nitro")
     p.add_argument("--concurrency", type=int, default=64, help="actor function concurrency limit")
     p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds each component may take")
-    p.add_argument("--learner-port", type=int, default=None, help=f"default {DEFAULT_LEARNER_PORT} if free")
+    p.add_argument("--learner-port", type=int, default=None, help="learner gRPC port (default: any free one)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s: %(message)s")
     ports = {"learner": args.learner_port} if args.learner_port else None

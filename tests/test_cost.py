@@ -7,9 +7,19 @@ import json
 import pytest
 import yaml
 
-from nitro.cost import (CostLedger, Prices, billed_duration_ms, estimate_round_cost, lambda_cost,
-                        lambda_invocation_cost, learner_cost, provisioned_concurrency_cost, serverful_job_cost,
-                        serverful_round_cost, serverful_vm_count)
+from nitro.cost import (
+    CostLedger,
+    Prices,
+    billed_duration_ms,
+    estimate_round_cost,
+    lambda_cost,
+    lambda_invocation_cost,
+    learner_cost,
+    provisioned_concurrency_cost,
+    serverful_job_cost,
+    serverful_round_cost,
+    serverful_vm_count,
+)
 from nitro.errors import ConfigError
 
 P = Prices()

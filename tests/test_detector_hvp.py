@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributions import Normal
 
-from nitro.detector.hvp import (explicit_hessian, make_hvp, ppo_objective, ppo_surrogate, select_subset)
+from nitro.detector.hvp import explicit_hessian, make_hvp, ppo_objective, ppo_surrogate, select_subset
 from nitro.models import ModelSpec, Policy
 
 

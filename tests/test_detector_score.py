@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from nitro.detector.score import (DEFAULT_EPS, FLAT_SCORE, ScoreWindow, boosting_score, convexity_ratio,
-                                  ratio_bounds)
+from nitro.detector.score import DEFAULT_EPS, FLAT_SCORE, ScoreWindow, boosting_score, convexity_ratio, ratio_bounds
 from nitro.errors import ConfigError
 
 INF, NAN = math.inf, math.nan

@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 
 from nitro.errors import ConfigError
-from nitro.scaling import (EXHAUSTED, NoiseEstimate, NoiseScaleEMA, RoundInputs, ema, make_policy,
-                           noise_scale_estimates, plan_within_budget)
+from nitro.scaling import (
+    EXHAUSTED,
+    NoiseEstimate,
+    NoiseScaleEMA,
+    RoundInputs,
+    ema,
+    make_policy,
+    noise_scale_estimates,
+    plan_within_budget,
+)
 
 
 def run(policy_name, params=None, scores=None, noise=None, rounds=None, i_min=8, i_max=64):
@@ -97,7 +105,8 @@ def test_invalid_policy_parameters(name, params, field):
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    ({"i_min": 0}, "i_min"), ({"i_min": 10, "i_max": 9}, "i_max"), ({"i_min": 2.5}, "i_min"), ({"round_index": -1}, "round_index"),
+    ({"i_min": 0}, "i_min"), ({"i_min": 10, "i_max": 9}, "i_max"), ({"i_min": 2.5}, "i_min"),
+    ({"round_index": -1}, "round_index"),
 ])
 def test_invalid_round_inputs(kwargs, field):
     args = {"round_index": 0, **kwargs}

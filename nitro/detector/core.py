@@ -102,6 +102,7 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
             res = explicit_extremes(hvp, dim, max_dim=max_explicit_dim)
     finite = math.isfinite(res.lambda_max) and math.isfinite(res.lambda_min)
     return DetectionResult(
-        lambda_max=res.lambda_max, lambda_min=res.lambda_min, ratio=convexity_ratio(res.lambda_max, res.lambda_min, eps),
+        lambda_max=res.lambda_max, lambda_min=res.lambda_min,
+        ratio=convexity_ratio(res.lambda_max, res.lambda_min, eps),
         converged=res.converged and finite, convergence_delta=res.convergence_delta if finite else 1.0,
         samples_used=len(idx), hvp_count=res.matvecs, seconds=time.perf_counter() - t0, method=method, finite=finite)

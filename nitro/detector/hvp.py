@@ -74,7 +74,10 @@ def make_hvp(objective_fn: Callable[[], torch.Tensor], params: Sequence[torch.Te
     params = list(params)
     dim = sum(p.numel() for p in params)
     value = objective_fn()
-    grads = torch.autograd.grad(value, params, create_graph=True, allow_unused=True)
+    if not value.requires_grad:  # the objective does not depend on the parameters at all
+        grads = [None] * len(params)
+    else:
+        grads = torch.autograd.grad(value, params, create_graph=True, allow_unused=True)
     # Gradients that do not depend on theta (objective linear in that tensor) add no curvature.
     live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
     sizes = [p.numel() for p in params]

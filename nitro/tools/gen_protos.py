@@ -17,9 +17,8 @@ PACKAGE_DIR = Path("nitro") / "v1"
 
 
 def generate(out_dir: Path) -> list[Path]:
-    from grpc_tools import protoc
-
     import grpc_tools
+    from grpc_tools import protoc
 
     protos = sorted(PROTO_ROOT.glob("nitro/v1/*.proto"))
     include = str(Path(grpc_tools.__file__).parent / "_proto")
