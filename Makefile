@@ -17,7 +17,7 @@ setup: $(STAMP)
 # (Redis, the local Lambda endpoint, three gRPC services), then stop everything.
 demo: setup
 	$(BIN)/nitro train --local --env Hopper-v5 --preset tuned --scaler nitro --i-min 4 --i-max 16 \
-		--rounds 40 --steps-per-actor 512 --eval-episodes 3 --budget 5 --seed 1
+		--rounds 80 --steps-per-actor 512 --eval-episodes 3 --budget 5 --seed 1
 
 test: setup
 	$(BIN)/python -m pytest
