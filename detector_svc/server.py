@@ -41,20 +41,28 @@ def ratios_key(job_id: str) -> str:
 class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
     def __init__(self, redis_client, hmac_key: bytes, redis_url: str):
         self.redis, self.key, self.redis_url = redis_client, hmac_key, redis_url
-        self._policy_cache: dict[tuple[str, int], Policy] = {}
+        self._policy_cache: dict[str, Policy] = {}
         self._lock = threading.Lock()
 
-    def _policy(self, job_id: str, version: int) -> Policy:
-        with self._lock:
-            cached = self._policy_cache.get((job_id, version))
-        if cached is not None:
-            return cached
+    def _checkout(self, job_id: str, version: int) -> Policy:
+        """A policy module holding `version`'s weights, exclusively ours until `_checkin`.
+
+        Modules are reused across rounds (building one costs more than loading weights);
+        a concurrent Score for the same job simply builds its own.
+        """
         doc = blob_to_doc(PolicyStore(self.redis, job_id).get(version), self.key)
-        policy = Policy(doc["spec"])
-        policy.load_numpy_state(doc["state"])
         with self._lock:
-            self._policy_cache = {(job_id, version): policy}  # one entry: memory stays flat
+            policy = self._policy_cache.pop(job_id, None)
+        if policy is None or policy.spec != doc["spec"]:
+            policy = Policy(doc["spec"])
+        policy.load_numpy_state(doc["state"])
         return policy
+
+    def _checkin(self, job_id: str, policy: Policy) -> None:
+        with self._lock:
+            self._policy_cache[job_id] = policy
+            while len(self._policy_cache) > 16:
+                self._policy_cache.pop(next(iter(self._policy_cache)))
 
     def Score(self, request, context):
         t0 = time.perf_counter()
@@ -73,10 +81,13 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "subset_size must be in [1, 1000000] and lanczos_steps in [1, 1000]")
         try:
-            policy = self._policy(request.job_id, request.policy_version)
+            policy = self._checkout(request.job_id, request.policy_version)
             raw = self.redis.get(request.sample_ref) if request.sample_ref else None
         except PolicyNotFoundError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except codec.PayloadError as exc:
+            metrics.REJECTED_PAYLOADS.labels(exc.reason).inc()
+            context.abort(grpc.StatusCode.DATA_LOSS, f"policy version {request.policy_version} rejected: {exc}")
         except (ValueError, ConfigError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # redis connection errors
@@ -94,6 +105,8 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
                          normalize_advantages=request.normalize_advantages)
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            self._checkin(request.job_id, policy)
         key = ratios_key(request.job_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, str(request.round), repr(res.ratio))
@@ -123,7 +136,7 @@ def parse_args(argv=None):
     p.add_argument("--port", type=int, default=50052)
     p.add_argument("--metrics-port", type=int, default=9102)
     p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per request")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads per request")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 

@@ -88,7 +88,7 @@ class OnPolicyLoop:
         self.recent_returns: list[float] = []
         self.last_plan_time = time.monotonic()
         self.rng = np.random.default_rng(self.spec.seed)
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{job.job_id}-io")
+        self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"{job.job_id}-io")
 
     # -- helpers -----------------------------------------------------------------------
     def _publish(self) -> None:
@@ -165,7 +165,7 @@ class OnPolicyLoop:
     def _write_sample_subset(self, round_index: int) -> str:
         data = self.learner.last_data
         n = len(data["logp"])
-        idx = np.sort(self.rng.choice(n, size=min(n, DETECTOR_SUBSET * 4), replace=False))
+        idx = np.sort(self.rng.choice(n, size=min(n, DETECTOR_SUBSET), replace=False))
         subset = {k: np.ascontiguousarray(data[k][idx]) for k in ("obs", "actions", "logp", "advantages")}
         key = sample_key(self.job.job_id, round_index)
         self.deps.redis.set(key, codec.encode(subset, self.deps.hmac_key), ex=SAMPLE_TTL_S)
@@ -269,10 +269,13 @@ class OnPolicyLoop:
             self.version += 1
             self._publish()
             ref = self._write_sample_subset(k)
-            self._checkpoint(k)
-        score_future = self.pool.submit(self._score, k, ref)
+            # The detector scores and the checkpoint is written while the learner evaluates.
+            score_future = self.pool.submit(self._score, k, ref)
+            checkpoint_future = self.pool.submit(self._checkpoint, k)
         with metrics.timed("evaluate", phases):
             eval_return = self._evaluate(k)
+        with metrics.timed("publish", phases):
+            checkpoint_future.result()  # a round is reported only once it can be resumed from
         score_resp = detector_pb2.ScoreResponse()
         with metrics.timed("detect", phases):
             try:
@@ -281,7 +284,7 @@ class OnPolicyLoop:
                 detail = exc.details() if isinstance(exc, grpc.RpcError) else "timed out"
                 notes.append(f"detector unavailable ({detail}); planned with score 0")
         with metrics.timed("plan", phases):
-            next_plan = self._plan(k + 1, score_resp.score, 0.0)
+            next_plan = self._plan(k + 1, score_resp.score, stats.gradient_noise_scale)
         cost = self.deps.scaler.GetCost(scaler_pb2.GetCostRequest(job_id=job.job_id), timeout=DEADLINES["GetCost"])
         prev_total = job.reports[-1].total_cost_usd if job.reports else 0.0
         round_seconds = time.perf_counter() - t_round
@@ -302,7 +305,8 @@ class OnPolicyLoop:
             phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
             round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
             policy_loss=stats.policy_loss, value_loss=stats.value_loss, entropy=stats.entropy, kl=stats.kl,
-            invocation_retries=launch.retries, notes=notes[:50], detector_seconds=score_resp.seconds)
+            invocation_retries=launch.retries, notes=notes[:50], detector_seconds=score_resp.seconds,
+            gradient_noise_scale=stats.gradient_noise_scale)
         log.info("job %s round %d: actors %d steps %d eval %.1f score %.3f cost $%.4f (%.2fs)", job.job_id, k,
                  actors, steps, eval_return if not math.isnan(eval_return) else -1, score_resp.score,
                  cost.total_cost_usd, round_seconds)

@@ -59,10 +59,12 @@ def lambda_client(endpoint_url: str | None, region: str, *, max_connections: int
 
 
 class Invoker:
-    def __init__(self, client, *, max_attempts: int = 3, backoff_s: float = 0.2):
+    def __init__(self, client, *, max_attempts: int = 3, backoff_s: float = 0.2, max_concurrency: int = 256):
         self.client = client
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        # One long-lived pool: starting threads per round shows up in the round's invoke phase.
+        self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="invoke")
 
     def _once(self, function_name: str, payload: bytes) -> tuple[bool, str, str, dict, dict]:
         resp = self.client.invoke(FunctionName=function_name, InvocationType="RequestResponse", LogType="Tail",
@@ -111,13 +113,12 @@ class Invoker:
             return [], 0.0
         deadline = time.monotonic() + deadline_s
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=len(invocations), thread_name_prefix="invoke") as pool:
-            futures = [pool.submit(self.invoke, function_name, inv, deadline) for inv in invocations]
-            dispatch = time.perf_counter() - t0
-            outcomes = []
-            for f in futures:
-                o = f.result()
-                if on_done is not None:
-                    on_done(o)
-                outcomes.append(o)
+        futures = [self.pool.submit(self.invoke, function_name, inv, deadline) for inv in invocations]
+        dispatch = time.perf_counter() - t0
+        outcomes = []
+        for f in futures:
+            o = f.result()
+            if on_done is not None:
+                on_done(o)
+            outcomes.append(o)
         return outcomes, dispatch

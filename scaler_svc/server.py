@@ -233,7 +233,8 @@ def main(argv=None) -> None:
     client = lambda_client(args.lambda_endpoint, args.region, max_connections=args.max_concurrency,
                            read_timeout=900)
     actor_url = args.actor_redis_url or strip_password(args.redis_url)
-    servicer = ScalerServicer(connect(args.redis_url), Invoker(client), prices, actor_url)
+    servicer = ScalerServicer(connect(args.redis_url), Invoker(client, max_concurrency=args.max_concurrency), prices,
+                              actor_url)
     service = Service("scaler", args.host, args.port, max_workers=32)
     service.add("nitro.v1.ActorScaler", lambda s: scaler_pb2_grpc.add_ActorScalerServicer_to_server(servicer, s))
     serve_metrics(args.metrics_port, args.host)

@@ -36,7 +36,8 @@ def test_lanczos_detection_matches_explicit_on_the_same_subset():
     fast = detect(pol, samples, clip=0.3, seed=3)
     exact = detect(pol, samples, clip=0.3, seed=3, method="explicit")
     assert fast.samples_used == exact.samples_used == 512
-    assert fast.hvp_count == 20 and exact.hvp_count == sum(p.numel() for p in pol.policy_parameters())
+    assert fast.hvp_count <= 20 and exact.hvp_count == sum(p.numel() for p in pol.policy_parameters())
+    assert detect(pol, samples, clip=0.3, seed=3, early_stop=False).hvp_count == 20
     scale = max(abs(exact.lambda_max), abs(exact.lambda_min))
     assert abs(fast.lambda_max - exact.lambda_max) < 1e-4 * scale
     assert abs(fast.lambda_min - exact.lambda_min) < 1e-4 * scale

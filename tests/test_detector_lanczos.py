@@ -149,3 +149,19 @@ def test_library_solvers_agree_on_the_same_operator():
         assert res.lambda_max == pytest.approx(float(exact[-1]), rel=1e-5), res.method
         assert res.lambda_min == pytest.approx(float(exact[0]), rel=1e-5), res.method
         assert res.matvecs > 0
+
+
+def test_early_stop_keeps_the_extremes_with_fewer_products():
+    import torch
+
+    from nitro.detector.lanczos import lanczos
+
+    rng = torch.Generator().manual_seed(3)
+    q, _ = torch.linalg.qr(torch.randn(300, 300, generator=rng, dtype=torch.float64))
+    eig = torch.cat([torch.tensor([9.0, -7.0], dtype=torch.float64), torch.linspace(-1, 1, 298, dtype=torch.float64)])
+    h = q @ torch.diag(eig) @ q.T
+    full = lanczos(lambda v: h @ v, 300, 40, seed=1)
+    early = lanczos(lambda v: h @ v, 300, 40, seed=1, early_stop=True, tol=1e-6)
+    assert early.matvecs < full.matvecs
+    assert abs(early.lambda_max - 9.0) < 1e-4 and abs(early.lambda_min + 7.0) < 1e-4
+    assert early.converged

@@ -77,6 +77,7 @@ class UpdateStats:
     explained_variance: float
     seconds: float
     loss: float = 0.0
+    gradient_noise_scale: float = 0.0  # B_simple from the first epoch's minibatch gradients; 0 = undefined
 
 
 def collate(batches: list[dict], gamma: float, lam: float) -> dict[str, np.ndarray]:
@@ -126,7 +127,9 @@ class PPOLearner:
                 "grad_norm": 0.0, "loss": 0.0}
         steps = 0
         kl_coeff = self.kl_coeff
-        for _ in range(cfg.epochs):
+        small_sq: list[float] = []  # first epoch: per-minibatch squared gradient norms (noise scale)
+        grad_sum: torch.Tensor | None = None
+        for epoch in range(cfg.epochs):
             perm = torch.randperm(n, generator=self.generator).to(dev)
             for start in range(0, n - mb + 1, mb):
                 idx = perm[start:start + mb]
@@ -140,6 +143,10 @@ class PPOLearner:
                     value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff, value_clip=cfg.value_clip)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                if epoch == 0 and n > mb:
+                    flat = torch.cat([p.grad.reshape(-1) for p in self.policy.parameters() if p.grad is not None])
+                    small_sq.append(float(flat.pow(2).sum()))
+                    grad_sum = flat.clone() if grad_sum is None else grad_sum.add_(flat)
                 if cfg.max_grad_norm > 0:
                     gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 else:
@@ -156,12 +163,21 @@ class PPOLearner:
         if cfg.kl_coeff > 0:
             self.kl_coeff = adapt_kl_coeff(self.kl_coeff, final_kl, cfg.kl_target)
         self.updates += 1
+        gns = 0.0
+        if len(small_sq) >= 2:
+            # McCandlish et al. 2018 (app. A) with the epoch's mean gradient as the big batch; the
+            # parameters drift within the epoch, so this is an estimate for scaling, not an exact value.
+            from nitro.scaling.noise import noise_scale_estimates
+
+            big = float((grad_sum / len(small_sq)).pow(2).sum())
+            est = noise_scale_estimates(small_sq, big, mb, mb * len(small_sq)).b_simple
+            gns = float(est) if est is not None else 0.0
         var = float(np.var(data["returns"]))
         ev = float(1.0 - np.var(data["returns"] - data["values"]) / var) if var > 1e-12 else 0.0
         return UpdateStats(samples=n, policy_loss=means["policy_loss"], value_loss=means["value_loss"],
                            entropy=means["entropy"], kl=final_kl, clip_frac=means["clip_frac"],
                            kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"], explained_variance=ev,
-                           seconds=time.perf_counter() - t0, loss=means["loss"])
+                           seconds=time.perf_counter() - t0, loss=means["loss"], gradient_noise_scale=gns)
 
     def _kl(self, old_dist, new_dist, idx) -> torch.Tensor:
         if isinstance(old_dist, torch.distributions.Normal):

@@ -61,7 +61,7 @@ def _tensors(samples: Mapping[str, np.ndarray], idx: np.ndarray, normalize_advan
 def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_size: int = DEFAULT_SUBSET,
            lanczos_steps: int = DEFAULT_STEPS, seed: int = 0, method: str = "lanczos", full_batch: bool = False,
            normalize_advantages: bool = False, tol: float = DEFAULT_TOL, eps: float = DEFAULT_EPS,
-           max_explicit_dim: int = 4096) -> DetectionResult:
+           max_explicit_dim: int = 4096, early_stop: bool = True) -> DetectionResult:
     """Extreme eigenvalues of the PPO surrogate's Hessian w.r.t. policy.policy_parameters().
 
     samples: numpy arrays obs, actions, logp (behaviour), advantages, one row per step.
@@ -90,7 +90,7 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
     with torch.enable_grad():
         hvp, dim = make_hvp(ppo_objective(policy, obs, actions, logp, adv, clip), params)
         if method == "lanczos":
-            res = lanczos(hvp, dim, lanczos_steps, seed=seed, tol=tol)
+            res = lanczos(hvp, dim, lanczos_steps, seed=seed, tol=tol, early_stop=early_stop)
         elif method == "eigsh":
             res = eigsh_extremes(hvp, dim, ncv=max(lanczos_steps, 4), tol=tol, seed=seed)
         elif method == "lobpcg":
