@@ -9,8 +9,8 @@ Event (JSON):
   num_steps       int   environment steps to sample
   seed            int   seeds the action noise (and the env on a cold sampler)
   invocation_id   str   unique per logical invocation; retries reuse it (the stream drops duplicates)
-  redis_url       str   optional; else NITRO_REDIS_URL. The password comes from NITRO_REDIS_PASSWORD(_FILE),
-                        never from the event.
+  redis_url       str   optional; else NITRO_REDIS_URL. The password comes from NITRO_REDIS_PASSWORD(_FILE)
+                        and the ACL user name from NITRO_REDIS_USERNAME, never from the event.
   compress        bool  optional; zlib-compress the payload (Atari frames)
 
 The HMAC key comes from NITRO_HMAC_KEY or NITRO_HMAC_KEY_FILE. A warm execution
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from urllib.parse import urlparse, urlunparse
+from urllib.parse import quote, urlparse, urlunparse
 
 import numpy as np
 
@@ -88,8 +88,9 @@ def _redis_url(event: dict) -> str:
     password = _redis_password()
     parsed = urlparse(url)
     if password and not parsed.password:
-        user = parsed.username or ""
-        netloc = f"{user}:{password}@{parsed.hostname}:{parsed.port or 6379}"
+        # An ACL user (nitro-actor: XADD trajectories, GET policies); none means Redis's default user.
+        user = parsed.username or os.environ.get("NITRO_REDIS_USERNAME", "")
+        netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{parsed.hostname}:{parsed.port or 6379}"
         url = urlunparse(parsed._replace(netloc=netloc))
     return url
 

@@ -17,14 +17,14 @@ import grpc
 import numpy as np
 import torch
 
-from nitro import codec, metrics
+from nitro import auth, codec, metrics
 from nitro.detector.core import detect
 from nitro.detector.score import boosting_score
 from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging
 from nitro.metrics import serve_metrics
 from nitro.models import Policy, blob_to_doc
-from nitro.redis_server import connect
+from nitro.redis_server import connect, warn_if_not_persistent
 from nitro.store import PolicyNotFoundError, PolicyStore
 from nitro.v1 import detector_pb2, detector_pb2_grpc
 
@@ -134,10 +134,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="detector_svc", description="nitro BoostingDetector")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9102)
     p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads per request")
     p.add_argument("--log-level", default="INFO")
+    auth.add_server_args(p)
     return p.parse_args(argv)
 
 
@@ -145,11 +147,19 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     configure_logging(args.log_level)
     torch.set_num_threads(args.threads)
-    servicer = DetectorServicer(connect(args.redis_url), codec.load_hmac_key(), args.redis_url)
-    service = Service("detector", args.host, args.port, max_workers=4)
+    try:
+        security = auth.server_security(args, "detector")
+        key = codec.load_hmac_key()
+    except ConfigError as exc:
+        raise SystemExit(f"detector_svc: {exc}") from None
+    client = connect(args.redis_url)
+    warn_if_not_persistent(client, args.redis_url, "detector")
+    servicer = DetectorServicer(client, key, args.redis_url)
+    service = Service("detector", args.host, args.port, max_workers=4, interceptors=security.interceptors,
+                      server_credentials=security.credentials)
     service.add("nitro.v1.BoostingDetector",
                 lambda s: detector_pb2_grpc.add_BoostingDetectorServicer_to_server(servicer, s))
-    serve_metrics(args.metrics_port, args.host)
+    serve_metrics(args.metrics_port, args.metrics_host)
     service.install_signal_handlers()
     service.start()
     service.wait()

@@ -97,19 +97,25 @@ class JobManager:
         self._lock = threading.Lock()
         self.draining = False
 
-    def start(self, spec: TrainingSpec) -> Job:
+    def start(self, spec: TrainingSpec, resume: bool = False) -> Job:
         with self._lock:
             if spec.job_id in self._jobs and not self._jobs[spec.job_id].done:
                 raise FileExistsError(spec.job_id)
             job = Job(spec)
             self._jobs[spec.job_id] = job
-        job.thread = threading.Thread(target=self._guarded, args=(job,), name=f"job-{job.job_id}", daemon=True)
+        job.thread = threading.Thread(target=self._guarded, args=(job, resume), name=f"job-{job.job_id}",
+                                      daemon=True)
         job.thread.start()
         return job
 
-    def _guarded(self, job: Job) -> None:
+    def add_finished(self, job: Job) -> None:
+        """A job that ended before this process started (loaded from disk): listed, not run."""
+        with self._lock:
+            self._jobs.setdefault(job.job_id, job)
+
+    def _guarded(self, job: Job, resume: bool) -> None:
         try:
-            self._run_job(job)
+            self._run_job(job, resume)
         except Exception as exc:  # the service must outlive any one job
             log.exception("job %s failed", job.job_id)
             job.set_state(training_pb2.JOB_STATE_FAILED, f"{type(exc).__name__}: {exc}")

@@ -3,7 +3,15 @@
 Round k: launch the planned actors with policy v -> ingest their batches from
 the stream (until all arrived or the round deadline) -> update -> publish v+1
 and the detector's sample subset -> [detector scores v+1 while the learner
-evaluates it] -> the scaler plans round k+1 -> report.
+checkpoints and evaluates it] -> the scaler plans round k+1 -> report.
+
+Faults: failed invocations are retried by the scaler with the same id; those
+still failed, and successful ones whose batch never arrived, get one wave of
+replacement invocations within budget while the deadline allows. At the
+deadline the round proceeds with what arrived if that is at least
+min_sample_fraction of the planned steps. A detector that does not answer in
+detector_timeout_s gives the configured fallback plan; a scaler or Redis that
+is briefly down is retried. Every such event is a note in the round report.
 
 Phase latencies are measured on the learner's critical path, so they stack up
 to the round's wall time: `sample` is time spent waiting for actors, `ingest`
@@ -17,286 +25,289 @@ from __future__ import annotations
 import logging
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
-import redis
-import torch
 
-from learner_svc.jobs import Job
-from nitro import codec, metrics
+from learner_svc.rounds import JobAborted, RoundLoop, invocation_id, slot_index
+from nitro import metrics
 from nitro.algos.ppo import PPOLearner
-from nitro.envs import env_spaces
-from nitro.grpc_util import DEADLINES
-from nitro.inference import PolicyRunner
-from nitro.models import policy_to_blob, spec_for_spaces
-from nitro.rollout import evaluate
-from nitro.spec import TrainingSpec, algo_config
-from nitro.store import PolicyStore, TrajectoryReader
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
 
-SAMPLE_TTL_S = 3600
-DETECTOR_SUBSET = 512
 MAX_EMPTY_ROUNDS = 3
+MAX_WAVES = 3  # the planned launch plus up to two waves of replacements
+LOST_BATCH_GRACE_S = 5.0  # a "successful" invocation whose batch is still missing this long after Launch is lost
 
 
 @dataclass
-class LearnerDeps:
-    redis: redis.Redis
-    hmac_key: bytes
-    detector: object  # BoostingDetectorStub
-    scaler: object  # ActorScalerStub
-    data_dir: str
+class Collected:
+    batches: list[dict]
+    launched: int
+    failed: int = 0
+    replaced: int = 0
+    retries: int = 0
+    stale: int = 0
+    stale_steps: int = 0
+    duplicates: int = 0
+    waves: int = 0
+    entries: list = field(default_factory=list)  # kept stream entries, acked after the checkpoint
+    notes: list[str] = field(default_factory=list)
 
 
-def sample_key(job_id: str, round_index: int) -> str:
-    return f"nitro:{job_id}:sample:{round_index}"
+class OnPolicyLoop(RoundLoop):
+    learner_class = PPOLearner
 
-
-def invocation_id(job_id: str, round_index: int, actor: int) -> str:
-    # Deterministic: a retried invocation carries the same id, so the stream drops the copy.
-    return f"{job_id}-r{round_index}-a{actor}"
-
-
-def actor_seed(seed: int, round_index: int, actor: int) -> int:
-    return int(np.random.SeedSequence([seed, round_index, actor]).generate_state(1)[0])
-
-
-def scaler_spec(spec: TrainingSpec) -> common_pb2.ScalerSpec:
-    sc = spec.scaler
-    return common_pb2.ScalerSpec(policy=sc.policy, i_min=sc.i_min, i_max=sc.i_max, fixed_actors=sc.fixed_actors,
-                                 decay=sc.decay, window=sc.window, period=sc.period)
-
-
-class OnPolicyLoop:
-    def __init__(self, job: Job, deps: LearnerDeps):
-        self.job, self.deps, self.spec = job, deps, job.spec
-        self.cfg = algo_config(self.spec)
-        obs_space, act_space = env_spaces(self.spec.env_id)
-        self.model_spec = spec_for_spaces(obs_space, act_space, hidden_sizes=self.cfg.hidden_sizes,
-                                          activation=self.cfg.activation, obs_norm=self.cfg.obs_norm,
-                                          init_log_std=self.cfg.init_log_std)
-        self.learner = PPOLearner(self.model_spec, self.cfg, seed=self.spec.seed)
-        self.policies = PolicyStore(deps.redis, self.job.job_id, ttl_s=SAMPLE_TTL_S)
-        self.reader = TrajectoryReader(deps.redis, self.job.job_id, deps.hmac_key, consumer=f"learner-{job.job_id}")
-        self.version = 0
-        self.total_steps = 0
-        self.recent_returns: list[float] = []
-        self.last_plan_time = time.monotonic()
-        self.rng = np.random.default_rng(self.spec.seed)
-        self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"{job.job_id}-io")
-
-    # -- helpers -----------------------------------------------------------------------
-    def _publish(self) -> None:
-        self.policies.put(self.version, policy_to_blob(self.learner.policy, self.version, self.deps.hmac_key))
-
-    def _plan(self, round_index: int, score: float, gns: float) -> scaler_pb2.PlanResponse:
-        now = time.monotonic()
-        learner_seconds, self.last_plan_time = now - self.last_plan_time, now
-        return self.deps.scaler.Plan(scaler_pb2.PlanRequest(
-            job_id=self.job.job_id, round=round_index, score=score, scaler=scaler_spec(self.spec),
-            budget_usd=self.spec.budget_usd, steps_per_actor=self.spec.steps_per_actor,
-            actor_memory_mb=self.spec.actor_memory_mb, learner_seconds=learner_seconds,
-            gradient_noise_scale=gns), timeout=DEADLINES["Plan"])
-
-    def _launch(self, round_index: int, actors: int) -> scaler_pb2.LaunchResponse:
-        return self.deps.scaler.Launch(scaler_pb2.LaunchRequest(
-            job_id=self.job.job_id, round=round_index, policy_version=self.version, actors=actors,
-            steps_per_actor=self.spec.steps_per_actor, env_id=self.spec.env_id,
-            seed=actor_seed(self.spec.seed, round_index, 0), function_name=self.spec.function_name,
-            deadline_s=self.spec.round_deadline_s, actor_memory_mb=self.spec.actor_memory_mb, wait=True),
-            timeout=self.spec.round_deadline_s + 30.0)
-
-    def _collect(self, round_index: int, actors: int, phases: dict, notes: list[str]):
-        """Launch the round's actors and ingest their batches until complete or the deadline."""
-        expected = {invocation_id(self.job.job_id, round_index, i) for i in range(actors)}
+    # -- sampling ---------------------------------------------------------------------------
+    def _collect(self, k: int, actors: int, phases: dict) -> Collected:
+        """Launch the round's actors and ingest their batches; replace failures while below the minimum."""
+        out = Collected(batches=[], launched=actors)
+        spec = self.spec
+        expected_steps = actors * spec.steps_per_actor
+        slot_of: dict[str, int] = {}
+        batches: dict[str, dict] = {}  # invocation id -> batch: every in-version batch of this round is used
+        covered: set[int] = set()
         t0 = time.perf_counter()
-        launch: Future = self.pool.submit(self._launch, round_index, actors)
-        deadline = t0 + self.spec.round_deadline_s
-        batches: dict[str, dict] = {}
-        processed_before = self.reader.processing_seconds
-        ack_seconds = 0.0
-        launch_resp = None
-        failed: set[str] = set()
-        while time.perf_counter() < deadline and not self.job.stop_requested.is_set():
-            if launch_resp is None and launch.done():
-                try:
-                    launch_resp = launch.result()
-                    failed = {r.invocation_id for r in launch_resp.invocations if not r.ok}
-                except grpc.RpcError as exc:
-                    notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
-                    launch_resp = scaler_pb2.LaunchResponse()
-                    failed = expected - set(batches)
-            if expected <= set(batches) | failed and launch_resp is not None:
+        processed_before, ack_seconds, dispatch = self.reader.processing_seconds, 0.0, 0.0
+        slots, failed_total = list(range(actors)), set()
+        for _ in range(MAX_WAVES):
+            wave = self.new_wave(k)  # ids are never reused within a round, across restarts too
+            for s in slots:
+                slot_of[invocation_id(self.job.job_id, k, s, wave)] = s
+            out.waves += 1
+            fut = self.pool.submit(self.launch, k, slots, wave)
+            wave_deadline = time.perf_counter() + spec.round_deadline_s
+            resp, failed, done_at = None, set(), None
+            while time.perf_counter() < wave_deadline and not self.job.stop_requested.is_set():
+                if resp is None and fut.done():
+                    done_at = time.perf_counter()
+                    try:
+                        resp = fut.result()
+                    except grpc.RpcError as exc:
+                        out.notes.append(f"launch (wave {wave}) failed: {exc.code().name}: {exc.details()}")
+                        resp = scaler_pb2.LaunchResponse()
+                        failed = set(slots)
+                    dispatch += resp.dispatch_seconds
+                    out.retries += resp.retries
+                    for r in resp.invocations:
+                        if not r.ok:
+                            failed.add(slot_of[r.invocation_id])
+                            out.notes.append(f"actor {r.invocation_id} failed after {r.attempts} attempt(s): "
+                                             f"{r.error_type}: {r.error_message[:200]}")
+                waiting = set(slots) - covered
+                if not waiting:
+                    break
+                if resp is not None and (waiting <= failed or time.perf_counter() - done_at > LOST_BATCH_GRACE_S):
+                    break  # the rest failed, or their batches were lost after the invocation said OK
+                entries = self.redis_call(lambda: self.reader.read(count=64, block_ms=100), "stream read")
+                drop = []
+                for e in entries:
+                    slot = slot_index(e.invocation_id, self.job.job_id, k)
+                    if e.round == k and e.policy_version == self.version and slot is not None \
+                            and e.invocation_id not in batches:
+                        # Kept entries stay unacked until the round's checkpoint holds what was learned
+                        # from them: a learner that dies before that gets them redelivered.
+                        batches[e.invocation_id] = e.batch
+                        out.entries.append(e)
+                        covered.add(slot)
+                    elif e.invocation_id in batches:
+                        out.duplicates += 1
+                        drop.append(e)
+                    else:  # a straggler from an earlier round or policy version: on-policy data only
+                        out.stale += 1
+                        out.stale_steps += e.steps
+                        drop.append(e)
+                if drop:
+                    t_ack = time.perf_counter()
+                    self.redis_call(lambda: self.reader.ack(drop), "stream ack")
+                    ack_seconds += time.perf_counter() - t_ack
+            if resp is None and not self.job.stop_requested.is_set():
+                out.notes.append(f"wave {wave}: round deadline ({spec.round_deadline_s:g} s) passed with "
+                                 f"{len(set(slots) & covered)}/{len(slots)} batches")
+            failed_total |= failed - covered
+            missing = sorted(set(range(actors)) - covered)
+            steps = sum(len(b["rewards"]) for b in batches.values())
+            if not missing or self.job.stop_requested.is_set() or steps >= spec.min_sample_fraction * expected_steps:
                 break
-            entries = self.reader.read(count=64, block_ms=100)
-            if not entries:
-                continue
-            keep = []
-            for e in entries:
-                if e.invocation_id in expected and e.policy_version == self.version:
-                    keep.append(e)
-                else:  # a straggler from an earlier round or version: on-policy data only
-                    notes.append(f"dropped stale batch {e.invocation_id} (policy v{e.policy_version})")
-            for e in keep:
-                batches[e.invocation_id] = e.batch
-            t_ack = time.perf_counter()
-            self.reader.ack(entries)  # acked once buffered: a learner crash before this redelivers them
-            ack_seconds += time.perf_counter() - t_ack
+            slots = self._affordable(missing)
+            if not slots:
+                out.notes.append(f"{len(missing)} actor(s) missing and no replacement is affordable")
+                break
+            out.replaced += len(slots)
+            out.notes.append(f"only {steps}/{expected_steps} steps: launching {len(slots)} replacement actor(s)")
         wall = time.perf_counter() - t0
         ingest = self.reader.processing_seconds - processed_before + ack_seconds
-        if launch_resp is None:
-            notes.append(f"round deadline ({self.spec.round_deadline_s:g} s) passed with "
-                         f"{len(batches)}/{actors} batches")
-            launch_resp = scaler_pb2.LaunchResponse(launched=actors)
-        invoke = min(launch_resp.dispatch_seconds, max(0.0, wall - ingest))
+        out.failed = len(failed_total)
+        invoke = min(dispatch, max(0.0, wall - ingest))
         metrics.observe_phase("invoke", invoke, phases)
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("sample", max(0.0, wall - ingest - invoke), phases)
-        for r in launch_resp.invocations:
-            if not r.ok:
-                notes.append(f"actor {r.invocation_id} failed: {r.error_type}: {r.error_message[:200]}")
-        return [batches[k] for k in sorted(batches)], launch_resp
+        out.batches = [batches[i] for i in sorted(batches)]
+        return out
 
-    def _write_sample_subset(self, round_index: int) -> str:
-        data = self.learner.last_data
-        n = len(data["logp"])
-        idx = np.sort(self.rng.choice(n, size=min(n, DETECTOR_SUBSET), replace=False))
-        subset = {k: np.ascontiguousarray(data[k][idx]) for k in ("obs", "actions", "logp", "advantages")}
-        key = sample_key(self.job.job_id, round_index)
-        self.deps.redis.set(key, codec.encode(subset, self.deps.hmac_key), ex=SAMPLE_TTL_S)
-        return key
-
-    def _score(self, round_index: int, ref: str) -> detector_pb2.ScoreResponse:
-        sc = self.spec.scaler
-        return self.deps.detector.Score(detector_pb2.ScoreRequest(
-            job_id=self.job.job_id, round=round_index, policy_version=self.version, sample_ref=ref,
-            algo=self.spec.algo, clip=self.cfg.clip, window=sc.window, decay=sc.decay,
-            seed=actor_seed(self.spec.seed, round_index, 1) % (2**62),
-            normalize_advantages=self.cfg.normalize_advantages), timeout=DEADLINES["Score"])
-
-    def _evaluate(self, round_index: int) -> float:
-        if self.spec.eval_episodes <= 0:
-            return float("nan")
-        runner = PolicyRunner(self.model_spec, self.learner.policy.numpy_state(), self.version)
-        return float(np.mean(evaluate(runner, self.spec.env_id, self.spec.eval_episodes,
-                                      seed=actor_seed(self.spec.seed, round_index, 2) % (2**31))))
-
-    def _checkpoint(self, round_index: int) -> None:
-        import os
-
-        path = os.path.join(self.deps.data_dir, "jobs", self.job.job_id, "checkpoint.pt")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + ".tmp"
-        torch.save({"format": 1, "round": round_index, "version": self.version, "env_steps": self.total_steps,
-                    "spec": self.spec.to_dict(), "model_spec": self.model_spec.to_dict(),
-                    "learner": self.learner.state()}, tmp)
-        os.replace(tmp, path)  # atomic: a crash mid-write leaves the previous checkpoint intact
-        self.job.checkpoint_path = path
-
-    # -- the loop ----------------------------------------------------------------------
-    def run(self) -> None:
-        job, spec = self.job, self.spec
-        job.set_state(training_pb2.JOB_STATE_RUNNING)
-        self._publish()
-        plan = self._plan(0, 0.0, 0.0)
-        empty_rounds = 0
-        end_message = f"completed {spec.rounds} rounds"
-        end_state = training_pb2.JOB_STATE_SUCCEEDED
+    def _affordable(self, slots: list[int]) -> list[int]:
+        """As many of `slots` as the budget left pays for, at this job's mean cost per invocation."""
         try:
-            for k in range(spec.rounds):
-                if plan.budget_exhausted:
-                    end_message, end_state = f"budget exhausted: {plan.reason}", training_pb2.JOB_STATE_SUCCEEDED
-                    break
-                if job.stop_requested.is_set():
-                    end_message, end_state = f"stopped: {job.stop_reason}", training_pb2.JOB_STATE_STOPPED
-                    break
-                metrics.CURRENT_ROUND.labels(job.job_id).set(k)
-                report, plan = self._round(k, plan)
-                if report is None:
-                    if job.stop_requested.is_set():
-                        continue  # the check at the top of the loop ends the job
-                    empty_rounds += 1
-                    if empty_rounds >= MAX_EMPTY_ROUNDS:
-                        end_message, end_state = (f"no samples arrived in {MAX_EMPTY_ROUNDS} consecutive rounds",
-                                                  training_pb2.JOB_STATE_FAILED)
-                        break
-                    continue
-                empty_rounds = 0
-                job.add_report(report)
-                if spec.target_return and report.eval_return >= spec.target_return:
-                    end_message = f"target return {spec.target_return:g} reached"
-                    break
-            else:
-                if job.stop_requested.is_set() and len(job.reports) < spec.rounds:
-                    end_message, end_state = f"stopped: {job.stop_reason}", training_pb2.JOB_STATE_STOPPED
+            cost = self.cost()
+        except grpc.RpcError:
+            return []
+        per_actor = cost.actor_cost_usd / cost.invocations if cost.invocations else 0.0
+        if per_actor <= 0:
+            return slots
+        return slots[:int(max(0.0, cost.budget_left_usd) // per_actor)]
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> None:
+        job = self.job
+        job.set_state(training_pb2.JOB_STATE_RUNNING)
+        self.save_job_state("RUNNING")
+        try:
+            plan, resumed = self._start(resume)
+            end_state, end_message = self._loop(plan, resumed)
+        except JobAborted as exc:
+            end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
+        if resumable:
+            end_message += f"; resume with `nitro train --resume {job.job_id}`"
+        self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
+                            resumable=resumable)
         job.set_state(end_state, end_message)
 
-    def _round(self, k: int, plan: scaler_pb2.PlanResponse):
+    def _start(self, resume: bool):
+        if resume:
+            pending = self.restore()
+            if pending is not None:  # died after the update, before the report: finish that round
+                k = self.next_round - 1
+                self.publish()
+                report, plan = self._finish_round(k, pending, resumed=True)
+                self.append_report(report)
+                return plan, False
+            self.publish()
+            return self.plan(self.next_round, self._last_score(), 0.0), True
+        self.publish()
+        return self.plan(0, 0.0, 0.0), False
+
+    def _last_score(self) -> float:
+        reports = self.job.reports
+        return reports[-1].score if reports else 0.0
+
+    def _loop(self, plan: scaler_pb2.PlanResponse, resumed: bool):
+        job, spec = self.job, self.spec
+        empty_rounds = 0
+        k = self.next_round
+        while k < spec.rounds:
+            if plan.budget_exhausted:
+                return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {plan.reason}"
+            if job.stop_requested.is_set():
+                return training_pb2.JOB_STATE_STOPPED, f"stopped: {job.stop_reason}"
+            metrics.CURRENT_ROUND.labels(job.job_id).set(k)
+            report, plan = self._round(k, plan, resumed)
+            if report is None:
+                if job.stop_requested.is_set():
+                    continue  # the check at the top ends the job
+                empty_rounds += 1
+                if empty_rounds >= MAX_EMPTY_ROUNDS:
+                    return training_pb2.JOB_STATE_FAILED, f"no samples arrived in {MAX_EMPTY_ROUNDS} consecutive rounds"
+                continue  # the same round again: nothing was trained on
+            empty_rounds, resumed = 0, False
+            self.append_report(report)
+            k += 1
+            self.next_round = k
+            if spec.target_return and report.eval_return >= spec.target_return:
+                return training_pb2.JOB_STATE_SUCCEEDED, f"target return {spec.target_return:g} reached"
+        return training_pb2.JOB_STATE_SUCCEEDED, f"completed {spec.rounds} rounds"
+
+    def _round(self, k: int, plan: scaler_pb2.PlanResponse, resumed: bool):
         job, spec = self.job, self.spec
         phases: dict[str, float] = {}
-        notes: list[str] = []
         t_round = time.perf_counter()
         actors = plan.actors
         metrics.ACTORS_PER_ROUND.labels(job.job_id).set(actors)
-        batches, launch = self._collect(k, actors, phases, notes)
-        if job.stop_requested.is_set() and len(batches) < actors:
-            return None, plan  # the loop sees the stop request and ends the job
+        got = self._collect(k, actors, phases)
+        rejected, duplicates = self.export_reader_counters()
+        if job.stop_requested.is_set() and len(got.batches) < actors:
+            return None, plan  # abandoned mid-sampling; the last checkpoint is the previous round
         expected_steps = actors * spec.steps_per_actor
-        steps = sum(len(b["rewards"]) for b in batches)
-        if steps == 0 or steps < spec.min_sample_fraction * expected_steps:
-            log.warning("job %s round %d: only %d/%d steps arrived", job.job_id, k, steps, expected_steps)
-            if steps == 0:
-                return None, self._plan(k, 0.0, 0.0)
-            notes.append(f"proceeding with {steps}/{expected_steps} steps")
+        steps = sum(len(b["rewards"]) for b in got.batches)
+        if steps == 0:
+            log.warning("job %s round %d: no samples arrived; the round is tried again", job.job_id, k)
+            return None, plan
+        if steps < spec.min_sample_fraction * expected_steps:
+            got.notes.append(f"below min_sample_fraction after replacements: training on {steps}/{expected_steps} steps")
+        elif steps < expected_steps:
+            got.notes.append(f"proceeding with {steps}/{expected_steps} steps "
+                             f"(min_sample_fraction {spec.min_sample_fraction:g})")
         behaviour_version = self.version
-        for b in batches:
+        for b in got.batches:
             self.recent_returns.extend(b["episode_returns"])
         self.recent_returns = self.recent_returns[-20:]
 
         with metrics.timed("update", phases):
-            stats = self.learner.update(batches)
-            self.learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in batches]))
+            stats = self.learner.update(got.batches)
+            self.learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in got.batches]))
         self.total_steps += steps
         metrics.ENV_STEPS.inc(steps)
+        self.version += 1
+        pending = {
+            "round": k, "policy_version": behaviour_version, "actors_launched": actors,
+            "actors_completed": len(got.batches), "actors_failed": got.failed, "actors_replaced": got.replaced,
+            "env_steps": steps, "total_env_steps": self.total_steps, "invocation_retries": got.retries,
+            "duplicates_dropped": duplicates + got.duplicates, "rejected_batches": rejected, "stale_batches_dropped": got.stale,
+            "policy_loss": stats.policy_loss, "value_loss": stats.value_loss, "entropy": stats.entropy,
+            "kl": stats.kl, "gradient_noise_scale": stats.gradient_noise_scale, "notes": got.notes[:50],
+            "phases": dict(phases), "t_round": time.time() - (time.perf_counter() - t_round),
+        }
+        report, next_plan = self._finish_round(k, pending, resumed=resumed, to_ack=got.entries)
+        return report, next_plan
+
+    def _finish_round(self, k: int, pending: dict, resumed: bool, to_ack: list | None = None):
+        """Publish, checkpoint, score + evaluate, plan the next round, build the report."""
+        job = self.job
+        phases = dict(pending["phases"])
+        notes = list(pending["notes"])
+        if resumed:
+            notes.append("learner resumed from checkpoint")
         with metrics.timed("publish", phases):
-            self.version += 1
-            self._publish()
-            ref = self._write_sample_subset(k)
+            self.publish()
+            ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
             # The detector scores and the checkpoint is written while the learner evaluates.
-            score_future = self.pool.submit(self._score, k, ref)
-            checkpoint_future = self.pool.submit(self._checkpoint, k)
+            score_future = self.pool.submit(self.score, k, ref) if ref else None
+            checkpoint_future = self.pool.submit(self.checkpoint, k, pending)
         with metrics.timed("evaluate", phases):
-            eval_return = self._evaluate(k)
+            eval_return = self.evaluate_policy(k)
         with metrics.timed("publish", phases):
             checkpoint_future.result()  # a round is reported only once it can be resumed from
-        score_resp = detector_pb2.ScoreResponse()
+            if to_ack:
+                self.redis_call(lambda: self.reader.ack(to_ack), "stream ack")
+        score_resp, fallback = detector_pb2.ScoreResponse(), 0
         with metrics.timed("detect", phases):
             try:
-                score_resp = score_future.result(timeout=DEADLINES["Score"])
+                if score_future is None:
+                    raise TimeoutError("no sample subset (round finished after a resume)")
+                score_resp = score_future.result(timeout=self.spec.detector_timeout_s + 1.0)
             except (grpc.RpcError, TimeoutError) as exc:
-                detail = exc.details() if isinstance(exc, grpc.RpcError) else "timed out"
-                notes.append(f"detector unavailable ({detail}); planned with score 0")
+                detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
+                fallback = self.fallback_actors()
+                notes.append(f"detector unavailable ({detail}); fallback plan of {fallback} actors "
+                             f"({self.spec.detector_fallback})")
         with metrics.timed("plan", phases):
-            next_plan = self._plan(k + 1, score_resp.score, stats.gradient_noise_scale)
-        cost = self.deps.scaler.GetCost(scaler_pb2.GetCostRequest(job_id=job.job_id), timeout=DEADLINES["GetCost"])
+            next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback)
+        cost = self.cost()
         prev_total = job.reports[-1].total_cost_usd if job.reports else 0.0
-        round_seconds = time.perf_counter() - t_round
+        round_seconds = max(time.time() - pending["t_round"], sum(phases.values()))
         metrics.ROUND_SECONDS.observe(round_seconds)
         metrics.EVAL_RETURN.labels(job.job_id).set(eval_return)
-        metrics.BOOSTING_SCORE.labels(job.job_id).set(score_resp.score)
-        metrics.CONVEXITY_RATIO.labels(job.job_id).set(score_resp.convexity_ratio)
         metrics.BUDGET_LEFT_USD.labels(job.job_id).set(cost.budget_left_usd)
+        keep = {key: pending[key] for key in (
+            "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "actors_replaced",
+            "env_steps", "total_env_steps", "invocation_retries", "duplicates_dropped", "rejected_batches",
+            "stale_batches_dropped", "policy_loss", "value_loss", "entropy", "kl", "gradient_noise_scale")}
         report = training_pb2.RoundReport(
-            job_id=job.job_id, round=k, policy_version=behaviour_version, actors_launched=actors,
-            actors_completed=len(batches), actors_failed=launch.failed, env_steps=steps,
-            total_env_steps=self.total_steps,
+            job_id=job.job_id, **keep,
             train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
             eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
             convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
@@ -304,10 +315,8 @@ class OnPolicyLoop:
             serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
             phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
             round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
-            policy_loss=stats.policy_loss, value_loss=stats.value_loss, entropy=stats.entropy, kl=stats.kl,
-            invocation_retries=launch.retries, notes=notes[:50], detector_seconds=score_resp.seconds,
-            gradient_noise_scale=stats.gradient_noise_scale)
-        log.info("job %s round %d: actors %d steps %d eval %.1f score %.3f cost $%.4f (%.2fs)", job.job_id, k,
-                 actors, steps, eval_return if not math.isnan(eval_return) else -1, score_resp.score,
-                 cost.total_cost_usd, round_seconds)
+            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback > 0, resumed=resumed)
+        log.info("job %s round %d: actors %d steps %d eval %.1f score %.3f cost $%.4f (%.2fs)%s", job.job_id, k,
+                 report.actors_launched, report.env_steps, eval_return if not math.isnan(eval_return) else -1,
+                 score_resp.score, cost.total_cost_usd, round_seconds, f" notes: {notes}" if notes else "")
         return report, next_plan

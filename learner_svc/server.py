@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
 import grpc
 
 from learner_svc.jobs import Job, JobManager
-from learner_svc.onpolicy import LearnerDeps, OnPolicyLoop
-from nitro import codec
+from learner_svc.onpolicy import OnPolicyLoop
+from learner_svc.rounds import LearnerDeps, job_dir, load_reports
+from nitro import auth, codec
 from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging, make_channel
 from nitro.metrics import serve_metrics
-from nitro.redis_server import connect
-from nitro.spec import InvalidSpec, from_proto, validate
+from nitro.redis_server import connect, warn_if_not_persistent
+from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec, from_proto, validate
 from nitro.v1 import detector_pb2_grpc, scaler_pb2_grpc, training_pb2, training_pb2_grpc
 
 log = logging.getLogger("learner_svc")
@@ -32,8 +34,8 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         self.redis_url = redis_url
         self.jobs = JobManager(self._run)
 
-    def _run(self, job: Job) -> None:
-        OnPolicyLoop(job, self.deps).run()
+    def _run(self, job: Job, resume: bool = False) -> None:
+        OnPolicyLoop(job, self.deps).run(resume=resume)
 
     def _job(self, job_id: str, context) -> Job:
         job = self.jobs.get(job_id)
@@ -41,19 +43,71 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no training job with id {job_id!r}")
         return job
 
+    # -- jobs on disk -------------------------------------------------------------------
+    def _saved(self, job_id: str) -> dict | None:
+        path = os.path.join(job_dir(self.deps.data_dir, job_id), "job.json")
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    def load_saved_jobs(self, resume: bool = True) -> list[str]:
+        """After a restart: list finished jobs again and resume the interrupted ones (killed or drained)."""
+        root = os.path.join(self.deps.data_dir, "jobs")
+        resumed = []
+        for job_id in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+            saved = self._saved(job_id)
+            if saved is None or self.jobs.get(job_id) is not None:
+                continue
+            spec = _spec_from_dict(saved["spec"])
+            interrupted = saved["state"] == "RUNNING" or saved.get("resumable")
+            if resume and interrupted:
+                log.info("resuming job %s from its checkpoint", job_id)
+                self.jobs.start(spec, resume=True)
+                resumed.append(job_id)
+            else:
+                job = Job(spec)
+                job.reports = load_reports(job_dir(self.deps.data_dir, job_id))
+                job.state = training_pb2.JobState.Value(f"JOB_STATE_{saved['state']}")
+                job.message = saved.get("message", "")
+                if job.reports:
+                    job.total_cost_usd = job.reports[-1].total_cost_usd
+                    job.total_env_steps = job.reports[-1].total_env_steps
+                self.jobs.add_finished(job)
+        return resumed
+
+    def _resume(self, job_id: str, context) -> Job:
+        if not job_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec.job_id: is required to resume a job")
+        current = self.jobs.get(job_id)
+        if current is not None and not current.done:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"job {job_id!r} is already running")
+        saved = self._saved(job_id)
+        if saved is None or not os.path.exists(os.path.join(job_dir(self.deps.data_dir, job_id), "checkpoint.pt")):
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no checkpoint for job {job_id!r} in this learner's data dir")
+        if saved["state"] in ("SUCCEEDED", "FAILED") and not saved.get("resumable"):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"job {job_id!r} already ended ({saved['state']}: {saved.get('message', '')})")
+        return self.jobs.start(_spec_from_dict(saved["spec"]), resume=True)
+
     def StartTraining(self, request, context):
         if self.jobs.draining:
             context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down; retry on another replica")
+        try:
+            self.deps.redis.ping()
+        except Exception as exc:  # redis raises several connection error types
+            redis_unavailable(context, self.redis_url, exc)
+        if request.resume:
+            return self._resume(request.spec.job_id, context).status()
         try:
             spec = validate(from_proto(request.spec))
         except InvalidSpec as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        try:
-            self.deps.redis.ping()
-        except Exception as exc:  # redis raises several connection error types
-            redis_unavailable(context, self.redis_url, exc)
+        if self._saved(spec.job_id) is not None:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                          f"job {spec.job_id!r} exists; resume it or choose another job_id")
         try:
             job = self.jobs.start(spec)
         except FileExistsError:
@@ -77,14 +131,26 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         return training_pb2.ListTrainingsResponse(jobs=[j.status() for j in self.jobs.list()])
 
 
+def _spec_from_dict(d: dict) -> TrainingSpec:
+    d = dict(d)
+    d["scaler"] = ScalerSettings(**d["scaler"])
+    return TrainingSpec(**d)
+
+
 def build(args) -> tuple[Service, TrainingServicer]:
+    security = auth.server_security(args, "learner")
     key = codec.load_hmac_key()
     client = connect(args.redis_url, socket_timeout=30.0)
+    # The learner calls the detector and scaler with its own token, over TLS when --tls-ca is given.
+    creds = auth.channel_credentials(getattr(args, "tls_ca", None))
     deps = LearnerDeps(redis=client, hmac_key=key,
-                       detector=detector_pb2_grpc.BoostingDetectorStub(make_channel(args.detector)),
-                       scaler=scaler_pb2_grpc.ActorScalerStub(make_channel(args.scaler)), data_dir=args.data_dir)
+                       detector=detector_pb2_grpc.BoostingDetectorStub(
+                           make_channel(args.detector, creds, token=security.token)),
+                       scaler=scaler_pb2_grpc.ActorScalerStub(make_channel(args.scaler, creds, token=security.token)),
+                       data_dir=args.data_dir)
     servicer = TrainingServicer(deps, args.redis_url)
-    service = Service("learner", args.host, args.port)
+    service = Service("learner", args.host, args.port, interceptors=security.interceptors,
+                      server_credentials=security.credentials)
     service.add("nitro.v1.TrainingService",
                 lambda s: training_pb2_grpc.add_TrainingServiceServicer_to_server(servicer, s))
     service.on_drain(servicer.jobs.drain)
@@ -95,12 +161,14 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="learner_svc", description="nitro TrainingService (the learner)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9101)
     p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--detector", default=os.environ.get("NITRO_DETECTOR", "127.0.0.1:50052"))
     p.add_argument("--scaler", default=os.environ.get("NITRO_SCALER", "127.0.0.1:50053"))
     p.add_argument("--data-dir", default=os.environ.get("NITRO_DATA_DIR", ".nitro/learner"))
     p.add_argument("--log-level", default="INFO")
+    auth.add_server_args(p, client=True)
     return p.parse_args(argv)
 
 
@@ -110,8 +178,15 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-    service, _ = build(args)
-    serve_metrics(args.metrics_port, args.host)
+    try:
+        service, servicer = build(args)
+    except ConfigError as exc:
+        raise SystemExit(f"learner_svc: {exc}") from None
+    warn_if_not_persistent(servicer.deps.redis, args.redis_url, "learner")
+    serve_metrics(args.metrics_port, args.metrics_host)
     service.install_signal_handlers()
     service.start()
+    resumed = servicer.load_saved_jobs(resume=True)
+    if resumed:
+        log.info("resumed %d interrupted job(s): %s", len(resumed), ", ".join(resumed))
     service.wait()

@@ -92,8 +92,11 @@ def cmd_up(args) -> int:
 
 def _local_system(args) -> ls.LocalSystem:
     ports = {"learner": args.learner_port} if getattr(args, "learner_port", None) else None
+    aws = dict(getattr(args, "aws_system", None) or {})  # --backend aws: see _aws_backend
+    if "redis_port" in aws:  # the functions reach Redis on the port of --actor-redis-url
+        ports = {**(ports or {}), "redis": aws.pop("redis_port")}
     return ls.LocalSystem(args.state_dir, ports, concurrency=getattr(args, "concurrency", 64),
-                          startup_timeout_s=getattr(args, "startup_timeout", 180.0))
+                          startup_timeout_s=getattr(args, "startup_timeout", 180.0), **aws)
 
 
 def _print_addresses(state: dict) -> None:
@@ -167,7 +170,7 @@ def cmd_status(args) -> int:
             print(f"  {name:<10} {health[name]:<12} {comp['pid']:>7}  {comp['url'] or comp['address']:<28} "
                   f"{comp.get('metrics_url') or ''}".rstrip())
     try:
-        with NitroClient(target, token=args.token) as client:
+        with _client(args, target) as client:
             jobs = client.list()
     except NitroRpcError as exc:
         print(f"jobs: unavailable ({exc})")
@@ -211,6 +214,9 @@ TRAIN_FIELDS = [
     ("--target-return", "target_return", float, "stop once the eval return reaches this (0 = off)"),
     ("--min-sample-fraction", "min_sample_fraction", float,
      "at the round deadline, proceed with at least this share of the samples"),
+    ("--detector-fallback", "detector_fallback", str,
+     "plan when the detector is down or slow: i_min or last (the previous decision)"),
+    ("--detector-timeout", "detector_timeout_s", float, "seconds the learner waits for a boosting score"),
 ]
 
 
@@ -260,7 +266,21 @@ def parse_scaler(text: str) -> tuple[str, int | None]:
 def _add_target(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--target", default=os.environ.get("NITRO_TARGET"), metavar="HOST:PORT",
                    help=f"{help_text} (default: $NITRO_TARGET, else the learner in --state-dir's state.json)")
-    p.add_argument("--token", default=os.environ.get("NITRO_TOKEN"), help="bearer token (default: $NITRO_TOKEN)")
+    p.add_argument("--token", default=None,
+                   help="access token (default: the local system's when the target is its learner, else "
+                        "$NITRO_TOKEN or $NITRO_TOKEN_FILE); prefer the variables: flags show in `ps`")
+    p.add_argument("--tls-ca", default=os.environ.get("NITRO_TLS_CA"), metavar="PEM",
+                   help="CA certificate of a learner serving TLS (default: $NITRO_TLS_CA)")
+
+
+def _client(args, target: str) -> NitroClient:
+    """A client for `target`; the local system's token goes only to the local system's learner."""
+    token = args.token
+    if not token:
+        state = ls.running_state(args.state_dir)
+        if state and state.get("learner") == target:
+            token = ls.local_token(args.state_dir)
+    return NitroClient(target, token=token, tls_ca=args.tls_ca)  # token None: the SDK tries $NITRO_TOKEN(_FILE)
 
 
 def _add_train(sub) -> None:
@@ -283,6 +303,14 @@ def _add_train(sub) -> None:
     _add_state_dir(run)
     run.add_argument("--local", action="store_true",
                      help="start the local system for this job and stop it afterwards (reuses one already up)")
+    run.add_argument("--backend", choices=("local", "aws"), default="local",
+                     help="where actors run: the local Lambda endpoint, or real AWS Lambda (needs --function; "
+                          "with --local also --actor-redis-url and AWS credentials) (default: %(default)s)")
+    run.add_argument("--actor-redis-url", default=os.environ.get("NITRO_ACTOR_REDIS_URL"), metavar="URL",
+                     help="--backend aws --local: Redis as the functions reach it, without password "
+                          "(default: $NITRO_ACTOR_REDIS_URL)")
+    run.add_argument("--region", default=None,
+                     help="--backend aws --local: the function's AWS region (default: the AWS configuration)")
     run.add_argument("--results-dir", default="results", help="where results/<job>/ goes (default: %(default)s)")
     run.add_argument("--no-progress", action="store_true", help="a plain line per round instead of a progress bar")
     p.set_defaults(func=cmd_train)
@@ -344,6 +372,10 @@ def _raise_interrupt(*_):
 def _local_for_job(args):
     """Yield a learner address from a local system started here (and stopped on the way out)."""
     if ls.running_state(args.state_dir):
+        backend = ls.running_state(args.state_dir).get("lambda_backend", "local")
+        if backend != getattr(args, "backend", "local"):
+            raise CliError(f"the local system up in {args.state_dir} runs actors on {backend!r}, not "
+                           f"{args.backend!r}: `nitro down` first", exit_code=2)
         print(f"using the local system already up in {args.state_dir}")
         yield ls.running_state(args.state_dir)["learner"]
         return
@@ -364,12 +396,67 @@ def _local_for_job(args):
             system.stop()
 
 
+def _aws_backend(args) -> dict:
+    """Check `--backend aws` before anything starts; LocalSystem keyword arguments for --local.
+
+    Actors then run on real AWS Lambda: the scaler runs without --lambda-endpoint, and the
+    functions must reach Redis and share the HMAC key and Redis password they were deployed with.
+    """
+    if not args.spec__function_name:
+        raise CliError("--backend aws needs --function NAME: the deployed actor function, e.g. nitro-actor:live "
+                       "(nitro deploy-lambda prints it)", exit_code=2)
+    if not args.local:
+        # A running learner's scaler decides where actors run; there is nothing to start here.
+        return {}
+    from urllib.parse import urlparse
+
+    if not args.actor_redis_url:
+        raise CliError("--backend aws --local needs --actor-redis-url redis://HOST:PORT/0: the local Redis as "
+                       "the Lambda functions reach it (a public or VPN address, not 127.0.0.1)", exit_code=2)
+    url = urlparse(args.actor_redis_url)
+    if url.scheme not in ("redis", "rediss") or not url.hostname:
+        raise CliError(f"--actor-redis-url must look like redis://HOST:PORT/0, got {args.actor_redis_url!r}",
+                       exit_code=2)
+    if url.password:
+        raise CliError("--actor-redis-url must not carry the password: the functions read it from "
+                       "NITRO_REDIS_PASSWORD", exit_code=2)
+    if url.hostname in ("127.0.0.1", "localhost", "::1"):
+        raise CliError(f"--actor-redis-url {args.actor_redis_url} is loopback: AWS Lambda cannot reach it",
+                       exit_code=2)
+    import boto3
+
+    session = boto3.session.Session(region_name=args.region)
+    if not session.region_name:
+        raise CliError("--backend aws: no AWS region: pass --region or set AWS_REGION", exit_code=2)
+    if session.get_credentials() is None:
+        raise CliError("--backend aws: no AWS credentials found (environment, ~/.aws, SSO or an instance role); "
+                       "the scaler invokes the function with them", exit_code=2)
+    secrets = {}
+    for name, kwarg in (("NITRO_HMAC_KEY", "hmac_key"), ("NITRO_REDIS_PASSWORD", "redis_password")):
+        value = os.environ.get(name)
+        if not value and os.environ.get(f"{name}_FILE"):
+            value = Path(os.environ[f"{name}_FILE"]).read_text().strip()
+        if not value:
+            raise CliError(f"--backend aws --local needs {name} (or {name}_FILE): the same value the function "
+                           f"was deployed with (nitro deploy-lambda --env {name}=...)", exit_code=2)
+        secrets[kwarg] = value
+    import inspect
+
+    if "lambda_backend" not in inspect.signature(ls.LocalSystem).parameters:
+        raise CliError("--backend aws --local: this version's local system cannot run without its local Lambda "
+                       "endpoint yet; start the services yourself (docs/deploy.md) and use --target", exit_code=2)
+    return {"lambda_backend": "aws", "actor_redis_url": args.actor_redis_url, "aws_region": session.region_name,
+            "redis_bind": "0.0.0.0", "redis_port": url.port or 6379, **secrets}
+
+
 def cmd_train(args) -> int:
     spec = build_spec(args)
+    if args.backend == "aws":
+        args.aws_system = _aws_backend(args)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_signals(_raise_interrupt, (signal.SIGTERM,)))  # a kill ends it like Ctrl-C
         target = stack.enter_context(_local_for_job(args)) if args.local else _resolve_target(args)
-        client = stack.enter_context(NitroClient(target, token=args.token))
+        client = stack.enter_context(_client(args, target))
         return _run_job(client, spec, args)
 
 
@@ -473,9 +560,51 @@ def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
     return out
 
 
+# --- nitro deploy-lambda --------------------------------------------------------------------------
+
+
+def _add_deploy_lambda(sub) -> None:
+    p = sub.add_parser("deploy-lambda", help="create or update the actor function on AWS Lambda from an ECR image",
+                       description="Create or update the actor function (container image), publish a version, "
+                                   "point an alias at it and set its concurrency. One line per action; "
+                                   "exit code 2 for bad input, a missing role or image.")
+    p.add_argument("--function", required=True, help="function name, e.g. nitro-actor")
+    p.add_argument("--image-uri", required=True,
+                   help="ECR image, ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG or @sha256:DIGEST")
+    p.add_argument("--role-arn", required=True, help="execution role (trust: deploy/aws/lambda-trust-policy.json)")
+    p.add_argument("--memory", type=int, default=1024, help="MB, 128-10240; also sets vCPU share (default: %(default)s)")
+    p.add_argument("--timeout", type=int, default=60, help="seconds, 1-900 (default: %(default)s)")
+    p.add_argument("--architecture", choices=("x86_64", "arm64"), default="x86_64",
+                   help="must match the image's platform (default: %(default)s)")
+    p.add_argument("--reserved-concurrency", type=int, default=None, metavar="N",
+                   help="reserve N concurrent executions for the function (0 removes the reservation)")
+    p.add_argument("--provisioned-concurrency", type=int, default=None, metavar="N",
+                   help="keep N execution environments warm on the alias (0 removes it; billed while configured)")
+    p.add_argument("--wait-provisioned", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to SECONDS for provisioned concurrency to be READY (default: do not wait)")
+    p.add_argument("--alias", default="live", help="alias to point at the new version (default: %(default)s)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable, repeatable; KEY=@FILE reads the value from FILE. Merged over the "
+                        "function's current variables. The actors need NITRO_HMAC_KEY and NITRO_REDIS_PASSWORD")
+    p.add_argument("--subnet-ids", metavar="ID,ID", help="run in these VPC subnets (to reach a private Redis)")
+    p.add_argument("--security-group-ids", metavar="ID,ID", help="security groups for --subnet-ids")
+    p.add_argument("--region", default=None, help="AWS region (default: the AWS configuration)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout (action lines go to stderr)")
+    p.set_defaults(func=cmd_deploy_lambda)
+
+
+def cmd_deploy_lambda(args) -> int:
+    from nitro import deploy_lambda
+
+    try:
+        return deploy_lambda.run(args)
+    except deploy_lambda.DeployError as exc:
+        raise CliError(str(exc), exit_code=exc.exit_code) from None
+
+
 # --- entry point ---------------------------------------------------------------------------------
 
-COMMANDS = (_add_up, _add_down, _add_status, _add_train)
+COMMANDS = (_add_up, _add_down, _add_status, _add_train, _add_deploy_lambda)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,8 +1,11 @@
 """gRPC plumbing shared by the services and the SDK.
 
 Servers: health service, reflection, graceful stop on SIGTERM (health goes
-NOT_SERVING first, then the service drains). Clients: a retry policy for
-UNAVAILABLE in the channel's service config and a deadline on every call.
+NOT_SERVING first, then the service drains), a 4 MB request limit
+(RESOURCE_EXHAUSTED above it), INVALID_ARGUMENT for request bytes that do
+not parse, and error messages bounded to 1 KB. Clients: a retry policy for UNAVAILABLE in the channel's service
+config, a deadline on every call, optionally TLS and a bearer token
+(nitro.auth).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from nitro import auth
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +55,90 @@ def channel_options() -> list[tuple[str, object]]:
     ]
 
 
-def make_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+def make_channel(target: str, credentials: grpc.ChannelCredentials | None = None, *,
+                 token: str | None = None) -> grpc.Channel:
+    """A channel with the retry policy and size limits; TLS with `credentials`, a bearer header with `token`."""
     if credentials is not None:
-        return grpc.secure_channel(target, credentials, options=channel_options())
-    return grpc.insecure_channel(target, options=channel_options())
+        channel = grpc.secure_channel(target, credentials, options=channel_options())
+    else:
+        channel = grpc.insecure_channel(target, options=channel_options())
+    return auth.with_token(channel, token)
+
+
+MAX_STATUS_DETAILS = 1024  # characters of an error message; clients refuse status metadata over 16 KB
+
+
+def _bounded(details: str | None) -> str | None:
+    if details is not None and len(details) > MAX_STATUS_DETAILS:
+        suffix = " ...(truncated)"
+        return details[:MAX_STATUS_DETAILS - len(suffix)] + suffix
+    return details
+
+
+class _BoundedContext:
+    """The servicer context, but error details never exceed MAX_STATUS_DETAILS.
+
+    Messages quote the offending value; an unbounded one (a 3 MB job id) would
+    make the client drop the real status for "metadata size exceeds hard limit".
+    """
+
+    def __init__(self, context):
+        self._context = context
+
+    def abort(self, code, details):
+        return self._context.abort(code, _bounded(details))
+
+    def set_details(self, details):
+        return self._context.set_details(_bounded(details))
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+
+def _guarded_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """`handler` with request parsing moved inside the call and bounded error details.
+
+    grpc answers a request its deserializer cannot parse with INTERNAL, which
+    reads as a server fault; a malformed request is the caller's: INVALID_ARGUMENT.
+    """
+    parse = handler.request_deserializer or (lambda raw: raw)
+
+    def one(raw, context):
+        try:
+            return parse(raw)
+        except Exception:  # protobuf raises DecodeError, but any parse failure is the same answer
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request bytes are not a valid {method} request message")
+
+    def many(raws, context):
+        for raw in raws:
+            yield one(raw, context)
+
+    out = handler.response_serializer
+    if handler.unary_unary:
+        fn = handler.unary_unary
+        return grpc.unary_unary_rpc_method_handler(
+            lambda r, c: fn(one(r, c), _BoundedContext(c)), response_serializer=out)
+    if handler.unary_stream:
+        fn = handler.unary_stream
+        return grpc.unary_stream_rpc_method_handler(
+            lambda r, c: fn(one(r, c), _BoundedContext(c)), response_serializer=out)
+    if handler.stream_unary:
+        fn = handler.stream_unary
+        return grpc.stream_unary_rpc_method_handler(
+            lambda rs, c: fn(many(rs, c), _BoundedContext(c)), response_serializer=out)
+    fn = handler.stream_stream
+    return grpc.stream_stream_rpc_method_handler(
+        lambda rs, c: fn(many(rs, c), _BoundedContext(c)), response_serializer=out)
+
+
+class RequestGuardInterceptor(grpc.ServerInterceptor):
+    """INVALID_ARGUMENT for unparsable request bytes; error details bounded in size."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return handler
+        return _guarded_handler(handler, handler_call_details.method)
 
 
 class Service:
@@ -65,7 +150,8 @@ class Service:
         self.name = name
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
-            interceptors=list(interceptors),
+            # Authentication (in `interceptors`) first: an unauthenticated request is never parsed.
+            interceptors=[*interceptors, RequestGuardInterceptor()],
             options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.so_reuseport", 0)])
@@ -127,9 +213,11 @@ class Service:
         self._stopped.wait()
 
 
-def check_health(target: str, service: str = "", timeout: float = 2.0) -> bool:
+def check_health(target: str, service: str = "", timeout: float = 2.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> bool:
+    """Health needs no token (nitro.auth.OPEN_METHODS); `credentials` for a TLS service."""
     try:
-        with grpc.insecure_channel(target) as ch:
+        with (grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
                                                         timeout=timeout)
         return resp.status == health_pb2.HealthCheckResponse.SERVING

@@ -2,9 +2,13 @@
 
 `LocalSystem(state_dir).start()` brings them up in dependency order, each on a
 free port with its own log in <state_dir>/logs, and waits until each answers
-its health check. <state_dir>/state.json says where everything is (no secrets);
-the per-system HMAC key is in <state_dir>/hmac.key and the Redis password in
-<state_dir>/redis.password (both mode 0600). `stop()` ends them in reverse order.
+its health check. <state_dir>/state.json says where everything is (no secrets).
+Secrets are generated per system, written mode 0600 and handed to components
+through their environment, never their command line: the gRPC access token
+(<state_dir>/token), the HMAC key (hmac.key) and the passwords of the Redis ACL
+users `nitro-service` (redis.password) and `nitro-actor` (redis-actor.password).
+Redis keeps an append-only file in <state_dir>/redis. `stop()` ends the
+components in reverse order.
 
 `python -m nitro.local_system --state-dir DIR` is the supervisor: it runs the
 system in the foreground until SIGTERM/SIGINT (`nitro up` starts it detached).
@@ -39,14 +43,18 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from nitro import auth
 from nitro.codec import generate_hmac_key
-from nitro.redis_server import LocalRedis, find_redis_server_binary
+from nitro.redis_server import ACTOR_USER, SERVICE_USER, LocalRedis, find_redis_server_binary, nitro_users
 
 log = logging.getLogger("nitro.local_system")
 
 STATE_FILE = "state.json"
 HMAC_KEY_FILE = "hmac.key"
-REDIS_PASSWORD_FILE = "redis.password"
+REDIS_PASSWORD_FILE = "redis.password"  # the nitro-service ACL user's
+REDIS_ACTOR_PASSWORD_FILE = "redis-actor.password"
+TOKEN_FILE = "token"
+SECRET_FILES = (HMAC_KEY_FILE, REDIS_PASSWORD_FILE, REDIS_ACTOR_PASSWORD_FILE, TOKEN_FILE)
 SUPERVISOR_LOG = "supervisor.log"
 LOCK_FILE = "lock"
 COMPONENTS = ("redis", "lambda", "detector", "scaler", "learner")
@@ -204,6 +212,7 @@ def http_health(url: str, timeout: float = 2.0) -> str:
 
 
 def redis_health(url: str, password: str | None, timeout: float = 2.0) -> str:
+    """`url` may name the user (redis://user@host:port/0); the password comes separately."""
     import redis
 
     client = redis.Redis.from_url(url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout)
@@ -248,7 +257,9 @@ class LocalSystem:
         self.components: dict[str, Component] = {}
         self.hmac_key: str | None = None
         self._redis: LocalRedis | None = None
-        self._redis_password: str | None = None
+        self._redis_password: str | None = None  # nitro-service's
+        self._actor_password: str | None = None
+        self.token: str | None = None  # gRPC access token of this system; never print it
         self._status = "stopped"
         self._taken: set[int] = set()
         self._launchers: dict[str, Callable[[], None]] = {}
@@ -266,24 +277,40 @@ class LocalSystem:
 
     @property
     def redis_url(self) -> str:
-        """With the password: for code in this process only, never print it."""
+        """The nitro-service ACL user's URL, with its password: for code in this process only, never print it."""
         return self._redis.url
+
+    @property
+    def redis_actor_url(self) -> str:
+        """The nitro-actor ACL user's URL (XADD to trajectory streams, GET policies), with its password."""
+        return self._redis.url_for(ACTOR_USER)
 
     @property
     def state_file(self) -> Path:
         return self.state_dir / STATE_FILE
 
     def child_env(self) -> dict[str, str]:
-        """The environment every component gets: the system's HMAC key and import path."""
+        """The environment of the services: the system's HMAC key, access token and import path."""
         env = dict(os.environ)
+        # Credentials from the caller's environment must not leak into the components.
+        for var in ("NITRO_HMAC_KEY_FILE", "NITRO_TOKEN_FILE", "NITRO_REDIS_PASSWORD", "NITRO_REDIS_PASSWORD_FILE",
+                    "NITRO_REDIS_USERNAME", "NITRO_REDIS_URL"):
+            env.pop(var, None)
         env["NITRO_HMAC_KEY"] = self.hmac_key
-        env.pop("NITRO_HMAC_KEY_FILE", None)
-        env["NITRO_REDIS_PASSWORD_FILE"] = str(self.state_dir / REDIS_PASSWORD_FILE)  # actors
+        env["NITRO_TOKEN"] = self.token
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), _repo_root()) if p)
         env["PYTHONUNBUFFERED"] = "1"
         # Everything here is loopback: an HTTP(S) proxy from the environment must not intercept it.
         for var in ("NO_PROXY", "no_proxy"):
             env[var] = ",".join(p for p in (env.get(var), "127.0.0.1,localhost") if p)
+        return env
+
+    def actor_env(self) -> dict[str, str]:
+        """The Lambda endpoint's (and so the actors') environment: no access token, the actor Redis user."""
+        env = self.child_env()
+        env.pop("NITRO_TOKEN")
+        env["NITRO_REDIS_USERNAME"] = ACTOR_USER
+        env["NITRO_REDIS_PASSWORD_FILE"] = str(self.state_dir / REDIS_ACTOR_PASSWORD_FILE)
         return env
 
     # lifecycle --------------------------------------------------------------------------
@@ -329,8 +356,12 @@ class LocalSystem:
             d.mkdir(parents=True, exist_ok=True)
         self.hmac_key = generate_hmac_key()
         write_secret(self.state_dir / HMAC_KEY_FILE, self.hmac_key)
+        self.token = auth.generate_token()
+        write_secret(self.state_dir / TOKEN_FILE, self.token)
         self._redis_password = secrets.token_urlsafe(24)
         write_secret(self.state_dir / REDIS_PASSWORD_FILE, self._redis_password)
+        self._actor_password = secrets.token_urlsafe(24)
+        write_secret(self.state_dir / REDIS_ACTOR_PASSWORD_FILE, self._actor_password)
 
         self._start_redis()
         self._write_state()
@@ -341,7 +372,7 @@ class LocalSystem:
             self._spawn("lambda", ["-m", "nitro.local_lambda", "--host", "127.0.0.1", "--port", str(port),
                                    "--function", ACTOR_FUNCTION, "--concurrency", str(self.concurrency),
                                    "--timeout", str(self.actor_timeout_s), "--memory", str(self.actor_memory_mb)],
-                        address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
+                        base_env=self.actor_env(), address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
 
         self._launch("lambda", start_lambda)
         self._wait_healthy(["lambda"])
@@ -390,17 +421,20 @@ class LocalSystem:
         wrapper.write_text("#!/bin/sh\nexec " + shlex.join([self.python, "-I", "-S", "-c", _SHIM]) + ' "$PPID" '
                            + shlex.quote(find_redis_server_binary()) + ' "$@"\n')
         wrapper.chmod(0o700)
+        # AOF with fsync every second in a directory we own: a Redis restart loses at most ~1 s of writes.
         self._redis = LocalRedis(data_dir=self.state_dir / "redis", port=self.ports.get("redis"),
-                                 password=self._redis_password, binary=str(wrapper))
+                                 users=nitro_users(self._redis_password, self._actor_password), appendonly=True,
+                                 binary=str(wrapper))
         self._redis.start()
         pid = self._redis.pid
         self.components["redis"] = Component(
             "redis", pid, f"127.0.0.1:{self._redis.port}", str(self._redis.data_dir / "redis.log"),
-            url=self._redis.url_without_password, start_time=process_start_time(pid))
+            url=f"redis://{SERVICE_USER}@127.0.0.1:{self._redis.port}/0", start_time=process_start_time(pid))
         log.info("redis listening on %s", self._redis.url_without_password)
 
     def _spawn_service(self, name: str, extra: list[str]) -> None:
         port, metrics_port = self._port(name), self._port(f"{name}_metrics")
+        auth.remember_local_token(f"127.0.0.1:{port}", self.token)  # NitroClient in this process finds it
         # The Redis URL carries the password: pass it in the environment, never on the command line (ps).
         self._spawn(name, ["-m", f"{name}_svc", "--host", "127.0.0.1", "--port", str(port),
                            "--metrics-port", str(metrics_port), *extra],
@@ -408,7 +442,8 @@ class LocalSystem:
                     address=f"127.0.0.1:{port}", metrics_port=metrics_port,
                     metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
 
-    def _spawn(self, name: str, args: list[str], *, env: dict[str, str] | None = None, **info) -> Component:
+    def _spawn(self, name: str, args: list[str], *, env: dict[str, str] | None = None,
+               base_env: dict[str, str] | None = None, **info) -> Component:
         self._check_abort()
         log_path = self.logs_dir / f"{name}.log"
         shown = " ".join(a.replace(self._redis_password, "***") for a in args)
@@ -419,7 +454,7 @@ class LocalSystem:
                 proc = subprocess.Popen(
                     [self.python, "-I", "-S", "-c", _SHIM, str(os.getpid()), self.python, *args],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.state_dir,
-                    env={**self.child_env(), **(env or {})})
+                    env={**(self.child_env() if base_env is None else base_env), **(env or {})})
                 comp = Component(name, proc.pid, log=str(log_path), proc=proc, **info)
                 self.components[name] = comp
         comp.start_time = process_start_time(proc.pid)
@@ -487,6 +522,7 @@ class LocalSystem:
                 self._redis = None
             else:
                 self._terminate(comp)
+                auth.forget_local_token(comp.address)
             stopped.append(name)
             log.info("stopped %s (pid %d)", name, comp.pid)
         if self._redis is not None:  # started but never became a component
@@ -496,7 +532,7 @@ class LocalSystem:
         self._status = "stopped"
         state = read_state(self.state_dir)
         if state and state.get("supervisor_pid") == os.getpid():
-            for f in (STATE_FILE, HMAC_KEY_FILE, REDIS_PASSWORD_FILE):
+            for f in (STATE_FILE, *SECRET_FILES):
                 (self.state_dir / f).unlink(missing_ok=True)
         self._release_lock()
         return stopped
@@ -526,7 +562,10 @@ class LocalSystem:
             "redis_url": comps.get("redis", {}).get("url", ""),
             "lambda_endpoint": comps.get("lambda", {}).get("url", ""),
             "hmac_key_file": str(self.state_dir / HMAC_KEY_FILE),
+            "redis_user": SERVICE_USER,
             "redis_password_file": str(self.state_dir / REDIS_PASSWORD_FILE),
+            "redis_actor_password_file": str(self.state_dir / REDIS_ACTOR_PASSWORD_FILE),
+            "token_file": str(self.state_dir / TOKEN_FILE),
             "components": comps,
         }
         tmp = self.state_file.with_suffix(".tmp")
@@ -573,6 +612,16 @@ def local_target(state_dir: str | os.PathLike = ".nitro") -> str:
     return state["learner"]
 
 
+def local_token(state_dir: str | os.PathLike = ".nitro") -> str | None:
+    """The access token of the local system in `state_dir` (None when it is not up)."""
+    if running_state(state_dir) is None:
+        return None
+    try:
+        return (Path(state_dir) / TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def running_state(state_dir: str | os.PathLike) -> dict | None:
     """state.json if its supervisor is alive, else None."""
     state = read_state(state_dir)
@@ -594,7 +643,7 @@ def _kill_leftovers(state: dict, sig: int) -> list[str]:
 def cleanup_stale(state_dir: str | os.PathLike, state: dict) -> list[str]:
     """The supervisor died without cleaning up: kill what it left and forget it."""
     left = _kill_leftovers(state, signal.SIGKILL)
-    for f in (STATE_FILE, HMAC_KEY_FILE, REDIS_PASSWORD_FILE):
+    for f in (STATE_FILE, *SECRET_FILES):
         (Path(state_dir) / f).unlink(missing_ok=True)
     return left
 

@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.distributions import Categorical, Normal
 
 from nitro.errors import ConfigError
@@ -98,29 +99,45 @@ class MLP(nn.Module):
         return self.out(x)
 
 
+def _same_pad(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
+    """(left, right, out): TensorFlow/RLlib "same" padding, so the output is ceil(size / stride)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2, out
+
+
 class AtariCNN(nn.Module):
     """Paper 8.1: three conv layers (8x8, 4x4, 11x11 kernels, ReLU) over stacked 84x84 frames.
 
-    The widths and strides (16/4, 32/2, 256/1) are RLlib's defaults for 84x84 inputs, which
-    the paper used; the 11x11 layer collapses the 11x11 feature map to a 256-vector.
-    Observations arrive as uint8 and are scaled to [0, 1] here.
+    Widths, strides and padding follow RLlib's default 84x84 filters, which the paper used:
+    16 8x8/4 and 32 4x4/2 with "same" padding (84 -> 21 -> 11), then 256 11x11/1 "valid",
+    which collapses the 11x11 map to a 256-vector. Without the padding the second map is
+    9x9 and an 11x11 kernel does not fit. For other screen sizes the last kernel is the
+    remaining map size, so it still ends at 1x1. Observations arrive as uint8 and are
+    scaled to [0, 1] here.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], out_dim: int, out_gain: float):
         super().__init__()
-        c = obs_shape[0]
-        self.convs = nn.Sequential(
-            _init(nn.Conv2d(c, 16, 8, stride=4), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(16, 32, 4, stride=2), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(32, 256, 11, stride=1), math.sqrt(2)), nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            n = self.convs(torch.zeros(1, *obs_shape)).shape[1]
-        self.out = _init(nn.Linear(n, out_dim), out_gain)
+        c, h, w = obs_shape
+        lh1, rh1, h1 = _same_pad(h, 8, 4)
+        lw1, rw1, w1 = _same_pad(w, 8, 4)
+        lh2, rh2, h2 = _same_pad(h1, 4, 2)
+        lw2, rw2, w2 = _same_pad(w1, 4, 2)
+        self.pad1 = nn.ZeroPad2d((lw1, rw1, lh1, rh1))
+        self.conv1 = _init(nn.Conv2d(c, 16, 8, stride=4), math.sqrt(2))
+        self.pad2 = nn.ZeroPad2d((lw2, rw2, lh2, rh2))
+        self.conv2 = _init(nn.Conv2d(16, 32, 4, stride=2), math.sqrt(2))
+        self.conv3 = _init(nn.Conv2d(32, 256, (h2, w2)), math.sqrt(2))
+        self.out = _init(nn.Linear(256, out_dim), out_gain)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.convs(x.float() / 255.0))
+        x = F.relu(self.conv1(self.pad1(x.float() / 255.0)))
+        x = F.relu(self.conv2(self.pad2(x)))
+        # conv3's kernel covers the whole map, so it is one matmul; as F.linear it skips
+        # oneDNN's slow path for a 1x1-output convolution (3x faster on CPU, same result).
+        x = F.relu(F.linear(x.flatten(1), self.conv3.weight.flatten(1), self.conv3.bias))
+        return self.out(x)
 
 
 def _body(spec: ModelSpec, out_dim: int, out_gain: float) -> nn.Module:

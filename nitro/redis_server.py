@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -11,7 +12,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -24,6 +28,45 @@ _CONF_NAME = "redis.conf"
 _STDIO_NAME = "redis.stdio"
 # A plain alphabet, so the value never needs quoting in redis.conf.
 _PASSWORD_RE = re.compile(r"[A-Za-z0-9._~+/=-]{1,512}")
+_USERNAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+log = logging.getLogger(__name__)
+
+# ACL users of a Redis that nitro runs itself (Redis 6.2 syntax: no selectors).
+SERVICE_USER = "nitro-service"
+ACTOR_USER = "nitro-actor"
+# Services: every command on nitro's keys, none of the server-wide dangerous ones
+# (FLUSHALL, KEYS, CONFIG SET, DEBUG, SHUTDOWN, MODULE, ...); CONFIG GET for the persistence check.
+SERVICE_RULES = "resetkeys ~nitro:* resetchannels -@all +@all -@dangerous +config|get"
+# Actors: append to trajectory streams and read policies, nothing else. PING for redis-py's
+# health checks; AUTH/HELLO to log in. XADD's MAXLEN trimming is part of XADD.
+ACTOR_RULES = "resetkeys ~nitro:*:traj ~nitro:*:policy:* resetchannels -@all +xadd +get +ping +auth +hello"
+
+
+@dataclass(frozen=True)
+class RedisUser:
+    """An ACL user: `rules` are written after `on >password` in redis.conf."""
+
+    name: str
+    password: str
+    rules: str
+
+    def __post_init__(self):
+        if not _USERNAME_RE.fullmatch(self.name) or self.name == "default":
+            raise ValueError("user name must be 1-64 chars of [A-Za-z0-9_-] and not 'default'")
+        if not _PASSWORD_RE.fullmatch(self.password):
+            raise ValueError(f"password of {self.name} must be 1-512 chars of [A-Za-z0-9._~+/=-]")
+        if "\n" in self.rules or ">" in self.rules or "<" in self.rules:
+            raise ValueError("rules must be one line and must not set passwords")
+
+    def __repr__(self) -> str:  # never show the password
+        return f"RedisUser({self.name!r}, rules={self.rules!r})"
+
+
+def nitro_users(service_password: str, actor_password: str) -> list[RedisUser]:
+    """The service user (first: LocalRedis.url logs in as it) and the restricted actor user."""
+    return [RedisUser(SERVICE_USER, service_password, SERVICE_RULES),
+            RedisUser(ACTOR_USER, actor_password, ACTOR_RULES)]
 
 
 class RedisServerError(RuntimeError):
@@ -79,12 +122,18 @@ class LocalRedis:
         data_dir: str | os.PathLike | None = None,
         port: int | None = None,
         password: str | None = None,
+        users: Sequence[RedisUser] = (),
         appendonly: bool = False,
         binary: str | None = None,
         startup_timeout_s: float = 10.0,
     ):
         if password is not None and not _PASSWORD_RE.fullmatch(password):
             raise ValueError("password must be 1-512 chars of [A-Za-z0-9._~+/=-]")
+        if password is not None and users:
+            raise ValueError("give either password (the default user) or ACL users, not both")
+        self._users = {u.name: u for u in users}
+        # With ACL users, `url` logs in as the first; the default user is disabled.
+        self._principal = users[0] if users else None
         self._binary = binary
         self._data_dir = Path(data_dir) if data_dir is not None else None
         self._owns_dir = data_dir is None
@@ -113,8 +162,15 @@ class LocalRedis:
 
     @property
     def url(self) -> str:
+        if self._principal is not None:
+            return self.url_for(self._principal.name)
         auth = f":{quote(self._password, safe='')}@" if self._password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def url_for(self, user: str) -> str:
+        """URL that logs in as ACL user `user` (with its password: never print it)."""
+        u = self._users[user]
+        return f"redis://{quote(u.name, safe='')}:{quote(u.password, safe='')}@127.0.0.1:{self.port}/0"
 
     @property
     def url_without_password(self) -> str:
@@ -177,11 +233,18 @@ class LocalRedis:
         ]
         if self._password:
             lines.append(f"requirepass {self._password}")
+        if self._users:
+            # Off, no password, no commands: nobody logs in as default, and a new
+            # connection is never implicitly authenticated as it.
+            lines.append("user default off resetpass resetkeys resetchannels -@all")
+            lines += [f"user {u.name} on >{u.password} {u.rules}" for u in self._users.values()]
         return "\n".join(lines) + "\n"
 
     def _wait_ready(self) -> None:
+        p = self._principal
         client = redis.Redis(
-            host="127.0.0.1", port=self._port, password=self._password,
+            host="127.0.0.1", port=self._port, password=p.password if p else self._password,
+            username=p.name if p else None,
             socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(ExponentialBackoff(), 0),
         )
         deadline = time.monotonic() + self._startup_timeout_s
@@ -297,3 +360,45 @@ def connect(
         decode_responses=False,
         **kw,
     )
+
+
+def persistence(client: redis.Redis) -> str:
+    """How Redis persists data: "aof", "rdb", "aof+rdb", "none", or "unknown: <why>"."""
+    try:
+        aof = client.config_get("appendonly")
+        save = client.config_get("save")
+    except redis.ResponseError as exc:  # CONFIG refused by an ACL or renamed by a managed service
+        return f"unknown: CONFIG GET refused ({str(exc).split(':')[0][:80]})"
+    except redis.RedisError as exc:
+        return f"unknown: {type(exc).__name__}"
+
+    def value(d: dict, name: str) -> str:
+        v = d.get(name, d.get(name.encode(), b""))
+        return (v.decode() if isinstance(v, bytes) else str(v)).strip()
+
+    kinds = [k for k, on in (("aof", value(aof, "appendonly") == "yes"), ("rdb", bool(value(save, "save"))))
+             if on]
+    return "+".join(kinds) or "none"
+
+
+def warn_if_not_persistent(client: redis.Redis, url: str, service: str) -> threading.Thread:
+    """Log a warning when Redis persists nothing (a restart would lose acknowledged batches).
+
+    Runs in the background so an unreachable Redis never delays startup.
+    """
+    safe = url.split("@")[-1]
+
+    def check() -> None:
+        state = persistence(client)
+        if state == "none":
+            log.warning("%s: Redis at %s has no persistence (appendonly no, no save points): a Redis restart "
+                        "loses trajectories, plans and cost records; enable appendonly yes "
+                        "(appendfsync everysec)", service, safe)
+        elif state.startswith("unknown"):
+            log.info("%s: cannot tell whether Redis at %s persists data (%s)", service, safe, state)
+        else:
+            log.info("%s: Redis at %s persists with %s", service, safe, state)
+
+    t = threading.Thread(target=check, name="redis-persistence-check", daemon=True)
+    t.start()
+    return t

@@ -63,8 +63,10 @@ class Sampler:
 
         env, obs = self.env, self.obs
         ep_ret, ep_len = self.episode_return, self.episode_length
+        # A CNN's critic costs less batched after the rollout than once per step; actions never need it.
+        defer = runner.deferred_values
         for t in range(num_steps):
-            action, lp, v = runner.act(obs, rng)
+            action, lp, v = runner.act(obs, rng, with_value=not defer)
             obs_buf[t] = obs
             act_buf[t] = action
             logp[t] = lp
@@ -83,6 +85,8 @@ class Sampler:
                 ep_lengths.append(ep_len)
                 ep_ret, ep_len = 0.0, 0
                 obs, _ = env.reset()
+        if defer:
+            values[:] = runner.values(obs_buf)
         last_done = bool(terminated[-1] or truncated[-1]) if num_steps else True
         bootstrap = 0.0 if last_done else runner.value(obs)
         self.obs, self.episode_return, self.episode_length = obs, ep_ret, ep_len
@@ -107,7 +111,7 @@ def evaluate(runner: PolicyRunner, env_id: str, episodes: int, seed: int, env_kw
             obs, _ = env.reset(seed=seed + ep)
             total, steps, done = 0.0, 0, False
             while not done and steps < max_steps:
-                action, _, _ = runner.act(obs, rng, deterministic=True)
+                action, _, _ = runner.act(obs, rng, deterministic=True, with_value=False)
                 obs, r, term, trunc, _ = env.step(runner.env_action(action))
                 total += float(r)
                 steps += 1

@@ -21,12 +21,13 @@ need the user's environments installed.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Iterator, Mapping
 
 import grpc
 
-from nitro import grpc_util
+from nitro import auth, grpc_util
 from nitro.spec import InvalidSpec, TrainingSpec, to_proto
 from nitro.v1 import common_pb2, training_pb2, training_pb2_grpc
 
@@ -240,13 +241,22 @@ def _set(target, name: str, value, label: str) -> None:
 
 class NitroClient:
     """A TrainingService client. Every call carries a deadline (per method, or `timeout` seconds
-    for all unary calls when given) and, with `token`, an "authorization: Bearer" header."""
+    for all unary calls when given) and an "authorization: Bearer <token>" header.
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None, timeout: float | None = None):
+    The token is `token`, else $NITRO_TOKEN or the first line of $NITRO_TOKEN_FILE,
+    else that of a LocalSystem this process started at `target`; with none, no
+    header is sent. `tls_ca` (default $NITRO_TLS_CA): a PEM CA certificate, and
+    the channel uses TLS.
+    """
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None, timeout: float | None = None,
+                 tls_ca: str | None = None):
         self.target = target
         self._timeout = timeout
+        token = auth.client_token(target, token)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
-        self._channel = grpc_util.make_channel(target)
+        tls_ca = tls_ca if tls_ca is not None else os.environ.get(auth.TLS_CA_ENV)
+        self._channel = grpc_util.make_channel(target, auth.channel_credentials(tls_ca))
         self._stub = training_pb2_grpc.TrainingServiceStub(self._channel)
 
     def __enter__(self) -> NitroClient:

@@ -17,6 +17,7 @@ from nitro.errors import ConfigError, UnknownEnvironmentError
 
 ALGOS = ("ppo",)
 SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu")
+DETECTOR_FALLBACKS = ("i_min", "last")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_ACTORS = 1000
 MAX_ROUNDS = 100_000
@@ -58,6 +59,8 @@ class TrainingSpec:
     function_name: str = "nitro-actor"
     target_return: float = 0.0
     min_sample_fraction: float = 0.5
+    detector_fallback: str = "i_min"
+    detector_timeout_s: float = 30.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -132,6 +135,11 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     _finite("min_sample_fraction", spec.min_sample_fraction)
     if not 0.0 < spec.min_sample_fraction <= 1.0:
         raise InvalidSpec("min_sample_fraction", f"must be in (0, 1], got {spec.min_sample_fraction}")
+    if spec.detector_fallback not in DETECTOR_FALLBACKS:
+        raise InvalidSpec("detector_fallback", f"unknown {spec.detector_fallback!r}; allowed: {list(DETECTOR_FALLBACKS)}")
+    _finite("detector_timeout_s", spec.detector_timeout_s)
+    if not 0 < spec.detector_timeout_s <= 600:
+        raise InvalidSpec("detector_timeout_s", f"must be in (0, 600], got {spec.detector_timeout_s}")
     if spec.job_id and not JOB_ID_RE.match(spec.job_id):
         raise InvalidSpec("job_id", "must be 1-64 characters of letters, digits, '-' or '_'")
     if not spec.job_id:
@@ -172,7 +180,7 @@ def algo_config(spec: TrainingSpec):
 # -- wire conversion -----------------------------------------------------------------
 
 _SCALAR_FIELDS = ("rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s",
-                  "actor_memory_mb", "target_return", "min_sample_fraction")
+                  "actor_memory_mb", "target_return", "min_sample_fraction", "detector_timeout_s")
 _SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period")
 
 
@@ -185,6 +193,8 @@ def from_proto(msg) -> TrainingSpec:
         spec.preset = msg.preset
     if msg.function_name:
         spec.function_name = msg.function_name
+    if msg.detector_fallback:
+        spec.detector_fallback = msg.detector_fallback
     spec.hyperparameters = dict(msg.hyperparameters)
     for name in _SCALAR_FIELDS:
         if msg.HasField(name):
@@ -212,5 +222,5 @@ def to_proto(spec: TrainingSpec):
     return training_pb2.TrainingSpec(
         env_id=spec.env_id, algo=spec.algo, preset=spec.preset, hyperparameters=spec.hyperparameters,
         scaler=common_pb2.ScalerSpec(policy=sc.policy, **{n: getattr(sc, n) for n in _SCALER_FIELDS}),
-        job_id=spec.job_id, function_name=spec.function_name,
+        job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
         **{n: getattr(spec, n) for n in _SCALAR_FIELDS})

@@ -17,11 +17,11 @@ import time
 
 import grpc
 
-from nitro import cost, metrics
+from nitro import auth, cost, metrics
 from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging
 from nitro.metrics import serve_metrics
-from nitro.redis_server import connect
+from nitro.redis_server import connect, warn_if_not_persistent
 from nitro.scaling.base import RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.policies import make_policy
@@ -109,7 +109,12 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         metrics.COST_USD.labels("learner").inc(learner_usd)
         st = self._state(request.job_id)
 
-        desired, new_state, reason = policy.decide(json.loads(st.get("policy_state", "{}")), inputs)
+        policy_state = json.loads(st.get("policy_state", "{}"))
+        if request.fallback_actors > 0:  # the learner had no score: keep the policy's state, plan what it asks
+            desired = max(sc.i_min, min(sc.i_max, request.fallback_actors))
+            new_state, reason = policy_state, f"fallback plan: {desired} actors (no boosting score this round)"
+        else:
+            desired, new_state, reason = policy.decide(policy_state, inputs)
         ledger = self._ledger(st, request.budget_usd)
         rounds_seen = max(1, int(st.get("rounds_planned", 0)))
         learner_per_round = float(st.get("wall_seconds", 0.0)) / rounds_seen
@@ -143,11 +148,17 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if not 0 < request.deadline_s <= 3600:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_s: must be in (0, 3600]")
         memory = request.actor_memory_mb or 1024
-        invocations = [Invocation(f"{request.job_id}-r{request.round}-a{i}", {
-            "job_id": request.job_id, "round": request.round, "policy_version": request.policy_version,
-            "env_id": request.env_id, "num_steps": request.steps_per_actor,
-            "seed": (request.seed + i) % (2**62), "invocation_id": f"{request.job_id}-r{request.round}-a{i}",
-            "redis_url": self.actor_redis_url}) for i in range(request.actors)]
+        slots = list(request.slots) or list(range(request.actors))
+        if len(slots) != request.actors or len(set(slots)) != len(slots) or min(slots) < 0 or request.wave < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "slots: must be distinct non-negative integers, as many as actors; wave must be >= 0")
+        invocations = []
+        for i in slots:
+            inv_id = f"{request.job_id}-r{request.round}-a{i}" + (f"-x{request.wave}" if request.wave else "")
+            invocations.append(Invocation(inv_id, {
+                "job_id": request.job_id, "round": request.round, "policy_version": request.policy_version,
+                "env_id": request.env_id, "num_steps": request.steps_per_actor,
+                "seed": (request.seed + i) % (2**62), "invocation_id": inv_id, "redis_url": self.actor_redis_url}))
         key = state_key(request.job_id)
         usd_total = 0.0
 
@@ -207,6 +218,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="scaler_svc", description="nitro ActorScaler")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50053)
+    p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9103)
     p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--lambda-endpoint", default=os.environ.get("NITRO_LAMBDA_ENDPOINT"),
@@ -218,12 +230,17 @@ def parse_args(argv=None):
     p.add_argument("--prices", default=os.environ.get("NITRO_PRICES"), help="YAML/JSON file overriding prices")
     p.add_argument("--max-concurrency", type=int, default=256)
     p.add_argument("--log-level", default="INFO")
+    auth.add_server_args(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     configure_logging(args.log_level)
+    try:
+        security = auth.server_security(args, "scaler")
+    except ConfigError as exc:
+        raise SystemExit(f"scaler_svc: {exc}") from None
     prices = cost.Prices()
     if args.prices:
         import yaml
@@ -233,11 +250,13 @@ def main(argv=None) -> None:
     client = lambda_client(args.lambda_endpoint, args.region, max_connections=args.max_concurrency,
                            read_timeout=900)
     actor_url = args.actor_redis_url or strip_password(args.redis_url)
-    servicer = ScalerServicer(connect(args.redis_url), Invoker(client, max_concurrency=args.max_concurrency), prices,
-                              actor_url)
-    service = Service("scaler", args.host, args.port, max_workers=32)
+    redis_client = connect(args.redis_url)
+    warn_if_not_persistent(redis_client, args.redis_url, "scaler")
+    servicer = ScalerServicer(redis_client, Invoker(client, max_concurrency=args.max_concurrency), prices, actor_url)
+    service = Service("scaler", args.host, args.port, max_workers=32, interceptors=security.interceptors,
+                      server_credentials=security.credentials)
     service.add("nitro.v1.ActorScaler", lambda s: scaler_pb2_grpc.add_ActorScalerServicer_to_server(servicer, s))
-    serve_metrics(args.metrics_port, args.host)
+    serve_metrics(args.metrics_port, args.metrics_host)
     service.install_signal_handlers()
     service.start()
     service.wait()

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PlanRequest(_message.Message):
-    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale")
+    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale", "fallback_actors")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class PlanRequest(_message.Message):
     ACTOR_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     LEARNER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_ACTORS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     score: float
@@ -27,7 +28,8 @@ class PlanRequest(_message.Message):
     actor_memory_mb: int
     learner_seconds: float
     gradient_noise_scale: float
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ...) -> None: ...
+    fallback_actors: int
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., fallback_actors: _Optional[int] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
     __slots__ = ("actors", "reason", "budget_exhausted", "estimated_round_cost_usd", "budget_left_usd")
@@ -44,7 +46,7 @@ class PlanResponse(_message.Message):
     def __init__(self, actors: _Optional[int] = ..., reason: _Optional[str] = ..., budget_exhausted: _Optional[bool] = ..., estimated_round_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait")
+    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +58,8 @@ class LaunchRequest(_message.Message):
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     ACTOR_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    WAVE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     policy_version: int
@@ -67,7 +71,9 @@ class LaunchRequest(_message.Message):
     deadline_s: float
     actor_memory_mb: int
     wait: bool
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ...) -> None: ...
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    wave: int
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ...) -> None: ...
 
 class InvocationResult(_message.Message):
     __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts")

@@ -24,7 +24,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_STOPPED: JobState
 
 class TrainingSpec(_message.Message):
-    __slots__ = ("env_id", "algo", "preset", "hyperparameters", "scaler", "rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s", "job_id", "actor_memory_mb", "function_name", "target_return", "min_sample_fraction")
+    __slots__ = ("env_id", "algo", "preset", "hyperparameters", "scaler", "rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s", "job_id", "actor_memory_mb", "function_name", "target_return", "min_sample_fraction", "detector_fallback", "detector_timeout_s")
     class HyperparametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,8 @@ class TrainingSpec(_message.Message):
     FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_RETURN_FIELD_NUMBER: _ClassVar[int]
     MIN_SAMPLE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    DETECTOR_FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    DETECTOR_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     algo: str
     preset: str
@@ -64,10 +66,12 @@ class TrainingSpec(_message.Message):
     function_name: str
     target_return: float
     min_sample_fraction: float
-    def __init__(self, env_id: _Optional[str] = ..., algo: _Optional[str] = ..., preset: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., rounds: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., budget_usd: _Optional[float] = ..., seed: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., round_deadline_s: _Optional[float] = ..., job_id: _Optional[str] = ..., actor_memory_mb: _Optional[int] = ..., function_name: _Optional[str] = ..., target_return: _Optional[float] = ..., min_sample_fraction: _Optional[float] = ...) -> None: ...
+    detector_fallback: str
+    detector_timeout_s: float
+    def __init__(self, env_id: _Optional[str] = ..., algo: _Optional[str] = ..., preset: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., rounds: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., budget_usd: _Optional[float] = ..., seed: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., round_deadline_s: _Optional[float] = ..., job_id: _Optional[str] = ..., actor_memory_mb: _Optional[int] = ..., function_name: _Optional[str] = ..., target_return: _Optional[float] = ..., min_sample_fraction: _Optional[float] = ..., detector_fallback: _Optional[str] = ..., detector_timeout_s: _Optional[float] = ...) -> None: ...
 
 class RoundReport(_message.Message):
-    __slots__ = ("job_id", "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "env_steps", "total_env_steps", "train_return", "eval_return", "lambda_max", "lambda_min", "convexity_ratio", "score", "round_cost_usd", "total_cost_usd", "serverful_cost_usd", "budget_left_usd", "phases", "round_seconds", "next_actors", "scaler_reason", "policy_loss", "value_loss", "entropy", "kl", "invocation_retries", "notes", "detector_seconds", "gradient_noise_scale")
+    __slots__ = ("job_id", "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "env_steps", "total_env_steps", "train_return", "eval_return", "lambda_max", "lambda_min", "convexity_ratio", "score", "round_cost_usd", "total_cost_usd", "serverful_cost_usd", "budget_left_usd", "phases", "round_seconds", "next_actors", "scaler_reason", "policy_loss", "value_loss", "entropy", "kl", "invocation_retries", "notes", "detector_seconds", "gradient_noise_scale", "actors_replaced", "fallback_plan", "duplicates_dropped", "rejected_batches", "stale_batches_dropped", "resumed")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +102,12 @@ class RoundReport(_message.Message):
     NOTES_FIELD_NUMBER: _ClassVar[int]
     DETECTOR_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_REPLACED_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_PLAN_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    STALE_BATCHES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     policy_version: int
@@ -128,7 +138,13 @@ class RoundReport(_message.Message):
     notes: _containers.RepeatedScalarFieldContainer[str]
     detector_seconds: float
     gradient_noise_scale: float
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors_launched: _Optional[int] = ..., actors_completed: _Optional[int] = ..., actors_failed: _Optional[int] = ..., env_steps: _Optional[int] = ..., total_env_steps: _Optional[int] = ..., train_return: _Optional[float] = ..., eval_return: _Optional[float] = ..., lambda_max: _Optional[float] = ..., lambda_min: _Optional[float] = ..., convexity_ratio: _Optional[float] = ..., score: _Optional[float] = ..., round_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., phases: _Optional[_Iterable[_Union[_common_pb2.PhaseLatency, _Mapping]]] = ..., round_seconds: _Optional[float] = ..., next_actors: _Optional[int] = ..., scaler_reason: _Optional[str] = ..., policy_loss: _Optional[float] = ..., value_loss: _Optional[float] = ..., entropy: _Optional[float] = ..., kl: _Optional[float] = ..., invocation_retries: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., detector_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ...) -> None: ...
+    actors_replaced: int
+    fallback_plan: bool
+    duplicates_dropped: int
+    rejected_batches: int
+    stale_batches_dropped: int
+    resumed: bool
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors_launched: _Optional[int] = ..., actors_completed: _Optional[int] = ..., actors_failed: _Optional[int] = ..., env_steps: _Optional[int] = ..., total_env_steps: _Optional[int] = ..., train_return: _Optional[float] = ..., eval_return: _Optional[float] = ..., lambda_max: _Optional[float] = ..., lambda_min: _Optional[float] = ..., convexity_ratio: _Optional[float] = ..., score: _Optional[float] = ..., round_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., phases: _Optional[_Iterable[_Union[_common_pb2.PhaseLatency, _Mapping]]] = ..., round_seconds: _Optional[float] = ..., next_actors: _Optional[int] = ..., scaler_reason: _Optional[str] = ..., policy_loss: _Optional[float] = ..., value_loss: _Optional[float] = ..., entropy: _Optional[float] = ..., kl: _Optional[float] = ..., invocation_retries: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., detector_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., actors_replaced: _Optional[int] = ..., fallback_plan: _Optional[bool] = ..., duplicates_dropped: _Optional[int] = ..., rejected_batches: _Optional[int] = ..., stale_batches_dropped: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class TrainingStatus(_message.Message):
     __slots__ = ("job_id", "state", "spec", "rounds_done", "last_report", "message", "total_cost_usd", "total_env_steps", "checkpoint_path", "created_unix", "finished_unix")
@@ -157,10 +173,12 @@ class TrainingStatus(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., spec: _Optional[_Union[TrainingSpec, _Mapping]] = ..., rounds_done: _Optional[int] = ..., last_report: _Optional[_Union[RoundReport, _Mapping]] = ..., message: _Optional[str] = ..., total_cost_usd: _Optional[float] = ..., total_env_steps: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., created_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ...) -> None: ...
 
 class StartTrainingRequest(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "resume")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     spec: TrainingSpec
-    def __init__(self, spec: _Optional[_Union[TrainingSpec, _Mapping]] = ...) -> None: ...
+    resume: bool
+    def __init__(self, spec: _Optional[_Union[TrainingSpec, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class WatchTrainingRequest(_message.Message):
     __slots__ = ("job_id", "from_round")

@@ -1,0 +1,40 @@
+# syntax=docker/dockerfile:1
+# nitro actor as an AWS Lambda container image (handler actor_fn.handler.handler).
+# Build from the repository root, for the architecture the function will run on:
+#   docker buildx build --platform linux/amd64 -f deploy/docker/actor-lambda.Dockerfile -t nitro-actor .
+#   (linux/arm64 for `nitro deploy-lambda --architecture arm64`)
+# Lambda ignores HEALTHCHECK and runs the image as its own unprivileged user with a read-only
+# filesystem except /tmp; the base image's Runtime Interface Emulator serves
+# POST :8080/2015-03-31/functions/function/invocations for a smoke test under `docker run`.
+
+ARG LAMBDA_PYTHON=3.12
+
+# --- build on the same base, so compiled wheels match the runtime's glibc -------------------
+FROM public.ecr.aws/lambda/python:${LAMBDA_PYTHON} AS build
+# CPU wheels of torch: Lambda has no GPU, and the CUDA build would not fit the 10 GB image limit.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+RUN python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+        > requirements.txt \
+ && pip install --extra-index-url "${TORCH_INDEX_URL}" --target /opt/deps -r requirements.txt
+COPY nitro ./nitro
+COPY actor_fn ./actor_fn
+RUN pip install --no-deps --target /opt/app . \
+ && PYTHONPATH=/opt/app:/opt/deps python3 -c "import actor_fn.handler"
+
+# --- the function image --------------------------------------------------------------------
+FROM public.ecr.aws/lambda/python:${LAMBDA_PYTHON}
+COPY --from=build /opt/deps ${LAMBDA_TASK_ROOT}
+COPY --from=build /opt/app ${LAMBDA_TASK_ROOT}
+# Caches must go to /tmp (the only writable path). One thread per BLAS/OpenMP pool: an actor
+# runs batch-1 inference on a fraction of a vCPU, where more threads only contend.
+ENV MPLCONFIGDIR=/tmp/matplotlib \
+    XDG_CACHE_HOME=/tmp/.cache \
+    OMP_NUM_THREADS=1 \
+    OPENBLAS_NUM_THREADS=1 \
+    MKL_NUM_THREADS=1
+# NITRO_HMAC_KEY and NITRO_REDIS_PASSWORD are function configuration (nitro deploy-lambda --env),
+# never baked into the image.
+CMD ["actor_fn.handler.handler"]

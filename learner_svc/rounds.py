@@ -1,0 +1,314 @@
+"""What every learner loop shares: talking to the detector and scaler with retries and
+fallbacks, surviving Redis restarts, publishing policies, evaluating, checkpointing
+and resuming, and assembling round reports.
+
+Durability: after each round's update the learner writes `checkpoint.pt` (model,
+optimiser, RNG states, counters and the half-built report of that round); the
+report is appended to `reports.pb` once the round is complete. A learner that
+dies between the two finishes that round on resume (score, evaluate, plan,
+report) instead of skipping it; one that dies while sampling redoes the round
+with the same invocation ids, so batches that did arrive are deduplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import redis
+import torch
+
+from learner_svc.jobs import Job
+from nitro import codec, metrics
+from nitro.envs import env_spaces
+from nitro.grpc_util import DEADLINES
+from nitro.inference import PolicyRunner
+from nitro.models import policy_to_blob, spec_for_spaces
+from nitro.rollout import evaluate
+from nitro.spec import algo_config
+from nitro.store import PolicyStore, TrajectoryReader
+from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
+
+log = logging.getLogger(__name__)
+
+POLICY_TTL_S = 3600
+DETECTOR_SUBSET = 512
+REDIS_PATIENCE_S = 60.0  # how long a Redis outage (restart) is ridden out before the job fails
+RPC_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+CHECKPOINT_FORMAT = 2
+
+
+class JobAborted(RuntimeError):
+    """A dependency stayed unavailable past its patience; the job ends FAILED with this message."""
+
+
+@dataclass
+class LearnerDeps:
+    redis: redis.Redis
+    hmac_key: bytes
+    detector: object  # BoostingDetectorStub
+    scaler: object  # ActorScalerStub
+    data_dir: str
+    call_metadata: tuple = ()  # e.g. the bearer token for detector/scaler calls
+
+
+def sample_key(job_id: str, round_index: int) -> str:
+    return f"nitro:{job_id}:sample:{round_index}"
+
+
+def invocation_id(job_id: str, round_index: int, actor: int, wave: int = 0) -> str:
+    # Deterministic: a retried invocation carries the same id, so the stream drops the copy.
+    base = f"{job_id}-r{round_index}-a{actor}"
+    return base if wave == 0 else f"{base}-x{wave}"
+
+
+def slot_index(inv_id: str, job_id: str, round_index: int) -> int | None:
+    """The actor slot of an invocation id of this job and round (any wave), else None."""
+    m = re.fullmatch(rf"{re.escape(job_id)}-r{round_index}-a(\d+)(?:-x\d+)?", inv_id)
+    return int(m.group(1)) if m else None
+
+
+def derived_seed(seed: int, *parts: int) -> int:
+    return int(np.random.SeedSequence([seed, *parts]).generate_state(1)[0])
+
+
+def job_dir(data_dir: str, job_id: str) -> str:
+    return os.path.join(data_dir, "jobs", job_id)
+
+
+class RoundLoop:
+    """Base of the on- and off-policy loops; subclasses build `self.learner` and run rounds."""
+
+    learner_class: type = None  # set by subclasses
+
+    def __init__(self, job: Job, deps: LearnerDeps):
+        self.job, self.deps, self.spec = job, deps, job.spec
+        self.cfg = algo_config(self.spec)
+        obs_space, act_space = env_spaces(self.spec.env_id)
+        self.model_spec = spec_for_spaces(obs_space, act_space, hidden_sizes=self.cfg.hidden_sizes,
+                                          activation=self.cfg.activation, obs_norm=self.cfg.obs_norm,
+                                          init_log_std=self.cfg.init_log_std)
+        self.learner = self.learner_class(self.model_spec, self.cfg, seed=self.spec.seed)
+        self.policies = PolicyStore(deps.redis, job.job_id, ttl_s=POLICY_TTL_S)
+        self.reader = TrajectoryReader(deps.redis, job.job_id, deps.hmac_key, consumer=f"learner-{job.job_id}")
+        self.version = 0
+        self.total_steps = 0
+        self.next_round = 0
+        self.recent_returns: list[float] = []
+        self.last_actors = self.spec.scaler.i_min
+        self.last_plan_time = time.monotonic()
+        self.rng = np.random.default_rng(self.spec.seed)
+        self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"{job.job_id}-io")
+        self.dir = job_dir(deps.data_dir, job.job_id)
+        os.makedirs(self.dir, exist_ok=True)
+        self._exported_rejected: dict[str, int] = {}
+        self._exported_duplicates = 0
+
+    # -- resilience helpers ---------------------------------------------------------------
+    def redis_call(self, fn: Callable, what: str):
+        """Run a Redis operation, riding out a restart of the server for up to REDIS_PATIENCE_S."""
+        deadline = time.monotonic() + REDIS_PATIENCE_S
+        delay = 0.1
+        while True:
+            try:
+                return fn()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    redis.exceptions.BusyLoadingError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise JobAborted(f"Redis unavailable for {REDIS_PATIENCE_S:g} s during {what}: {exc}") from exc
+                log.warning("job %s: Redis unavailable during %s (%s); retrying in %.1f s", self.job.job_id,
+                            what, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def rpc(self, method: Callable, request, *, timeout: float, patience: float, what: str):
+        """Call a scaler/detector RPC, retrying UNAVAILABLE / DEADLINE_EXCEEDED until `patience` runs out."""
+        deadline = time.monotonic() + patience
+        delay = 0.2
+        while True:
+            try:
+                return method(request, timeout=timeout, metadata=self.deps.call_metadata or None)
+            except grpc.RpcError as exc:
+                if exc.code() not in RPC_RETRYABLE or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("job %s: %s failed (%s); retrying in %.1f s", self.job.job_id, what,
+                            exc.code().name, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def export_reader_counters(self) -> tuple[int, int]:
+        """Push the reader's rejected/duplicate counts into metrics; returns the deltas since last call."""
+        d_rej = 0
+        for reason, count in self.reader.rejected.items():
+            delta = count - self._exported_rejected.get(reason, 0)
+            if delta:
+                metrics.REJECTED_PAYLOADS.labels(reason).inc(delta)
+                d_rej += delta
+            self._exported_rejected[reason] = count
+        d_dup = self.reader.duplicates - self._exported_duplicates
+        if d_dup:
+            metrics.DUPLICATE_BATCHES.inc(d_dup)
+        self._exported_duplicates = self.reader.duplicates
+        return d_rej, d_dup
+
+    # -- scaler and detector ----------------------------------------------------------
+    def scaler_spec(self) -> common_pb2.ScalerSpec:
+        sc = self.spec.scaler
+        return common_pb2.ScalerSpec(policy=sc.policy, i_min=sc.i_min, i_max=sc.i_max, fixed_actors=sc.fixed_actors,
+                                     decay=sc.decay, window=sc.window, period=sc.period)
+
+    def plan(self, round_index: int, score: float, gns: float, fallback_actors: int = 0) -> scaler_pb2.PlanResponse:
+        now = time.monotonic()
+        learner_seconds, self.last_plan_time = now - self.last_plan_time, now
+        try:
+            resp = self.rpc(self.deps.scaler.Plan, scaler_pb2.PlanRequest(
+                job_id=self.job.job_id, round=round_index, score=min(max(score, 0.0), 1.0),
+                scaler=self.scaler_spec(), budget_usd=self.spec.budget_usd,
+                steps_per_actor=self.spec.steps_per_actor, actor_memory_mb=self.spec.actor_memory_mb,
+                learner_seconds=learner_seconds, gradient_noise_scale=gns, fallback_actors=fallback_actors),
+                timeout=DEADLINES["Plan"], patience=self.spec.round_deadline_s, what="Plan")
+        except grpc.RpcError as exc:
+            raise JobAborted(f"scaler unavailable for planning: {exc.code().name}: {exc.details()}") from exc
+        if resp.actors > 0:
+            self.last_actors = resp.actors
+        return resp
+
+    def launch(self, round_index: int, slots: list[int], wave: int = 0) -> scaler_pb2.LaunchResponse:
+        """Invoke the given actor slots (wave > 0: replacements with fresh invocation ids)."""
+        req = scaler_pb2.LaunchRequest(
+            job_id=self.job.job_id, round=round_index, policy_version=self.version, actors=len(slots),
+            steps_per_actor=self.spec.steps_per_actor, env_id=self.spec.env_id,
+            seed=derived_seed(self.spec.seed, round_index, wave), function_name=self.spec.function_name,
+            deadline_s=self.spec.round_deadline_s, actor_memory_mb=self.spec.actor_memory_mb, wait=True,
+            slots=slots, wave=wave)
+        return self.rpc(self.deps.scaler.Launch, req, timeout=self.spec.round_deadline_s + 30.0,
+                        patience=self.spec.round_deadline_s, what="Launch")
+
+    def cost(self) -> scaler_pb2.GetCostResponse:
+        return self.rpc(self.deps.scaler.GetCost, scaler_pb2.GetCostRequest(job_id=self.job.job_id),
+                        timeout=DEADLINES["GetCost"], patience=30.0, what="GetCost")
+
+    def score(self, round_index: int, ref: str, algo: str = "ppo") -> detector_pb2.ScoreResponse:
+        sc = self.spec.scaler
+        return self.deps.detector.Score(detector_pb2.ScoreRequest(
+            job_id=self.job.job_id, round=round_index, policy_version=self.version, sample_ref=ref,
+            algo=algo, clip=self.cfg.clip, window=sc.window, decay=sc.decay,
+            seed=derived_seed(self.spec.seed, round_index, 1) % (2**62),
+            normalize_advantages=getattr(self.cfg, "normalize_advantages", False)),
+            timeout=self.spec.detector_timeout_s, metadata=self.deps.call_metadata or None)
+
+    def new_wave(self, round_index: int) -> int:
+        """A fresh wave number for this round; kept in Redis so a restarted learner never reuses one."""
+        key = f"nitro:{self.job.job_id}:waves:{round_index}"
+
+        def incr():
+            pipe = self.deps.redis.pipeline(transaction=True)
+            pipe.incr(key)
+            pipe.expire(key, 7 * 24 * 3600)
+            return pipe.execute()[0]
+
+        return int(self.redis_call(incr, "wave counter")) - 1
+
+    def fallback_actors(self) -> int:
+        return self.spec.scaler.i_min if self.spec.detector_fallback == "i_min" else self.last_actors
+
+    # -- data plane ---------------------------------------------------------------------
+    def publish(self) -> None:
+        blob = policy_to_blob(self.learner.policy, self.version, self.deps.hmac_key)
+        self.redis_call(lambda: self.policies.put(self.version, blob), "policy publish")
+
+    def write_sample_subset(self, round_index: int, extra: dict | None = None) -> str:
+        data = self.learner.last_data
+        n = len(data["logp"])
+        idx = np.sort(self.rng.choice(n, size=min(n, DETECTOR_SUBSET), replace=False))
+        subset = {k: np.ascontiguousarray(v[idx]) for k, v in data.items()
+                  if k in ("obs", "actions", "logp", "advantages", "logp_target")}
+        if extra:
+            subset.update(extra)
+        key = sample_key(self.job.job_id, round_index)
+        blob = codec.encode(subset, self.deps.hmac_key)
+        self.redis_call(lambda: self.deps.redis.set(key, blob, ex=POLICY_TTL_S), "sample subset write")
+        return key
+
+    def evaluate_policy(self, round_index: int) -> float:
+        if self.spec.eval_episodes <= 0:
+            return float("nan")
+        runner = PolicyRunner(self.model_spec, self.learner.policy.numpy_state(), self.version)
+        return float(np.mean(evaluate(runner, self.spec.env_id, self.spec.eval_episodes,
+                                      seed=derived_seed(self.spec.seed, round_index, 2) % (2**31))))
+
+    # -- durability -----------------------------------------------------------------------
+    def checkpoint(self, round_index: int, pending: dict) -> None:
+        path = os.path.join(self.dir, "checkpoint.pt")
+        tmp = path + ".tmp"
+        torch.save({"format": CHECKPOINT_FORMAT, "round": round_index, "version": self.version,
+                    "env_steps": self.total_steps, "spec": self.spec.to_dict(),
+                    "model_spec": self.model_spec.to_dict(), "learner": self.learner.state(),
+                    "np_rng": self.rng.bit_generator.state, "recent_returns": self.recent_returns,
+                    "last_actors": self.last_actors, "pending": pending}, tmp)
+        os.replace(tmp, path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+        self.job.checkpoint_path = path
+
+    def restore(self) -> dict | None:
+        """Load the last checkpoint; returns its pending (unreported) round, if any."""
+        path = os.path.join(self.dir, "checkpoint.pt")
+        if not os.path.exists(path):
+            return None
+        ck = torch.load(path, weights_only=False)  # our own file in our own data dir
+        if ck.get("format") != CHECKPOINT_FORMAT:
+            raise JobAborted(f"checkpoint {path} has format {ck.get('format')}, expected {CHECKPOINT_FORMAT}")
+        self.learner.load_state(ck["learner"])
+        self.version, self.total_steps = ck["version"], ck["env_steps"]
+        self.rng.bit_generator.state = ck["np_rng"]
+        self.recent_returns, self.last_actors = list(ck["recent_returns"]), ck["last_actors"]
+        self.job.checkpoint_path = path
+        reports = load_reports(self.dir)
+        self.job.reports = reports
+        if reports:
+            self.job.total_cost_usd = reports[-1].total_cost_usd
+            self.job.total_env_steps = reports[-1].total_env_steps
+        self.next_round = ck["round"] + 1
+        reported = reports[-1].round if reports else -1
+        return ck["pending"] if ck["round"] > reported else None
+
+    def append_report(self, report: training_pb2.RoundReport) -> None:
+        data = report.SerializeToString()
+        with open(os.path.join(self.dir, "reports.pb"), "ab") as f:
+            f.write(struct.pack("<I", len(data)) + data)
+            f.flush()
+            os.fsync(f.fileno())
+        self.job.add_report(report)
+
+    def save_job_state(self, state: str, message: str = "", resumable: bool = False) -> None:
+        path = os.path.join(self.dir, "job.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"job_id": self.job.job_id, "state": state, "message": message, "resumable": resumable,
+                       "spec": self.spec.to_dict()}, f)
+        os.replace(tmp, path)
+
+
+def load_reports(directory: str) -> list[training_pb2.RoundReport]:
+    path = os.path.join(directory, "reports.pb")
+    out: list[training_pb2.RoundReport] = []
+    if not os.path.exists(path):
+        return out
+    with open(path, "rb") as f:
+        data = f.read()
+    pos = 0
+    while pos + 4 <= len(data):
+        (n,) = struct.unpack_from("<I", data, pos)
+        if pos + 4 + n > len(data):
+            break  # a torn last write: that round is finished again on resume
+        out.append(training_pb2.RoundReport.FromString(data[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    return out
