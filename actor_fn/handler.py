@@ -11,7 +11,10 @@ Event (JSON):
   invocation_id   str   unique per logical invocation; retries reuse it (the stream drops duplicates)
   redis_url       str   optional; else NITRO_REDIS_URL. The password comes from NITRO_REDIS_PASSWORD(_FILE)
                         and the ACL user name from NITRO_REDIS_USERNAME, never from the event.
-  compress        bool  optional; zlib-compress the payload (Atari frames)
+  compress        bool  optional; zlib-compress the payload. Default: on for image (uint8) observations
+                        such as Atari frames, off otherwise
+  max_entry_bytes int   optional; largest stream entry; a bigger batch is split into contiguous parts
+                        (default NITRO_MAX_ENTRY_BYTES, else 32 MiB; see nitro.store)
 
 The HMAC key comes from NITRO_HMAC_KEY or NITRO_HMAC_KEY_FILE. A warm execution
 environment keeps its Redis connection, its environment (episodes continue
@@ -33,7 +36,7 @@ from nitro.errors import ConfigError
 from nitro.inference import PolicyRunner
 from nitro.models import blob_to_doc
 from nitro.rollout import Sampler
-from nitro.store import PolicyStore, TrajectoryWriter
+from nitro.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
 
 REQUIRED = {"job_id": str, "round": int, "policy_version": int, "env_id": str, "num_steps": int, "seed": int,
             "invocation_id": str}
@@ -69,6 +72,17 @@ def _validate(event: dict) -> None:
             raise ConfigError(f"event field {name!r} must be a non-empty string")
     if not 1 <= event["num_steps"] <= MAX_STEPS:
         raise ConfigError(f"event field 'num_steps' must be in [1, {MAX_STEPS}], got {event['num_steps']}")
+
+
+def _max_entry_bytes(event: dict) -> int:
+    value = event.get("max_entry_bytes", os.environ.get("NITRO_MAX_ENTRY_BYTES", DEFAULT_MAX_ENTRY_BYTES))
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"max_entry_bytes must be an integer, got {value!r}") from None
+    if not 1 <= value <= REDIS_MAX_BULK_BYTES:
+        raise ConfigError(f"max_entry_bytes must be in [1, {REDIS_MAX_BULK_BYTES}], got {value}")
+    return value
 
 
 def _redis_password() -> str | None:
@@ -143,6 +157,7 @@ def handler(event: dict, context=None) -> dict:
     env_kwargs = event.get("env_kwargs") or {}
     if not isinstance(env_kwargs, dict):
         raise ConfigError("event field 'env_kwargs' must be an object")
+    max_entry_bytes = _max_entry_bytes(event)
 
     sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"])
     client = _client(_redis_url(event))
@@ -153,10 +168,11 @@ def handler(event: dict, context=None) -> dict:
     t_sampled = time.perf_counter()
     batch["policy_version"] = event["policy_version"]
     batch["invocation_id"] = event["invocation_id"]
-    writer = TrajectoryWriter(client, event["job_id"], key)
-    entry_id = writer.append(invocation_id=event["invocation_id"], round=event["round"],
-                             policy_version=event["policy_version"], steps=event["num_steps"], batch=batch,
-                             compress=bool(event.get("compress", False)))
+    writer = TrajectoryWriter(client, event["job_id"], key, max_entry_bytes=max_entry_bytes)
+    compress = event.get("compress")
+    entry_ids = writer.append_batch(invocation_id=event["invocation_id"], round=event["round"],
+                                    policy_version=event["policy_version"], batch=batch,
+                                    compress=None if compress is None else bool(compress))
     t_pushed = time.perf_counter()
     returns = batch["episode_returns"]
     return {
@@ -165,7 +181,8 @@ def handler(event: dict, context=None) -> dict:
         "invocation_id": event["invocation_id"],
         "round": event["round"],
         "policy_version": event["policy_version"],
-        "entry_id": entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        "entry_id": entry_ids[0],
+        "entries": len(entry_ids),
         "steps": event["num_steps"],
         "episodes": len(returns),
         "mean_episode_return": float(np.mean(returns)) if returns else None,

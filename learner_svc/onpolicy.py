@@ -295,7 +295,10 @@ class OnPolicyLoop(RoundLoop):
                 notes.append(f"detector unavailable ({detail}); fallback plan of {fallback} actors "
                              f"({self.spec.detector_fallback})")
         with metrics.timed("plan", phases):
-            next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback)
+            last = {"loss": pending["policy_loss"] + pending["value_loss"], "eval_return": eval_return,
+                    "kl": pending["kl"], "update_seconds": phases.get("update", 0.0),
+                    "actor_seconds": phases.get("sample", 0.0), "round_seconds": time.time() - pending["t_round"]}
+            next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last)
         cost = self.cost()
         prev_total = job.reports[-1].total_cost_usd if job.reports else 0.0
         round_seconds = max(time.time() - pending["t_round"], sum(phases.values()))

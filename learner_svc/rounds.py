@@ -164,9 +164,12 @@ class RoundLoop:
     def scaler_spec(self) -> common_pb2.ScalerSpec:
         sc = self.spec.scaler
         return common_pb2.ScalerSpec(policy=sc.policy, i_min=sc.i_min, i_max=sc.i_max, fixed_actors=sc.fixed_actors,
-                                     decay=sc.decay, window=sc.window, period=sc.period)
+                                     decay=sc.decay, window=sc.window, period=sc.period, scheduler=sc.scheduler)
 
-    def plan(self, round_index: int, score: float, gns: float, fallback_actors: int = 0) -> scaler_pb2.PlanResponse:
+    def plan(self, round_index: int, score: float, gns: float, fallback_actors: int = 0,
+             last: dict | None = None) -> scaler_pb2.PlanResponse:
+        """Ask the scaler for round `round_index`'s actors; `last` describes the round just finished."""
+        last = last or {}
         now = time.monotonic()
         learner_seconds, self.last_plan_time = now - self.last_plan_time, now
         try:
@@ -174,7 +177,11 @@ class RoundLoop:
                 job_id=self.job.job_id, round=round_index, score=min(max(score, 0.0), 1.0),
                 scaler=self.scaler_spec(), budget_usd=self.spec.budget_usd,
                 steps_per_actor=self.spec.steps_per_actor, actor_memory_mb=self.spec.actor_memory_mb,
-                learner_seconds=learner_seconds, gradient_noise_scale=gns, fallback_actors=fallback_actors),
+                learner_seconds=learner_seconds, gradient_noise_scale=gns, fallback_actors=fallback_actors,
+                learner_loss=last.get("loss", 0.0), eval_return=_finite(last.get("eval_return", 0.0)),
+                approx_kl=last.get("kl", 0.0), update_seconds=last.get("update_seconds", 0.0),
+                actor_seconds=last.get("actor_seconds", 0.0), round_seconds=last.get("round_seconds", 0.0),
+                target_return=self.spec.target_return, rounds=self.spec.rounds),
                 timeout=DEADLINES["Plan"], patience=self.spec.round_deadline_s, what="Plan")
         except grpc.RpcError as exc:
             raise JobAborted(f"scaler unavailable for planning: {exc.code().name}: {exc.details()}") from exc
@@ -295,6 +302,10 @@ class RoundLoop:
             json.dump({"job_id": self.job.job_id, "state": state, "message": message, "resumable": resumable,
                        "spec": self.spec.to_dict()}, f)
         os.replace(tmp, path)
+
+
+def _finite(x: float) -> float:
+    return float(x) if np.isfinite(x) else 0.0
 
 
 def load_reports(directory: str) -> list[training_pb2.RoundReport]:

@@ -202,6 +202,7 @@ TRAIN_FIELDS = [
     ("--decay", "scaler.decay", float, "boosting score decay d in (0, 1] (--scaler nitro)"),
     ("--window", "scaler.window", int, "sliding window n of convexity ratios (--scaler nitro)"),
     ("--period", "scaler.period", int, "rounds between doublings (--scaler hydrozoa)"),
+    ("--scheduler", "scaler.scheduler", str, "pre-trained scheduler checkpoint (--scaler minions)"),
     ("--rounds", "rounds", int, "training rounds"),
     ("--steps-per-actor", "steps_per_actor", int, "environment steps each actor samples per round"),
     ("--budget", "budget_usd", float, "budget in USD; the job stops when the next round is unaffordable"),
@@ -435,7 +436,10 @@ def _aws_backend(args) -> dict:
     for name, kwarg in (("NITRO_HMAC_KEY", "hmac_key"), ("NITRO_REDIS_PASSWORD", "redis_password")):
         value = os.environ.get(name)
         if not value and os.environ.get(f"{name}_FILE"):
-            value = Path(os.environ[f"{name}_FILE"]).read_text().strip()
+            try:
+                value = Path(os.environ[f"{name}_FILE"]).read_text().strip()
+            except OSError as exc:
+                raise CliError(f"{name}_FILE cannot be read: {exc.strerror}", exit_code=2) from None
         if not value:
             raise CliError(f"--backend aws --local needs {name} (or {name}_FILE): the same value the function "
                            f"was deployed with (nitro deploy-lambda --env {name}=...)", exit_code=2)

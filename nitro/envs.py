@@ -10,6 +10,7 @@ an `UnknownEnvironmentError` naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 from dataclasses import dataclass
@@ -64,11 +65,19 @@ def resolve_env_id(env_id: str) -> str:
     return env_id
 
 
+ATARI_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(AtariOptions))
+
+
 def make_env(env_id: str, seed: int | None = None, *, atari: AtariOptions | None = None, **kwargs) -> gym.Env:
-    """Build the environment, with Atari preprocessing for ALE ids, and seed it."""
+    """Build the environment, with Atari preprocessing for ALE ids, and seed it.
+
+    For ALE ids, keyword arguments named like AtariOptions fields (e.g. frame_stack=4,
+    as env_kwargs in an actor event) set the preprocessing; the rest go to gym.make.
+    """
     registered = resolve_env_id(env_id)
     if is_atari(registered):
-        opts = atari or AtariOptions()
+        named = {k: kwargs.pop(k) for k in ATARI_OPTION_NAMES if k in kwargs}
+        opts = dataclasses.replace(atari or AtariOptions(), **named)
         # Frame skipping happens in the preprocessing wrapper, so the ALE env itself must not skip.
         env = gym.make(registered, frameskip=1, repeat_action_probability=0.0, **kwargs)
         env = gym.wrappers.AtariPreprocessing(
@@ -83,9 +92,9 @@ def make_env(env_id: str, seed: int | None = None, *, atari: AtariOptions | None
     return env
 
 
-def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action spaces of an id (builds and closes one instance)."""
-    env = make_env(env_id)
+def env_spaces(env_id: str, **kwargs) -> tuple[gym.Space, gym.Space]:
+    """Observation and action spaces of an id (builds and closes one instance); kwargs as for make_env."""
+    env = make_env(env_id, **kwargs)
     try:
         return env.observation_space, env.action_space
     finally:

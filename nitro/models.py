@@ -61,6 +61,8 @@ def spec_for_spaces(observation_space: gym.Space, action_space: gym.Space, *, hi
     obs_shape = tuple(int(s) for s in observation_space.shape)
     if arch is None:
         arch = "cnn" if len(obs_shape) == 3 else "mlp"
+    if arch == "cnn":
+        obs_norm = False  # the CNN scales uint8 pixels by 1/255; per-pixel running statistics add nothing
     if isinstance(action_space, gym.spaces.Box):
         if len(action_space.shape) != 1:
             raise ConfigError(f"unsupported action space {action_space}: Box actions must be 1-D")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from nitro.errors import ConfigError, UnknownEnvironmentError
 
-ALGOS = ("ppo",)
+ALGOS = ("ppo", "impact")
 SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu")
 DETECTOR_FALLBACKS = ("i_min", "last")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -39,6 +39,7 @@ class ScalerSettings:
     decay: float = 0.96
     window: int = 6
     period: int = 10
+    scheduler: str = ""  # "minions": path of a pre-trained scheduler checkpoint
 
 
 @dataclass
@@ -72,10 +73,15 @@ def _finite(name: str, value: float) -> None:
 
 
 def validate(spec: TrainingSpec) -> TrainingSpec:
-    """Check every field; returns the spec (with a generated job id if none was given)."""
-    from nitro.config import PPO_PRESETS, ppo_config
+    """Check every field; returns the spec (with a generated job id if none was given).
+
+    A `preset` naming an environment preset (nitro.presets, e.g. "qbert-impact") is
+    expanded first by `apply_env_preset`; fields that differ from their defaults win.
+    """
+    from nitro.config import ALGO_PRESETS, make_config
     from nitro.envs import resolve_env_id
 
+    apply_env_preset(spec)
     if not spec.env_id:
         raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1'")
     try:
@@ -85,12 +91,15 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
                           "'Hopper-v5', 'ALE/Qbert-v5') or 'package.module:EnvId-v0'") from exc
     if spec.algo not in ALGOS:
         raise InvalidSpec("algo", f"unknown algorithm {spec.algo!r}; allowed: {list(ALGOS)}")
-    if spec.preset not in PPO_PRESETS:
-        raise InvalidSpec("preset", f"unknown preset {spec.preset!r} for {spec.algo}; allowed: {sorted(PPO_PRESETS)}")
+    if spec.preset not in ALGO_PRESETS[spec.algo]:
+        from nitro.presets import env_preset_names
+
+        raise InvalidSpec("preset", f"unknown preset {spec.preset!r} for {spec.algo}; allowed: "
+                          f"{sorted(ALGO_PRESETS[spec.algo])} or an environment preset {env_preset_names()}")
     for name, value in spec.hyperparameters.items():
         _finite(f"hyperparameters.{name}", value)
     try:
-        ppo_config(spec.preset, **_typed_overrides(spec.hyperparameters))
+        make_config(spec.algo, spec.preset, **_typed_overrides(spec.hyperparameters, spec.algo))
     except ConfigError as exc:
         raise InvalidSpec("hyperparameters", str(exc)) from exc
 
@@ -152,11 +161,11 @@ def new_job_id(env_id: str) -> str:
     return f"{stem}-{uuid.uuid4().hex[:8]}"
 
 
-def _typed_overrides(hp: dict[str, float]) -> dict:
-    """Numeric wire values -> the config's field types (ints stay ints, bools from 0/1)."""
-    from nitro.config import PPOConfig
+def _typed_overrides(hp: dict[str, float], algo: str = "ppo") -> dict:
+    """Numeric wire values -> the algorithm config's field types (ints stay ints, bools from 0/1)."""
+    from nitro.config import CONFIG_CLASSES
 
-    types = {f.name: f.type for f in dataclasses.fields(PPOConfig)}
+    types = {f.name: f.type for f in dataclasses.fields(CONFIG_CLASSES.get(algo, CONFIG_CLASSES["ppo"]))}
     out = {}
     for k, v in hp.items():
         t = types.get(k)
@@ -172,9 +181,54 @@ def _typed_overrides(hp: dict[str, float]) -> dict:
 
 
 def algo_config(spec: TrainingSpec):
-    from nitro.config import ppo_config
+    """The spec's hyperparameters: a PPOConfig or IMPACTConfig (by `spec.algo`) from its preset plus overrides."""
+    from nitro.config import make_config
 
-    return ppo_config(spec.preset, **_typed_overrides(spec.hyperparameters))
+    apply_env_preset(spec)
+    return make_config(spec.algo, spec.preset, **_typed_overrides(spec.hyperparameters, spec.algo))
+
+
+# Spec fields an environment preset fills in ("scaler.x" for scaler settings).
+_PRESET_FIELDS = ("env_id", "algo", "steps_per_actor", "eval_episodes", "scaler.i_min", "scaler.i_max")
+
+
+def _get(spec: TrainingSpec, name: str):
+    return getattr(spec.scaler, name[7:]) if name.startswith("scaler.") else getattr(spec, name)
+
+
+def apply_env_preset(spec: TrainingSpec, explicit: set[str] | None = None) -> TrainingSpec:
+    """Expand `spec.preset` in place when it names an environment preset (nitro.presets); else no-op.
+
+    The preset supplies env_id, algo, the algorithm preset (which replaces spec.preset),
+    hyperparameter overrides (spec.hyperparameters win per key), steps_per_actor,
+    eval_episodes and scaler.i_min/i_max. Fields named in `explicit` (or, when it is
+    None, fields that differ from TrainingSpec's defaults) keep the spec's value; an
+    explicit env_id or algo that contradicts the preset is an InvalidSpec.
+    """
+    from nitro.presets import is_env_preset, resolve_preset
+
+    if not is_env_preset(spec.preset):
+        return spec
+    preset = resolve_preset(spec.preset)
+    if explicit is None:
+        defaults = TrainingSpec()
+        explicit = {n for n in _PRESET_FIELDS if _get(spec, n) != _get(defaults, n)}
+    values = {"env_id": preset.env_id, "algo": preset.algo, "steps_per_actor": preset.steps_per_actor,
+              "eval_episodes": preset.eval_episodes, "scaler.i_min": preset.i_min, "scaler.i_max": preset.i_max}
+    for name in ("env_id", "algo"):
+        if name in explicit and _get(spec, name) != values[name]:
+            raise InvalidSpec(name, f"{_get(spec, name)!r} contradicts preset {spec.preset!r}, which is for "
+                              f"{name} {values[name]!r}; leave {name} unset or pick another preset")
+    for name, value in values.items():
+        if name in explicit:
+            continue
+        if name.startswith("scaler."):
+            setattr(spec.scaler, name[7:], value)
+        else:
+            setattr(spec, name, value)
+    spec.hyperparameters = {**preset.hyperparameters, **spec.hyperparameters}
+    spec.preset = preset.algo_preset
+    return spec
 
 
 # -- wire conversion -----------------------------------------------------------------
@@ -199,7 +253,10 @@ def from_proto(msg) -> TrainingSpec:
     for name in _SCALAR_FIELDS:
         if msg.HasField(name):
             setattr(spec, name, getattr(msg, name))
+    explicit = {n for n in ("env_id", "algo") if getattr(msg, n)}
+    explicit |= {n for n in ("steps_per_actor", "eval_episodes") if msg.HasField(n)}
     if msg.HasField("scaler"):
+        explicit |= {f"scaler.{n}" for n in ("i_min", "i_max") if msg.scaler.HasField(n)}
         if msg.scaler.policy:
             policy, _, n = msg.scaler.policy.partition(":")
             spec.scaler.policy = policy
@@ -209,10 +266,12 @@ def from_proto(msg) -> TrainingSpec:
                 except ValueError:
                     raise InvalidSpec("scaler.policy", f"'{msg.scaler.policy}': the count after ':' must be an "
                                       "integer, e.g. 'fixed:16'") from None
+        if msg.scaler.scheduler:
+            spec.scaler.scheduler = msg.scaler.scheduler
         for name in _SCALER_FIELDS:
             if msg.scaler.HasField(name):
                 setattr(spec.scaler, name, getattr(msg.scaler, name))
-    return spec
+    return apply_env_preset(spec, explicit)
 
 
 def to_proto(spec: TrainingSpec):
@@ -221,6 +280,7 @@ def to_proto(spec: TrainingSpec):
     sc = spec.scaler
     return training_pb2.TrainingSpec(
         env_id=spec.env_id, algo=spec.algo, preset=spec.preset, hyperparameters=spec.hyperparameters,
-        scaler=common_pb2.ScalerSpec(policy=sc.policy, **{n: getattr(sc, n) for n in _SCALER_FIELDS}),
+        scaler=common_pb2.ScalerSpec(policy=sc.policy, scheduler=sc.scheduler,
+                                     **{n: getattr(sc, n) for n in _SCALER_FIELDS}),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
         **{n: getattr(spec, n) for n in _SCALAR_FIELDS})

@@ -2,6 +2,14 @@
 
 Every key is bounded: policies expire, acked stream entries are deleted, the
 stream has a MAXLEN safety cap, and the dedup record keeps a time window.
+
+Entry size: a stream entry holds one signed batch. `append_batch` keeps each
+entry under the writer's `max_entry_bytes` (default 32 MiB, far below Redis's
+proto-max-bulk-len of 512 MiB and the reader's max_payload_bytes of 256 MiB):
+image observations are compressed, and a batch still too large is split into
+contiguous parts (nitro.batching) written atomically, each a complete batch whose
+signed record carries (part, parts). A part is deduplicated by
+"invocation_id#part/parts"; an unsplit entry keeps the exact earlier format.
 """
 
 from __future__ import annotations
@@ -15,10 +23,12 @@ from typing import Any
 
 import redis
 
+from nitro.batching import split_batch, steps_of, wants_compression
 from nitro.codec import (
     BadSignatureError,
     MalformedPayloadError,
     PayloadError,
+    PayloadTooLargeError,
     UnsignedPayloadError,
     decode,
     encode,
@@ -28,6 +38,9 @@ log = logging.getLogger(__name__)
 
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FIELDS = (b"inv", b"round", b"version", b"steps")
+_PART_FIELDS = (b"part", b"parts")
+DEFAULT_MAX_ENTRY_BYTES = 32 << 20
+REDIS_MAX_BULK_BYTES = 512 << 20  # Redis's default proto-max-bulk-len: no single value may be larger
 
 
 def _job(job_id: str) -> str:
@@ -90,10 +103,15 @@ class PolicyStore:
 
 
 class TrajectoryWriter:
-    """Actor side: one signed stream entry per invocation."""
+    """Actor side: one signed stream entry per invocation (several when `append_batch` splits it)."""
 
-    def __init__(self, client: redis.Redis, job_id: str, key: bytes, maxlen: int = 10000):
+    def __init__(self, client: redis.Redis, job_id: str, key: bytes, maxlen: int = 10000,
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES):
+        if not 0 < max_entry_bytes <= REDIS_MAX_BULK_BYTES:
+            raise ValueError(f"max_entry_bytes must be in (0, {REDIS_MAX_BULK_BYTES}] (Redis proto-max-bulk-len), "
+                             f"got {max_entry_bytes!r}")
         self._r, self._stream, self._key, self._maxlen = client, stream_key(job_id), key, maxlen
+        self.max_entry_bytes = int(max_entry_bytes)
 
     def append(
         self,
@@ -117,6 +135,43 @@ class TrajectoryWriter:
         entry_id = self._r.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
         return entry_id.decode()
 
+    def append_batch(self, *, invocation_id: str, round: int, policy_version: int, batch: dict,
+                     compress: bool | None = None) -> list[str]:
+        """Append a batch as one entry, or as contiguous parts if it encodes above max_entry_bytes.
+
+        compress=None compresses image observations (nitro.batching.wants_compression).
+        Parts go in one MULTI/EXEC, so the learner never sees half of a split batch.
+        Raises PayloadTooLargeError when even a single step is over the cap.
+        """
+        if not invocation_id or not isinstance(invocation_id, str):
+            raise ValueError("invocation_id must be a non-empty str")
+        compress = wants_compression(batch) if compress is None else bool(compress)
+        steps = steps_of(batch)
+        meta = (invocation_id, int(round), int(policy_version), int(steps))
+        payload = encode((*meta, batch), self._key, compress=compress)
+        if len(payload) <= self.max_entry_bytes:
+            return [self._xadd([(meta, payload)])[0]]
+        parts = -(-len(payload) // self.max_entry_bytes) + 1  # parts compress unevenly: start with slack
+        while True:
+            if parts > steps:
+                raise PayloadTooLargeError(f"one step of the batch encodes above max_entry_bytes="
+                                           f"{self.max_entry_bytes}; raise the cap or sample smaller observations")
+            encoded = []
+            for i, piece in enumerate(split_batch(batch, parts)):
+                pmeta = (invocation_id, int(round), int(policy_version), steps_of(piece), i, parts)
+                encoded.append((pmeta, encode((*pmeta[:4], piece, i, parts), self._key, compress=compress)))
+            if max(len(p) for _, p in encoded) <= self.max_entry_bytes:
+                return self._xadd(encoded)
+            parts = min(parts * 2, max(steps, 1)) if parts < steps else parts + 1
+
+    def _xadd(self, encoded: list[tuple[tuple, bytes]]) -> list[str]:
+        pipe = self._r.pipeline(transaction=True)
+        for meta, payload in encoded:
+            fields = dict(zip(_FIELDS + _PART_FIELDS, (str(v).encode() for v in meta)))
+            fields[b"payload"] = payload
+            pipe.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
+        return [eid.decode() if isinstance(eid, bytes) else str(eid) for eid in pipe.execute()]
+
 
 @dataclass
 class TrajectoryEntry:
@@ -126,6 +181,13 @@ class TrajectoryEntry:
     policy_version: int
     steps: int
     batch: dict
+    part: int = 0  # index of this contiguous part of a split batch (0 of 1 when unsplit)
+    parts: int = 1
+
+    @property
+    def dedup_id(self) -> str:
+        """What the stream deduplicates on: the invocation id, per part for a split batch."""
+        return self.invocation_id if self.parts == 1 else f"{self.invocation_id}#{self.part}/{self.parts}"
 
 
 class _RecentIds:
@@ -228,7 +290,7 @@ class TrajectoryReader:
         pipe = self._r.pipeline(transaction=True)
         pipe.xack(self._stream, self.group, *ids)
         pipe.xdel(self._stream, *ids)
-        pipe.zadd(self._seen_key, {e.invocation_id: now for e in entries})
+        pipe.zadd(self._seen_key, {e.dedup_id: now for e in entries})
         if now >= self._next_trim:  # the window needs no per-ack precision; keep acks lean
             pipe.zremrangebyscore(self._seen_key, "-inf", now - self.dedup_window_s)
             pipe.expire(self._seen_key, self.dedup_window_s)
@@ -297,35 +359,41 @@ class TrajectoryReader:
         if payload is None:
             raise UnsignedPayloadError("entry has no payload field")
         signed = decode(payload, self._key, max_size=self.max_payload_bytes)
-        if not (isinstance(signed, tuple) and len(signed) == 5):
+        if not (isinstance(signed, tuple) and len(signed) in (5, 7)):
             raise MalformedPayloadError("payload is not a trajectory record")
-        inv, rnd, version, steps, batch = signed
-        ints = all(type(v) is int for v in (rnd, version, steps))
+        inv, rnd, version, steps, batch = signed[:5]
+        part, parts = signed[5:] if len(signed) == 7 else (0, 1)
+        ints = all(type(v) is int for v in (rnd, version, steps, part, parts)) and 0 <= part < parts
         if not (isinstance(inv, str) and ints and isinstance(batch, dict)):
             raise MalformedPayloadError("payload is not a trajectory record")
-        claimed = tuple(fields.get(f) for f in _FIELDS)
-        if claimed != tuple(str(v).encode() for v in (inv, rnd, version, steps)):
+        names, meta = _FIELDS, (inv, rnd, version, steps)
+        if len(signed) == 7:
+            names, meta = _FIELDS + _PART_FIELDS, (*meta, part, parts)
+        elif any(f in fields for f in _PART_FIELDS):
+            raise BadSignatureError("stream fields differ from the signed metadata")
+        claimed = tuple(fields.get(f) for f in names)
+        if claimed != tuple(str(v).encode() for v in meta):
             raise BadSignatureError("stream fields differ from the signed metadata")
         eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        return TrajectoryEntry(eid, inv, rnd, version, steps, batch)
+        return TrajectoryEntry(eid, inv, rnd, version, steps, batch, part, parts)
 
     def _drop_duplicates(self, entries: list[TrajectoryEntry], drop: list) -> list[TrajectoryEntry]:
         if not entries:
             return entries
-        fresh = [e for e in entries if self._recent.get(e.invocation_id) is None]
+        fresh = [e for e in entries if self._recent.get(e.dedup_id) is None]
         known = set()
         if fresh:
-            scores = self._r.zmscore(self._seen_key, [e.invocation_id for e in fresh])
-            known = {e.invocation_id for e, s in zip(fresh, scores) if s is not None}
+            scores = self._r.zmscore(self._seen_key, [e.dedup_id for e in fresh])
+            known = {e.dedup_id for e, s in zip(fresh, scores) if s is not None}
         kept: list[TrajectoryEntry] = []
         for e in entries:
-            handed_out = self._recent.get(e.invocation_id)
+            handed_out = self._recent.get(e.dedup_id)
             if handed_out == e.entry_id:
                 continue  # the same entry again (re-scan/claim of our own pending): caller has it
-            if handed_out is not None or e.invocation_id in known:
+            if handed_out is not None or e.dedup_id in known:
                 self.duplicates += 1  # another entry for an invocation already consumed (retry)
                 drop.append(e.entry_id)
                 continue
-            self._recent.add(e.invocation_id, e.entry_id)  # also catches a repeat later in this batch
+            self._recent.add(e.dedup_id, e.entry_id)  # also catches a repeat later in this batch
             kept.append(e)
         return kept

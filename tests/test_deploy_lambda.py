@@ -322,3 +322,60 @@ def test_train_backend_aws_starts_the_local_system_without_the_local_endpoint(aw
     assert rc == 1 and "stop here" in err, err
     assert seen == {"ports": {"redis": 6390}, "lambda_backend": "aws", "actor_redis_url": "redis://203.0.113.7:6390/0",
                     "aws_region": REGION, "hmac_key": SECRET, "redis_password": "redispw", "redis_bind": "0.0.0.0"}
+
+
+# --- deploy/aws IAM documents -------------------------------------------------------------------
+
+POLICIES = sorted((ROOT / "deploy/aws").glob("*-policy.json"))
+# Actions AWS offers no resource-level permission for: the only ones allowed on "*".
+UNSCOPABLE = {"ecr:GetAuthorizationToken", "ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces",
+              "ec2:DescribeSubnets", "ec2:DeleteNetworkInterface", "ec2:AssignPrivateIpAddresses",
+              "ec2:UnassignPrivateIpAddresses", "ec2:DescribeSecurityGroups", "ec2:DescribeVpcs"}
+
+
+def statements(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["Statement"]
+
+
+def as_list(v) -> list:
+    return v if isinstance(v, list) else [v]
+
+
+@pytest.mark.parametrize("path", POLICIES, ids=lambda p: p.name)
+def test_iam_documents_are_valid_and_least_privilege(aws, path):
+    text = path.read_text().replace("REGION", REGION).replace("ACCOUNT_ID", ACCOUNT)
+    if path.name == "lambda-trust-policy.json":
+        aws.iam.create_role(RoleName="trust-check", AssumeRolePolicyDocument=text)
+    else:
+        aws.iam.create_policy(PolicyName=path.stem, PolicyDocument=text)  # moto checks the grammar
+    for st in statements(path):
+        assert st["Effect"] == "Allow" and st.get("Sid")
+        actions = as_list(st["Action"])
+        assert not any(a == "*" or a.endswith(":*") for a in actions), actions
+        if "Resource" in st and "*" in as_list(st["Resource"]):
+            assert set(actions) <= UNSCOPABLE, f"{path.name} {st['Sid']}: {actions} on *"
+
+
+def test_scaler_may_only_invoke_the_actor_function():
+    (st,) = statements(ROOT / "deploy/aws/scaler-policy.json")
+    assert st["Action"] == "lambda:InvokeFunction"
+    assert st["Resource"] == ["arn:aws:lambda:REGION:ACCOUNT_ID:function:nitro-actor",
+                              "arn:aws:lambda:REGION:ACCOUNT_ID:function:nitro-actor:live"]
+
+
+def test_deployer_passes_only_the_execution_role_and_only_to_lambda():
+    sts = statements(ROOT / "deploy/aws/deployer-policy.json")
+    (passrole,) = [s for s in sts if "iam:PassRole" in as_list(s["Action"])]
+    assert passrole["Resource"] == "arn:aws:iam::ACCOUNT_ID:role/nitro-actor-execution"
+    assert passrole["Condition"] == {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}
+    lam = [s for s in sts if any(a.startswith("lambda:") for a in as_list(s["Action"]))]
+    for s in lam:
+        assert all(r.startswith("arn:aws:lambda:REGION:ACCOUNT_ID:function:nitro-actor") for r in as_list(s["Resource"]))
+    # Everything deploy-lambda calls is granted (botocore operation names -> IAM actions).
+    granted = {a for s in lam for a in as_list(s["Action"])}
+    import re
+
+    calls = set(re.findall(r"self\.lam\.(\w+)", Path(deploy_lambda.__file__).read_text()))
+    calls -= {"meta", "exceptions", "get_waiter"}  # not API calls; the waiters poll GetFunction
+    used = {"lambda:" + "".join(w.capitalize() for w in c.split("_")) for c in calls} | {"lambda:GetFunction"}
+    assert len(used) >= 12 and used <= granted, sorted(used - granted)

@@ -1,9 +1,11 @@
 """detect(): one round's extreme Hessian eigenvalues and convexity ratio, a pure function of its inputs.
 
 The service passes the post-update policy and the round's samples (behaviour
-log-probabilities and advantages as the learner used them); detect() picks a
-seeded subset, builds the HVP of the PPO surrogate and runs the chosen
-eigensolver. It never touches torch's global thread or seed settings.
+log-probabilities and advantages as the learner used them; for IMPACT also the
+target network's log-probabilities and the truncated importance weights);
+detect() picks a seeded subset, builds the HVP of the algorithm's surrogate
+(`algo`: "ppo" or "impact") and runs the chosen eigensolver. It never touches
+torch's global thread or seed settings.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from nitro.detector.hvp import DEFAULT_SUBSET, make_hvp, ppo_objective, select_subset
+from nitro.detector.hvp import DEFAULT_SUBSET, impact_objective, make_hvp, ppo_objective, select_subset
 from nitro.detector.lanczos import DEFAULT_STEPS, DEFAULT_TOL, lanczos
 from nitro.detector.score import DEFAULT_EPS, convexity_ratio
 from nitro.detector.solvers import eigsh_extremes, explicit_extremes, lobpcg_extremes
@@ -24,6 +26,9 @@ from nitro.errors import ConfigError
 
 METHODS = ("lanczos", "eigsh", "lobpcg", "explicit")
 REQUIRED = ("obs", "actions", "logp", "advantages")
+# Sample fields each algorithm's surrogate needs; the learner writes these into the detector's subset.
+REQUIRED_FIELDS = {"ppo": REQUIRED, "impact": ("obs", "actions", "logp_target", "is_weights", "advantages")}
+ALGOS = tuple(REQUIRED_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -48,27 +53,42 @@ class DetectionResult:
         return d
 
 
-def _tensors(samples: Mapping[str, np.ndarray], idx: np.ndarray, normalize_advantages: bool):
+def _tensors(samples: Mapping[str, np.ndarray], idx: np.ndarray, normalize_advantages: bool,
+             float_fields: tuple[str, ...]):
     obs = torch.as_tensor(np.asarray(samples["obs"])[idx])
     actions = torch.as_tensor(np.asarray(samples["actions"])[idx])
-    logp = torch.as_tensor(np.asarray(samples["logp"], dtype=np.float32)[idx])
+    floats = [torch.as_tensor(np.asarray(samples[k], dtype=np.float32)[idx]) for k in float_fields]
     adv = torch.as_tensor(np.asarray(samples["advantages"], dtype=np.float32)[idx])
     if normalize_advantages and adv.numel() > 1:  # same standardisation as the update, if it used one
         adv = (adv - adv.mean()) / (adv.std(unbiased=False) + 1e-8)
-    return obs, actions, logp, adv
+    return obs, actions, floats, adv
+
+
+def _objective(algo: str, policy, samples, idx, normalize_advantages: bool, clip: float):
+    if algo == "impact":
+        obs, actions, (logp_target, weights), adv = _tensors(samples, idx, normalize_advantages,
+                                                             ("logp_target", "is_weights"))
+        return impact_objective(policy, obs, actions, logp_target, weights, adv, clip)
+    obs, actions, (logp,), adv = _tensors(samples, idx, normalize_advantages, ("logp",))
+    return ppo_objective(policy, obs, actions, logp, adv, clip)
 
 
 def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_size: int = DEFAULT_SUBSET,
            lanczos_steps: int = DEFAULT_STEPS, seed: int = 0, method: str = "lanczos", full_batch: bool = False,
            normalize_advantages: bool = False, tol: float = DEFAULT_TOL, eps: float = DEFAULT_EPS,
-           max_explicit_dim: int = 4096, early_stop: bool = True) -> DetectionResult:
-    """Extreme eigenvalues of the PPO surrogate's Hessian w.r.t. policy.policy_parameters().
+           max_explicit_dim: int = 4096, early_stop: bool = True, algo: str = "ppo") -> DetectionResult:
+    """Extreme eigenvalues of the surrogate's Hessian w.r.t. policy.policy_parameters().
 
-    samples: numpy arrays obs, actions, logp (behaviour), advantages, one row per step.
+    algo: "ppo" (clipped surrogate against the behaviour policy) or "impact" (clipped
+    surrogate against the target network, weighted by truncated importance weights).
+    samples: numpy arrays, one row per step: REQUIRED_FIELDS[algo], i.e. obs, actions,
+    advantages plus logp (behaviour) for PPO, or logp_target and is_weights for IMPACT.
     full_batch=True uses every row (the paper's "without subset" ablation).
     method: lanczos (default, k = lanczos_steps), eigsh, lobpcg, or explicit
     (dense Hessian, only up to max_explicit_dim parameters).
     """
+    if algo not in REQUIRED_FIELDS:
+        raise ConfigError(f"unknown detector algo {algo!r}; allowed: {list(ALGOS)}")
     if method not in METHODS:
         raise ConfigError(f"unknown detector method {method!r}; allowed: {list(METHODS)}")
     if not 0.0 < clip < 1.0:
@@ -76,19 +96,20 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
     if subset_size < 1 or lanczos_steps < 1:
         raise ConfigError("invalid value for subset_size / lanczos_steps: both must be integers >= 1")
     t0 = time.perf_counter()
-    missing = [k for k in REQUIRED if k not in samples]
+    required = REQUIRED_FIELDS[algo]
+    missing = [k for k in required if k not in samples]
     if missing:
-        raise ConfigError(f"detector samples lack {missing}; required: {list(REQUIRED)}")
+        raise ConfigError(f"detector samples lack {missing}; required for {algo}: {list(required)}")
     n = len(samples["obs"])
-    if any(len(samples[k]) != n for k in REQUIRED):
-        raise ConfigError(f"detector samples differ in length: {({k: len(samples[k]) for k in REQUIRED})}")
+    if any(len(samples[k]) != n for k in required):
+        raise ConfigError(f"detector samples differ in length: {({k: len(samples[k]) for k in required})}")
     if n == 0:
         raise ConfigError("detector samples are empty: need at least one step")
     idx = np.arange(n) if full_batch else select_subset(n, subset_size, seed)
-    obs, actions, logp, adv = _tensors(samples, idx, normalize_advantages)
+    objective = _objective(algo, policy, samples, idx, normalize_advantages, clip)
     params = [p for p in policy.policy_parameters() if p.requires_grad]
     with torch.enable_grad():
-        hvp, dim = make_hvp(ppo_objective(policy, obs, actions, logp, adv, clip), params)
+        hvp, dim = make_hvp(objective, params)
         if method == "lanczos":
             res = lanczos(hvp, dim, lanczos_steps, seed=seed, tol=tol, early_stop=early_stop)
         elif method == "eigsh":

@@ -7,6 +7,17 @@ eigenvalues, which would turn R = -lambda_max / lambda_min into 1 / R.
     L(theta) = mean_t min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t),
     r_t = exp(log pi_theta(a_t | s_t) - logp_behaviour_t)
 
+For IMPACT (`impact_objective`) it is the surrogate IMPACT maximises, against
+the target network the update used (nitro.algos.impact):
+
+    L(theta) = mean_t w_t min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t),
+    r_t = exp(log pi_theta(a_t | s_t) - logp_target_t),  w_t = min(is_ratio_clip, pi_target / mu)
+
+so the detector's sample subset carries logp_target and is_weights (the
+truncated weights exactly as the update used them) besides obs, actions and
+the V-trace advantages. Neither objective includes the KL penalty, value or
+entropy terms: the detector reads the curvature of the surrogate alone.
+
 The ratio r == 1 needs no special case: clamp is the identity (gradient 1) on
 the closed range [1 - eps, 1 + eps], so near r == 1 both branches of the min
 are r A and L is locally the plain importance-weighted policy-gradient
@@ -39,13 +50,25 @@ def ppo_objective(policy, obs: torch.Tensor, actions: torch.Tensor, logp_old: to
                   clip: float) -> Callable[[], torch.Tensor]:
     """A closure evaluating the PPO surrogate of `policy` (a nitro.models.Policy) on fixed samples.
 
-    Extension point: an IMPACT detector supplies its own closure (its surrogate
-    against the target network) and reuses make_hvp and the eigensolvers as is.
+    Other algorithms supply their own closure (`impact_objective`) and reuse
+    make_hvp and the eigensolvers as is.
     """
 
     def objective() -> torch.Tensor:
         dist = policy.distribution(obs)
         return ppo_surrogate(policy.log_prob(dist, actions), logp_old, adv, clip)
+
+    return objective
+
+
+def impact_objective(policy, obs: torch.Tensor, actions: torch.Tensor, logp_target: torch.Tensor,
+                     is_weights: torch.Tensor, adv: torch.Tensor, clip: float) -> Callable[[], torch.Tensor]:
+    """A closure evaluating IMPACT's surrogate of `policy` on fixed samples (nitro.algos.impact.impact_surrogate)."""
+    from nitro.algos.impact import impact_surrogate
+
+    def objective() -> torch.Tensor:
+        dist = policy.distribution(obs)
+        return impact_surrogate(policy.log_prob(dist, actions), logp_target, is_weights, adv, clip)
 
     return objective
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15nitro/v1/common.proto\x12\x08nitro.v1\"\xe2\x01\n\nScalerSpec\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x12\n\x05i_min\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\x05i_max\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x19\n\x0c\x66ixed_actors\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05\x64\x65\x63\x61y\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12\x13\n\x06window\x18\x06 \x01(\x05H\x04\x88\x01\x01\x12\x13\n\x06period\x18\x07 \x01(\x05H\x05\x88\x01\x01\x42\x08\n\x06_i_minB\x08\n\x06_i_maxB\x0f\n\r_fixed_actorsB\x08\n\x06_decayB\t\n\x07_windowB\t\n\x07_period\".\n\x0cPhaseLatency\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15nitro/v1/common.proto\x12\x08nitro.v1\"\xf5\x01\n\nScalerSpec\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x12\n\x05i_min\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\x05i_max\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x19\n\x0c\x66ixed_actors\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05\x64\x65\x63\x61y\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12\x13\n\x06window\x18\x06 \x01(\x05H\x04\x88\x01\x01\x12\x13\n\x06period\x18\x07 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\tscheduler\x18\x08 \x01(\tB\x08\n\x06_i_minB\x08\n\x06_i_maxB\x0f\n\r_fixed_actorsB\x08\n\x06_decayB\t\n\x07_windowB\t\n\x07_period\".\n\x0cPhaseLatency\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nitro.v1.common_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SCALERSPEC']._serialized_start=36
-  _globals['_SCALERSPEC']._serialized_end=262
-  _globals['_PHASELATENCY']._serialized_start=264
-  _globals['_PHASELATENCY']._serialized_end=310
+  _globals['_SCALERSPEC']._serialized_end=281
+  _globals['_PHASELATENCY']._serialized_start=283
+  _globals['_PHASELATENCY']._serialized_end=329
 # @@protoc_insertion_point(module_scope)

@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScalerSpec(_message.Message):
-    __slots__ = ("policy", "i_min", "i_max", "fixed_actors", "decay", "window", "period")
+    __slots__ = ("policy", "i_min", "i_max", "fixed_actors", "decay", "window", "period", "scheduler")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     I_MIN_FIELD_NUMBER: _ClassVar[int]
     I_MAX_FIELD_NUMBER: _ClassVar[int]
@@ -13,6 +13,7 @@ class ScalerSpec(_message.Message):
     DECAY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     PERIOD_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     policy: str
     i_min: int
     i_max: int
@@ -20,7 +21,8 @@ class ScalerSpec(_message.Message):
     decay: float
     window: int
     period: int
-    def __init__(self, policy: _Optional[str] = ..., i_min: _Optional[int] = ..., i_max: _Optional[int] = ..., fixed_actors: _Optional[int] = ..., decay: _Optional[float] = ..., window: _Optional[int] = ..., period: _Optional[int] = ...) -> None: ...
+    scheduler: str
+    def __init__(self, policy: _Optional[str] = ..., i_min: _Optional[int] = ..., i_max: _Optional[int] = ..., fixed_actors: _Optional[int] = ..., decay: _Optional[float] = ..., window: _Optional[int] = ..., period: _Optional[int] = ..., scheduler: _Optional[str] = ...) -> None: ...
 
 class PhaseLatency(_message.Message):
     __slots__ = ("phase", "seconds")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PlanRequest(_message.Message):
-    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale", "fallback_actors")
+    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale", "fallback_actors", "learner_loss", "eval_return", "approx_kl", "update_seconds", "actor_seconds", "round_seconds", "target_return", "rounds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,14 @@ class PlanRequest(_message.Message):
     LEARNER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_ACTORS_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_RETURN_FIELD_NUMBER: _ClassVar[int]
+    APPROX_KL_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_RETURN_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     score: float
@@ -29,7 +37,15 @@ class PlanRequest(_message.Message):
     learner_seconds: float
     gradient_noise_scale: float
     fallback_actors: int
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., fallback_actors: _Optional[int] = ...) -> None: ...
+    learner_loss: float
+    eval_return: float
+    approx_kl: float
+    update_seconds: float
+    actor_seconds: float
+    round_seconds: float
+    target_return: float
+    rounds: int
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., fallback_actors: _Optional[int] = ..., learner_loss: _Optional[float] = ..., eval_return: _Optional[float] = ..., approx_kl: _Optional[float] = ..., update_seconds: _Optional[float] = ..., actor_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., target_return: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
     __slots__ = ("actors", "reason", "budget_exhausted", "estimated_round_cost_usd", "budget_left_usd")

