@@ -24,7 +24,7 @@ from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging
 from nitro.metrics import serve_metrics
 from nitro.models import Policy, blob_to_doc
-from nitro.redis_server import connect, warn_if_not_persistent
+from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
 from nitro.store import PolicyNotFoundError, PolicyStore
 from nitro.v1 import detector_pb2, detector_pb2_grpc
 
@@ -148,6 +148,7 @@ def main(argv=None) -> None:
     configure_logging(args.log_level)
     torch.set_num_threads(args.threads)
     try:
+        args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         security = auth.server_security(args, "detector")
         key = codec.load_hmac_key()
     except ConfigError as exc:

@@ -237,7 +237,7 @@ class RoundLoop:
         data = self.learner.last_data
         n = len(data["logp"])
         idx = np.sort(self.rng.choice(n, size=min(n, DETECTOR_SUBSET), replace=False))
-        subset = {k: np.ascontiguousarray(v[idx]) for k, v in data.items()
+        subset = {k: np.ascontiguousarray(_numpy(v)[idx]) for k, v in data.items()
                   if k in ("obs", "actions", "logp", "advantages", "logp_target")}
         if extra:
             subset.update(extra)
@@ -302,6 +302,10 @@ class RoundLoop:
             json.dump({"job_id": self.job.job_id, "state": state, "message": message, "resumable": resumable,
                        "spec": self.spec.to_dict()}, f)
         os.replace(tmp, path)
+
+
+def _numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 def _finite(x: float) -> float:

@@ -10,13 +10,14 @@ import os
 import grpc
 
 from learner_svc.jobs import Job, JobManager
+from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
 from learner_svc.rounds import LearnerDeps, job_dir, load_reports
 from nitro import auth, codec
 from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging, make_channel
 from nitro.metrics import serve_metrics
-from nitro.redis_server import connect, warn_if_not_persistent
+from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
 from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec, from_proto, validate
 from nitro.v1 import detector_pb2_grpc, scaler_pb2_grpc, training_pb2, training_pb2_grpc
 
@@ -35,7 +36,8 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         self.jobs = JobManager(self._run)
 
     def _run(self, job: Job, resume: bool = False) -> None:
-        OnPolicyLoop(job, self.deps).run(resume=resume)
+        loop = OffPolicyLoop if job.spec.algo == "impact" else OnPolicyLoop
+        loop(job, self.deps).run(resume=resume)
 
     def _job(self, job_id: str, context) -> Job:
         job = self.jobs.get(job_id)
@@ -179,6 +181,7 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     try:
+        args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         service, servicer = build(args)
     except ConfigError as exc:
         raise SystemExit(f"learner_svc: {exc}") from None

@@ -5,7 +5,9 @@ each a complete batch in their own right: per-step arrays are sliced, a part
 that ends mid-episode bootstraps from the behaviour value of the next part's
 first observation (exactly what the sampler would have recorded had it stopped
 there), and finished episodes go to the part in which they ended. GAE and
-V-trace over the parts therefore equal GAE and V-trace over the whole batch.
+V-trace over a part are then the same kind of estimate as at the end of any
+batch: identical to the unsplit batch's wherever the step's episode ends inside
+the part, and bootstrapped from V at the cut (a shorter trace) just before it.
 """
 
 from __future__ import annotations

@@ -606,9 +606,106 @@ def cmd_deploy_lambda(args) -> int:
         raise CliError(str(exc), exit_code=exc.exit_code) from None
 
 
+# --- nitro pretrain-minions -----------------------------------------------------------------------
+
+
+def _add_pretrain_minions(sub) -> None:
+    from nitro.minions_pretrain import PretrainSettings
+
+    d = PretrainSettings(env_id="", episodes=1)
+    p = sub.add_parser("pretrain-minions", help="pre-train the MinionsRL actor scheduler for --scaler minions",
+                       description="Train the learned actor scheduler (docs/minions.md) over short training jobs "
+                                   "run through the system: each episode is one job whose actor counts the "
+                                   "scheduler samples; PPO updates it after each. Writes a checkpoint for "
+                                   "`nitro train --scaler minions --scheduler PATH` and prints the pre-training "
+                                   "wall time and dollar cost.")
+    p.add_argument("--env", required=True, help="Gymnasium environment id of the training jobs, e.g. CartPole-v1")
+    p.add_argument("--episodes", type=int, required=True, help="training jobs to run (one PPO update each)")
+    p.add_argument("--rounds-per-episode", type=int, default=d.rounds_per_episode, metavar="R",
+                   help="rounds of each job (default: %(default)s)")
+    p.add_argument("--i-max", type=int, default=d.i_max, metavar="M",
+                   help="most actors per round; jobs using the checkpoint need the same scaler.i_max "
+                        "(default: %(default)s)")
+    p.add_argument("--steps-per-actor", type=int, default=d.steps_per_actor, metavar="S",
+                   help="environment steps per actor per round (default: %(default)s)")
+    p.add_argument("--budget", type=float, default=d.budget_usd, metavar="USD",
+                   help="budget of each job (default: %(default)s)")
+    p.add_argument("--target-return", type=float, default=None, metavar="X",
+                   help="return that ends a job with the terminal bonus (default: the environment's "
+                        "reward_threshold, else none)")
+    p.add_argument("--preset", default=d.preset, help="PPO preset of the training jobs (default: %(default)s)")
+    p.add_argument("--eval-episodes", type=int, default=d.eval_episodes, metavar="N",
+                   help="evaluation episodes per round (default: %(default)s)")
+    p.add_argument("--round-seconds-ref", type=float, default=d.round_seconds_ref, metavar="SECONDS",
+                   help="reference round time of the time penalty (default: the first episode's mean)")
+    p.add_argument("--out", default=d.out, help="checkpoint path (default: %(default)s)")
+    p.add_argument("--work-dir", default="", metavar="DIR",
+                   help="where exploration checkpoints go; the scaler must read them (default: a temporary dir)")
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
+    run = p.add_argument_group("running")
+    _add_target(run, "learner address of a running system (needs --redis-url)")
+    run.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL"), metavar="URL",
+                     help="with --target: the system's Redis as the services' user (the scheduler's decisions "
+                          "are read from the scaler's job state) (default: $NITRO_REDIS_URL)")
+    _add_state_dir(run)
+    p.set_defaults(func=cmd_pretrain_minions)
+
+
+def _default_target_return(env_id: str) -> float:
+    import gymnasium as gym
+
+    try:
+        return float(gym.spec(env_id).reward_threshold or 0.0)
+    except Exception:  # unregistered or third-party ids: no target unless given
+        return 0.0
+
+
+def cmd_pretrain_minions(args) -> int:
+    from nitro.errors import ConfigError
+    from nitro.minions_pretrain import PretrainError, PretrainSettings, pretrain, redis_for_state_dir
+    from nitro.redis_server import connect
+
+    target_return = args.target_return if args.target_return is not None else _default_target_return(args.env)
+    try:
+        settings = PretrainSettings(
+            env_id=args.env, episodes=args.episodes, rounds_per_episode=args.rounds_per_episode, i_max=args.i_max,
+            steps_per_actor=args.steps_per_actor, budget_usd=args.budget, target_return=target_return,
+            seed=args.seed, preset=args.preset, eval_episodes=args.eval_episodes,
+            round_seconds_ref=args.round_seconds_ref, out=args.out, work_dir=args.work_dir).validate()
+    except ConfigError as exc:
+        raise CliError(f"INVALID_ARGUMENT: {exc}", exit_code=2) from None
+    if args.target and not args.redis_url:
+        raise CliError("--target needs --redis-url (or $NITRO_REDIS_URL): the scheduler's decisions are read "
+                       "from the scaler's job state", exit_code=2)
+    print(f"pre-training the minions scheduler on {settings.env_id}: {settings.episodes} episodes x "
+          f"{settings.rounds_per_episode} rounds, I_max {settings.i_max}, budget ${settings.budget_usd:g}/episode, "
+          f"target return {settings.target_return:g}", flush=True)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_signals(_raise_interrupt, (signal.SIGTERM,)))
+        if args.target:
+            target, redis_client = args.target, connect(args.redis_url)
+        else:
+            args.backend = "local"
+            target = stack.enter_context(_local_for_job(args))
+            redis_client = redis_for_state_dir(args.state_dir)
+        client = stack.enter_context(_client(args, target))
+        try:
+            result = pretrain(settings, client, redis_client, log=lambda line: print(line, flush=True))
+        except (PretrainError, ConfigError) as exc:
+            raise CliError(str(exc)) from None
+    trained = sum(ep.trained for ep in result.episodes)
+    print(f"\nscheduler checkpoint  {result.path}  (use: nitro train --scaler minions --scheduler {result.path} "
+          f"--i-max {settings.i_max})")
+    print(f"  episodes    {len(result.episodes)} ({trained} trained on)")
+    print(f"  wall time   {result.wall_seconds:.1f} s")
+    print(f"  cost        ${result.cost_usd:.4f} (training jobs ${result.jobs_cost_usd:.4f} + scheduler updates "
+          f"${result.update_cost_usd:.6f})", flush=True)
+    return 0
+
+
 # --- entry point ---------------------------------------------------------------------------------
 
-COMMANDS = (_add_up, _add_down, _add_status, _add_train, _add_deploy_lambda)
+COMMANDS = (_add_up, _add_down, _add_status, _add_train, _add_deploy_lambda, _add_pretrain_minions)
 
 
 def build_parser() -> argparse.ArgumentParser:

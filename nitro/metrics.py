@@ -34,6 +34,13 @@ BUDGET_LEFT_USD = Gauge("nitro_budget_left_usd", "Budget a job has left.", ["job
 BOOSTING_SCORE = Gauge("nitro_boosting_score", "Latest boosting score S_k.", ["job"])
 CONVEXITY_RATIO = Gauge("nitro_convexity_ratio", "Latest convexity ratio R.", ["job"])
 EVAL_RETURN = Gauge("nitro_eval_return", "Latest deterministic evaluation return.", ["job"])
+SCHEDULER_ACTORS = Gauge("nitro_scheduler_actors",
+                         "Actors the learned scheduler (minions) chose for a job's next round, before the budget guard.",
+                         ["job"])
+SCHEDULER_INPUT = Gauge("nitro_scheduler_input", "Latest normalised observation of the learned scheduler (minions).",
+                        ["job", "input"])
+POLICY_LAG = Histogram("nitro_policy_lag", "Learner policy version minus the version that sampled a batch.",
+                       buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256))
 DETECTOR_SECONDS = Histogram("nitro_detector_seconds", "Time to score one policy (HVPs + Lanczos).",
                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 

@@ -17,8 +17,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.distributions import Categorical, Normal
+from torch.nn import functional as F
 
 from nitro.errors import ConfigError
 

@@ -23,6 +23,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from nitro.errors import ConfigError
+
 _LOG_NAME = "redis.log"
 _CONF_NAME = "redis.conf"
 _STDIO_NAME = "redis.stdio"
@@ -39,8 +41,10 @@ ACTOR_USER = "nitro-actor"
 # (FLUSHALL, KEYS, CONFIG SET, DEBUG, SHUTDOWN, MODULE, ...); CONFIG GET for the persistence check.
 SERVICE_RULES = "resetkeys ~nitro:* resetchannels -@all +@all -@dangerous +config|get"
 # Actors: append to trajectory streams and read policies, nothing else. PING for redis-py's
-# health checks; AUTH/HELLO to log in. XADD's MAXLEN trimming is part of XADD.
-ACTOR_RULES = "resetkeys ~nitro:*:traj ~nitro:*:policy:* resetchannels -@all +xadd +get +ping +auth +hello"
+# health checks; AUTH/HELLO to log in; MULTI/EXEC/DISCARD because the parts of a split batch
+# go in one transaction (each queued command is still checked). XADD's MAXLEN trim is part of XADD.
+ACTOR_RULES = ("resetkeys ~nitro:*:traj ~nitro:*:policy:* resetchannels -@all +xadd +get +ping +auth +hello "
+               "+multi +exec +discard")
 
 
 @dataclass(frozen=True)
@@ -360,6 +364,34 @@ def connect(
         decode_responses=False,
         **kw,
     )
+
+
+def with_credentials(url: str, environ=os.environ) -> str:
+    """`url`, with user and password from the environment when it carries no password.
+
+    NITRO_REDIS_USERNAME (an ACL user; none means Redis's default user) and
+    NITRO_REDIS_PASSWORD, else the first line of NITRO_REDIS_PASSWORD_FILE: so a
+    password never has to appear in a URL on a command line.
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password or not parts.hostname:
+        return url
+    password = environ.get("NITRO_REDIS_PASSWORD")
+    path = environ.get("NITRO_REDIS_PASSWORD_FILE")
+    if not password and path:
+        try:
+            with open(path) as f:
+                password = f.readline().strip()
+        except OSError as exc:
+            raise ConfigError(f"NITRO_REDIS_PASSWORD_FILE={path!r} cannot be read: {exc.strerror}") from None
+    if not password:
+        return url
+    user = parts.username or environ.get("NITRO_REDIS_USERNAME", "")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def persistence(client: redis.Redis) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from nitro.errors import ConfigError, UnknownEnvironmentError
 
 ALGOS = ("ppo", "impact")
-SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu")
+SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions")
 DETECTOR_FALLBACKS = ("i_min", "last")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_ACTORS = 1000
@@ -121,6 +121,7 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
         raise InvalidSpec("scaler.window", f"must be in [1, 1000], got {sc.window}")
     if not 1 <= sc.period <= MAX_ROUNDS:
         raise InvalidSpec("scaler.period", f"must be in [1, {MAX_ROUNDS}], got {sc.period}")
+    _validate_scheduler(sc)
 
     if not 1 <= spec.rounds <= MAX_ROUNDS:
         raise InvalidSpec("rounds", f"must be in [1, {MAX_ROUNDS}], got {spec.rounds}")
@@ -154,6 +155,26 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     if not spec.job_id:
         spec.job_id = new_job_id(spec.env_id)
     return spec
+
+
+def _validate_scheduler(sc: ScalerSettings) -> None:
+    """Policy "minions" needs a checkpoint that exists and loads. This runs in the learner; the scaler
+    reads the same path, so in a cloud deployment it must be readable by both. A valid checkpoint for
+    another I_max, format version or layout passes here (validation errors are INVALID_ARGUMENT): the
+    scaler's first Plan, before any actor runs, answers FAILED_PRECONDITION for it."""
+    if sc.policy != "minions":
+        if sc.scheduler:
+            raise InvalidSpec("scaler.scheduler", f"is only used with scaler.policy 'minions', got policy "
+                              f"{sc.policy!r}")
+        return
+    from nitro.scaling.minions import SchedulerCheckpointError, SchedulerMismatchError, load_scheduler_cached
+
+    try:
+        load_scheduler_cached(sc.scheduler)
+    except SchedulerMismatchError:
+        pass
+    except SchedulerCheckpointError as exc:
+        raise InvalidSpec("scaler.scheduler", exc.detail) from None
 
 
 def new_job_id(env_id: str) -> str:

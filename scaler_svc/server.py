@@ -9,6 +9,7 @@ and never bills learner time twice.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -21,9 +22,10 @@ from nitro import auth, cost, metrics
 from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging
 from nitro.metrics import serve_metrics
-from nitro.redis_server import connect, warn_if_not_persistent
+from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
 from nitro.scaling.base import RoundInputs
 from nitro.scaling.budget import plan_within_budget
+from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
 from nitro.scaling.policies import make_policy
 from nitro.spec import MAX_ACTORS, SCALER_POLICIES
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
@@ -51,6 +53,8 @@ def policy_params(sc) -> tuple[str, dict]:
         return name, {"actors": sc.fixed_actors or 16}
     if name == "hydrozoa":
         return name, {"every": sc.period or 10}
+    if name == "minions":
+        return name, {"scheduler": sc.scheduler}
     return name, {}
 
 
@@ -78,7 +82,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
     def Plan(self, request, context):
         sc = request.scaler
         name, params = policy_params(sc)
-        if name.partition(":")[0] not in SCALER_POLICIES:
+        base = name.partition(":")[0]
+        if base not in SCALER_POLICIES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"scaler.policy: unknown {name!r}; allowed: {list(SCALER_POLICIES)}")
         if not request.job_id or request.round < 0:
@@ -91,7 +96,17 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         try:
             policy = make_policy(name, params)
             inputs = RoundInputs(round_index=request.round, score=request.score, i_min=sc.i_min, i_max=sc.i_max,
-                                 noise_scale=request.gradient_noise_scale or None)
+                                 noise_scale=request.gradient_noise_scale or None, rounds=request.rounds,
+                                 learner_loss=request.learner_loss, eval_return=request.eval_return,
+                                 approx_kl=request.approx_kl, update_seconds=request.update_seconds,
+                                 actor_seconds=request.actor_seconds, round_seconds=request.round_seconds,
+                                 target_return=request.target_return, budget_usd=request.budget_usd)
+            if hasattr(policy, "check"):  # before anything is billed: a mismatched scheduler plans nothing
+                policy.check(inputs)
+        except SchedulerMismatchError as exc:  # a valid checkpoint trained for another I_max / format
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except SchedulerCheckpointError as exc:  # missing or corrupt checkpoint
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"scaler: {exc}")
         key = state_key(request.job_id)
@@ -110,12 +125,18 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         st = self._state(request.job_id)
 
         policy_state = json.loads(st.get("policy_state", "{}"))
-        if request.fallback_actors > 0:  # the learner had no score: keep the policy's state, plan what it asks
+        ledger = self._ledger(st, request.budget_usd)
+        inputs = dataclasses.replace(inputs, budget_left_usd=ledger["left"])
+        # minions does not read the boosting score, so a missing score is no reason to override it.
+        if request.fallback_actors > 0 and base != "minions":
             desired = max(sc.i_min, min(sc.i_max, request.fallback_actors))
             new_state, reason = policy_state, f"fallback plan: {desired} actors (no boosting score this round)"
         else:
             desired, new_state, reason = policy.decide(policy_state, inputs)
-        ledger = self._ledger(st, request.budget_usd)
+        if base == "minions":
+            metrics.SCHEDULER_ACTORS.labels(request.job_id).set(desired)
+            for input_name, value in zip(OBS_NAMES, observation(inputs)):
+                metrics.SCHEDULER_INPUT.labels(request.job_id, input_name).set(float(value))
         rounds_seen = max(1, int(st.get("rounds_planned", 0)))
         learner_per_round = float(st.get("wall_seconds", 0.0)) / rounds_seen
         ms_per_step = float(st.get("billed_ms", 0)) / float(st.get("steps_billed", 0)) \
@@ -238,6 +259,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     configure_logging(args.log_level)
     try:
+        args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         security = auth.server_security(args, "scaler")
     except ConfigError as exc:
         raise SystemExit(f"scaler_svc: {exc}") from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -194,6 +195,9 @@ def _message_class(descriptor):
     return message_factory.GetMessageClass(descriptor)
 
 
+OUTCOMES: Counter = Counter()  # (method, status) of every hostile call: printed at the end
+
+
 def check(fn, request, md, *, stream=False) -> tuple[grpc.StatusCode, str, object]:
     """Call with a deadline; assert the answer is a clear status. Returns (code, details, response)."""
     t0 = time.monotonic()
@@ -205,6 +209,7 @@ def check(fn, request, md, *, stream=False) -> tuple[grpc.StatusCode, str, objec
     except grpc.RpcError as err:
         code, details, resp = err.code(), err.details() or "", None
     took = time.monotonic() - t0
+    OUTCOMES[(getattr(fn, "_method", b"?").decode().rsplit("/", 1)[-1], code.name)] += 1
     assert code in ALLOWED, f"{code.name} after {took:.1f}s: {details[:500]}"
     if code != grpc.StatusCode.OK:
         assert details.strip(), f"{code.name} without a message"
@@ -394,6 +399,7 @@ def test_hostile_credentials_are_unauthenticated(system, stubs, target, value, p
         out = fn(b"", timeout=DEADLINE_S, metadata=md)
         if stream:
             list(out)
+    OUTCOMES[(method.rsplit("/", 1)[-1] + " (bad credentials)", err.value.code().name)] += 1
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, err.value.details()
     assert system.token not in (err.value.details() or "")
 
@@ -506,6 +512,9 @@ def test_zz_services_survived(system, stubs, auth_md):
             if not any(k in last for k in KNOWN_UNCAUGHT):
                 uncaught.append(f"{name}: {last}")
     assert not uncaught, uncaught
+    print(f"\nhostile requests: {sum(OUTCOMES.values())}")
+    for (method, status), n in sorted(OUTCOMES.items()):
+        print(f"  {method:<36} {status:<20} {n}")
 
 
 def test_zz_listeners_bind_loopback_and_secrets_stay_out_of_argv_and_logs(system):
@@ -523,6 +532,12 @@ def test_zz_listeners_bind_loopback_and_secrets_stay_out_of_argv_and_logs(system
         assert not any(s in text for s in secrets), f"a secret is in {log.name}"
     for f in ("token", "hmac.key", "redis.password", "redis-actor.password"):
         assert (system.state_dir / f).stat().st_mode & 0o777 == 0o600, f
+    # Actors get the actor Redis user and neither the access token nor the service password.
+    actor_env = Path(f"/proc/{system.components['lambda'].pid}/environ").read_bytes().split(b"\0")
+    assert b"NITRO_REDIS_USERNAME=nitro-actor" in actor_env
+    assert not any(s.encode() in v for v in actor_env for s in (system.token, system._redis_password))
+    learner_env = Path(f"/proc/{system.components['learner'].pid}/environ").read_bytes()
+    assert system._actor_password.encode() not in learner_env
 
 
 def _listen_addresses(pid: int) -> list[str]:

@@ -22,6 +22,7 @@ from nitro.redis_server import (
     nitro_users,
     persistence,
     warn_if_not_persistent,
+    with_credentials,
 )
 from nitro.store import PolicyStore, TrajectoryReader, TrajectoryWriter
 
@@ -72,6 +73,10 @@ def test_actor_can_append_trajectories_and_read_policies(service, actor):
                                              batch={"rewards": np.zeros(2, np.float32)})
     entries = TrajectoryReader(service, JOB, KEY).read(count=5, block_ms=500)
     assert [e.invocation_id for e in entries] == ["inv-0"]
+    # The actor handler's path: append_batch writes its entries in one MULTI/EXEC.
+    ids = TrajectoryWriter(actor, JOB, KEY).append_batch(invocation_id="inv-1", round=0, policy_version=3,
+                                                         batch={"rewards": np.zeros(2, np.float32)})
+    assert len(ids) == 1
 
 
 REFUSED = {
@@ -101,7 +106,9 @@ REFUSED = {
     "SHUTDOWN": lambda c: c.execute_command("SHUTDOWN", "NOSAVE"),
     "DEBUG": lambda c: c.execute_command("DEBUG", "SLEEP", "0"),
     "SELECT": lambda c: c.execute_command("SELECT", "1"),
-    "MULTI/EXEC": lambda c: c.pipeline(transaction=True).get(f"nitro:{JOB}:policy:3").execute(),
+    "SET inside MULTI/EXEC": lambda c: c.pipeline(transaction=True).xadd(f"nitro:{JOB}:traj", {"a": "b"})
+    .set(f"nitro:{JOB}:policy:3", b"evil").execute(),
+    "WATCH": lambda c: c.execute_command("WATCH", f"nitro:{JOB}:traj"),
 }
 
 
@@ -211,3 +218,19 @@ def test_users_are_validated():
         RedisUser("u", "x" * 20, "+@all >another")
     with pytest.raises(ValueError):
         LocalRedis(password="x" * 20, users=nitro_users(SERVICE_PW, ACTOR_PW))
+
+
+def test_services_take_credentials_from_the_environment(tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("p/w+=x\n")
+    env = {"NITRO_REDIS_USERNAME": SERVICE_USER, "NITRO_REDIS_PASSWORD_FILE": str(pw)}
+    assert with_credentials("redis://10.0.0.5:6379/0", env) == f"redis://{SERVICE_USER}:p%2Fw%2B%3Dx@10.0.0.5:6379/0"
+    assert with_credentials("redis://:given@h:1/0", env) == "redis://:given@h:1/0", "a URL's own password wins"
+    assert with_credentials("redis://h/0", {"NITRO_REDIS_PASSWORD": "pw"}) == "redis://:pw@h/0"
+    assert with_credentials("redis://h:1/0", {}) == "redis://h:1/0"
+    parsed = redis.connection.parse_url(with_credentials("redis://h:1/0", env))
+    assert (parsed["username"], parsed["password"]) == (SERVICE_USER, "p/w+=x")
+    from nitro.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot be read"):
+        with_credentials("redis://h:1/0", {"NITRO_REDIS_PASSWORD_FILE": str(tmp_path / "missing")})

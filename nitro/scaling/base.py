@@ -35,6 +35,18 @@ class RoundInputs:
     i_min: int = DEFAULT_I_MIN
     i_max: int = DEFAULT_I_MAX
     noise_scale: float | None = None  # smoothed gradient noise scale B_simple (kungfu); None = unknown
+    # How the job stands and how the last round went (learned schedulers: minions). Defaults mean
+    # "unknown" (round 0, or a caller that does not send them); other policies ignore them.
+    rounds: int = 0  # the job's planned number of rounds (0 = unknown)
+    learner_loss: float = 0.0  # total PPO loss of the last update
+    eval_return: float = 0.0  # last deterministic evaluation return
+    approx_kl: float = 0.0  # KL(old || new) of the last update
+    update_seconds: float = 0.0  # learner (update) time of the last round
+    actor_seconds: float = 0.0  # sampling (actor) time of the last round
+    round_seconds: float = 0.0  # wall time of the last round
+    target_return: float = 0.0  # the job's target return (0 = none)
+    budget_usd: float | None = None  # the job's budget (None = unlimited)
+    budget_left_usd: float | None = None  # budget left after everything billed so far
 
     def __post_init__(self) -> None:
         if not isinstance(self.round_index, int) or self.round_index < 0:

@@ -1,4 +1,4 @@
-"""The five scaling policies (paper 5.3 and the baselines of 8.3 / 8.5) and make_policy().
+"""The scaling policies (paper 5.3 and the baselines of 8.3 / 8.5) and make_policy().
 
 nitro     I_k = clip(round(I_max * S_k), I_min, I_max)
 fixed     N every round ("no boosting"; the paper's ablation uses 16); ignores I_min/I_max
@@ -6,6 +6,8 @@ max       I_max every round
 hydrozoa  I_min * 2^floor(k / every), capped at I_max (every = 10 rounds, paper 8.3's example)
 kungfu    round(I_min * B_noise / B_ref), B_ref = the first known noise scale (so the first
           round gives I_min), never below the previous round, clipped to [I_min, I_max]
+minions   a pre-trained actor-critic scheduler (MinionsRL) picks 1..I_max from how the last round went,
+          floored at I_min (nitro.scaling.minions; params: scheduler = the checkpoint's path)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from nitro.errors import ConfigError
 from nitro.scaling.base import RoundInputs, ScalingPolicy, check_params, clip, round_half_up
 
-POLICY_NAMES = ("nitro", "fixed", "max", "hydrozoa", "kungfu")
+POLICY_NAMES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions")
 
 
 def _positive_int(policy: str, field: str, value) -> int:
@@ -89,7 +91,11 @@ class KungFuPolicy:
 
 
 def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
-    """The policy called `name` ("nitro", "fixed", "fixed:16", "max", "hydrozoa", "kungfu") with `params`."""
+    """The policy called `name` ("nitro", "fixed", "fixed:16", "max", "hydrozoa", "kungfu", "minions") with `params`.
+
+    "minions" loads its checkpoint (params["scheduler"], cached per path): SchedulerCheckpointError
+    for a missing or corrupt file, SchedulerMismatchError for one of another format or layout.
+    """
     params = dict(params or {})
     base, _, arg = str(name).partition(":")
     if base not in POLICY_NAMES:
@@ -117,5 +123,10 @@ def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
                                 or not math.isfinite(ref) or ref <= 0):
             raise ConfigError(f"invalid value for kungfu.reference: must be a finite number > 0, got {ref!r}")
         return KungFuPolicy(None if ref is None else float(ref))
+    if base == "minions":
+        check_params(base, params, {"scheduler"})
+        from nitro.scaling.minions import MinionsPolicy, load_scheduler_cached  # numpy; loaded on demand
+
+        return MinionsPolicy(load_scheduler_cached(params.get("scheduler") or ""))
     check_params(base, params, set())
     return NitroPolicy() if base == "nitro" else MaxPolicy()

@@ -1,0 +1,265 @@
+"""The off-policy (IMPACT) loop of DESIGN section 4: sampling overlaps learning.
+
+Round k's actors are launched as soon as round k-1's data is in and its plan
+is made; while they sample, the learner updates on every batch the moment it
+arrives (V-trace and the clipped target network correct for the policy lag)
+and, when the stream is momentarily empty, replays recent batches from a
+bounded buffer instead of idling. A round closes when its invocations ended
+and their batches arrived (or its deadline passed); then the latest policy is
+published and scored, the next round is planned and launched, and only then is
+the closed round evaluated and reported, so evaluation overlaps the next
+round's sampling too.
+
+Every batch's policy lag (learner version minus the version that sampled it)
+goes into the nitro_policy_lag histogram; its mean and max are in the round's
+notes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+
+import grpc
+import numpy as np
+
+from learner_svc.rounds import JobAborted, RoundLoop, slot_index
+from nitro import metrics
+from nitro.algos.impact import IMPACTLearner
+from nitro.algos.replay import ReplayBuffer
+from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
+
+log = logging.getLogger(__name__)
+
+LOST_BATCH_GRACE_S = 5.0
+MAX_REPLAYS_PER_FRESH = 1  # replay updates allowed per fresh batch: keeps replay from dominating
+
+
+class OffPolicyLoop(RoundLoop):
+    learner_class = IMPACTLearner
+
+    def __init__(self, job, deps):
+        super().__init__(job, deps)
+        self.replay = ReplayBuffer(self.cfg.replay_capacity, self.cfg.replay_max_reuse, seed=self.spec.seed)
+
+    def run(self, resume: bool = False) -> None:
+        job = self.job
+        job.set_state(training_pb2.JOB_STATE_RUNNING)
+        self.save_job_state("RUNNING")
+        try:
+            end_state, end_message = self._loop(resume)
+        except JobAborted as exc:
+            end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
+        if resumable:
+            end_message += f"; resume with `nitro train --resume {job.job_id}`"
+        self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
+                            resumable=resumable)
+        job.set_state(end_state, end_message)
+
+    # -- launching ----------------------------------------------------------------------
+    def _launch_round(self, k: int, actors: int) -> dict:
+        wave = self.new_wave(k)
+        metrics.ACTORS_PER_ROUND.labels(self.job.job_id).set(actors)
+        return {"k": k, "actors": actors, "version": self.version, "start": time.perf_counter(),
+                "future": self.pool.submit(self.launch, k, list(range(actors)), wave), "resp": None,
+                "done_at": None, "covered": set(), "failed": set(), "steps": 0, "batches": 0}
+
+    def _poll_launch(self, rnd: dict, notes: list[str]) -> None:
+        fut: Future = rnd["future"]
+        if rnd["resp"] is not None or not fut.done():
+            return
+        rnd["done_at"] = time.perf_counter()
+        try:
+            rnd["resp"] = fut.result()
+        except grpc.RpcError as exc:
+            notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
+            rnd["resp"] = scaler_pb2.LaunchResponse()
+            rnd["failed"] = set(range(rnd["actors"]))
+        for r in rnd["resp"].invocations:
+            if not r.ok:
+                slot = slot_index(r.invocation_id, self.job.job_id, rnd["k"])
+                if slot is not None:
+                    rnd["failed"].add(slot)
+                notes.append(f"actor {r.invocation_id} failed after {r.attempts} attempt(s): {r.error_type}: "
+                             f"{r.error_message[:200]}")
+
+    def _round_closed(self, rnd: dict) -> bool:
+        if rnd["resp"] is None:
+            return time.perf_counter() - rnd["start"] > self.spec.round_deadline_s
+        waiting = set(range(rnd["actors"])) - rnd["covered"]
+        return not waiting or waiting <= rnd["failed"] or \
+            time.perf_counter() - rnd["done_at"] > LOST_BATCH_GRACE_S
+
+    # -- learning while sampling -------------------------------------------------------------
+    def _train_until_closed(self, rnd: dict, acc: dict, phases: dict) -> None:
+        """Update on every arriving batch of this job, replay when idle, until `rnd` closes."""
+        notes = acc["notes"]
+        processed_before, ack_seconds = self.reader.processing_seconds, 0.0
+        t0 = time.perf_counter()
+        update_s = 0.0
+        while not self._round_closed(rnd) and not self.job.stop_requested.is_set():
+            self._poll_launch(rnd, notes)
+            entries = self.redis_call(lambda: self.reader.read(count=16, block_ms=20), "stream read")
+            fresh = []
+            for e in entries:
+                if e.round > rnd["k"]:
+                    continue  # cannot happen: the next round is launched after this one closes
+                lag = self.version - e.policy_version
+                metrics.POLICY_LAG.observe(lag)
+                acc["lags"].append(lag)
+                fresh.append(e.batch)
+                if e.round == rnd["k"]:
+                    slot = slot_index(e.invocation_id, self.job.job_id, rnd["k"])
+                    if slot is not None:
+                        rnd["covered"].add(slot)
+                    rnd["steps"] += e.steps
+                    rnd["batches"] += 1
+                else:
+                    acc["late"] += 1  # a straggler of an earlier round: still good off-policy data
+            if fresh:
+                t_u = time.perf_counter()
+                self._update(fresh, acc)
+                update_s += time.perf_counter() - t_u
+                for b in fresh:
+                    self.replay.add(b)
+                acc["replay_credit"] += MAX_REPLAYS_PER_FRESH * len(fresh)
+                # IMPACT consumes a batch once it is learned from; a crash replays the round's launch instead.
+                t_a = time.perf_counter()
+                self.redis_call(lambda: self.reader.ack(entries), "stream ack")
+                ack_seconds += time.perf_counter() - t_a
+            elif acc["replay_credit"] > 0 and len(self.replay):
+                replayed = self.replay.sample(1)
+                if replayed:
+                    t_u = time.perf_counter()
+                    self._update(replayed, acc, replay=True)
+                    update_s += time.perf_counter() - t_u
+                    acc["replay_credit"] -= 1
+        self._poll_launch(rnd, notes)
+        wall = time.perf_counter() - t0
+        ingest = self.reader.processing_seconds - processed_before + ack_seconds
+        metrics.observe_phase("update", update_s, phases)
+        metrics.observe_phase("ingest", ingest, phases)
+        metrics.observe_phase("sample", max(0.0, wall - update_s - ingest), phases)
+
+    def _update(self, batches: list[dict], acc: dict, replay: bool = False) -> None:
+        stats = self.learner.update(batches)
+        self.learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in batches]))
+        self.version += 1
+        steps = sum(len(b["rewards"]) for b in batches)
+        if replay:
+            acc["replays"] += 1
+        else:
+            self.total_steps += steps
+            acc["steps"] += steps
+            metrics.ENV_STEPS.inc(steps)
+            for b in batches:
+                self.recent_returns.extend(b["episode_returns"])
+            self.recent_returns = self.recent_returns[-20:]
+        acc["updates"] += 1
+        for name in ("policy_loss", "value_loss", "entropy", "kl", "gradient_noise_scale"):
+            acc["sums"][name] = acc["sums"].get(name, 0.0) + float(getattr(stats, name))
+
+    # -- the loop -------------------------------------------------------------------------
+    def _new_acc(self) -> dict:
+        return {"notes": [], "lags": [], "late": 0, "steps": 0, "updates": 0, "replays": 0, "replay_credit": 0,
+                "sums": {}, "t": time.time()}
+
+    def _loop(self, resume: bool):
+        spec = self.spec
+        if resume:
+            self.restore()  # off-policy rounds are reported before the next checkpoint: nothing pending
+        self.publish()
+        plan = self.plan(self.next_round, self.job.reports[-1].score if self.job.reports else 0.0, 0.0)
+        if plan.budget_exhausted:
+            return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {plan.reason}"
+        k = self.next_round
+        rnd = self._launch_round(k, plan.actors)
+        empty_rounds = 0
+        while True:
+            phases: dict[str, float] = {}
+            acc = self._new_acc()
+            metrics.CURRENT_ROUND.labels(self.job.job_id).set(k)
+            self._train_until_closed(rnd, acc, phases)
+            rejected, duplicates = self.export_reader_counters()
+            if self.job.stop_requested.is_set():
+                return training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}"
+            if acc["steps"] == 0 and rnd["batches"] == 0:
+                empty_rounds += 1
+                if empty_rounds >= 3:
+                    return training_pb2.JOB_STATE_FAILED, "no samples arrived in 3 consecutive rounds"
+                rnd = self._launch_round(k, rnd["actors"])  # the same round again, fresh invocation ids
+                continue
+            empty_rounds = 0
+            # Close round k: publish and score the latest policy, plan and launch k+1 at once.
+            with metrics.timed("publish", phases):
+                self.publish()
+                ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
+            score_resp, fallback = detector_pb2.ScoreResponse(), 0
+            with metrics.timed("detect", phases):
+                try:
+                    score_resp = self.score(k, ref, algo="impact")
+                except grpc.RpcError as exc:
+                    fallback = self.fallback_actors()
+                    acc["notes"].append(f"detector unavailable ({exc.code().name}); fallback plan of {fallback}")
+            n = max(acc["updates"], 1)
+            means = {name: v / n for name, v in acc["sums"].items()}
+            last = {"loss": means.get("policy_loss", 0.0) + means.get("value_loss", 0.0),
+                    "kl": means.get("kl", 0.0), "update_seconds": phases.get("update", 0.0),
+                    "actor_seconds": phases.get("sample", 0.0), "round_seconds": time.time() - acc["t"],
+                    "eval_return": self.job.reports[-1].eval_return if self.job.reports else 0.0}
+            with metrics.timed("plan", phases):
+                next_plan = self.plan(k + 1, score_resp.score, means.get("gradient_noise_scale", 0.0), fallback, last)
+            last_round = k + 1 >= spec.rounds or next_plan.budget_exhausted
+            if not last_round:
+                with metrics.timed("invoke", phases):
+                    next_rnd = self._launch_round(k + 1, next_plan.actors)
+            with metrics.timed("publish", phases):
+                self.checkpoint(k, pending={})
+            with metrics.timed("evaluate", phases):  # overlaps the next round's sampling
+                eval_return = self.evaluate_policy(k)
+            report = self._report(k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback,
+                                  rejected, duplicates)
+            self.append_report(report)
+            self.next_round = k + 1
+            if next_plan.budget_exhausted:
+                return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {next_plan.reason}"
+            if last_round:
+                return training_pb2.JOB_STATE_SUCCEEDED, f"completed {spec.rounds} rounds"
+            if spec.target_return and eval_return >= spec.target_return:
+                return training_pb2.JOB_STATE_SUCCEEDED, f"target return {spec.target_return:g} reached"
+            k, rnd = k + 1, next_rnd
+
+    def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback, rejected,
+                duplicates) -> training_pb2.RoundReport:
+        job = self.job
+        resp = rnd["resp"] or scaler_pb2.LaunchResponse()
+        cost = self.cost()
+        prev_total = job.reports[-1].total_cost_usd if job.reports else 0.0
+        notes = acc["notes"]
+        if acc["lags"]:
+            notes.append(f"policy lag: mean {np.mean(acc['lags']):.1f}, max {max(acc['lags'])} versions; "
+                         f"{acc['updates']} updates ({acc['replays']} replayed), {acc['late']} late batches")
+        round_seconds = time.time() - acc["t"]
+        metrics.ROUND_SECONDS.observe(round_seconds)
+        metrics.EVAL_RETURN.labels(job.job_id).set(eval_return)
+        metrics.BUDGET_LEFT_USD.labels(job.job_id).set(cost.budget_left_usd)
+        return training_pb2.RoundReport(
+            job_id=job.job_id, round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
+            actors_completed=len(rnd["covered"]), actors_failed=len(rnd["failed"] - rnd["covered"]),
+            env_steps=acc["steps"], total_env_steps=self.total_steps,
+            train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
+            eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
+            convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
+            round_cost_usd=max(0.0, cost.total_cost_usd - prev_total), total_cost_usd=cost.total_cost_usd,
+            serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
+            phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
+            round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
+            policy_loss=means.get("policy_loss", 0.0), value_loss=means.get("value_loss", 0.0),
+            entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=resp.retries,
+            notes=notes[:50], detector_seconds=score_resp.seconds,
+            gradient_noise_scale=means.get("gradient_noise_scale", 0.0), fallback_plan=fallback > 0,
+            duplicates_dropped=duplicates, rejected_batches=rejected)

@@ -1,0 +1,419 @@
+"""MinionsRL's learned actor scheduler (Yu et al., AAAI 2024) as the scaling policy `minions`.
+
+A small actor-critic agent (2x64 tanh MLP, categorical over 1..I_max actors) looks
+at how the last round went and picks the next round's actor count. It is trained by
+`nitro pretrain-minions` (nitro.minions_pretrain) with this project's PPO across short
+training jobs run through the real system; at serving time it acts greedily (argmax).
+This module is numpy only, so the scaler process never imports torch.
+
+Pure pieces: `observation(inputs)` (the 8 features, OBS_NAMES), `round_penalty` /
+`episode_rewards` (the reward), `Scheduler.choose` (the decision). `MinionsPolicy`
+adapts them to the ScalingPolicy protocol. docs/minions.md has the details.
+
+Checkpoint: one .npz (numpy, allow_pickle=False) holding the actor and critic weights
+under nitro.models.Policy's state-dict names plus a JSON `__meta__` entry: format name,
+format version, mode ("serve" = argmax, "explore" = sample; pre-training writes the
+latter), and a fingerprint of what the weights were trained for (I_max, observation
+layout, network shape). A missing or unreadable file is SchedulerCheckpointError
+(INVALID_ARGUMENT on the wire); a readable checkpoint for another format version,
+observation layout or I_max is SchedulerMismatchError (FAILED_PRECONDITION).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import threading
+import zipfile
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nitro.errors import ConfigError
+from nitro.scaling.base import RoundInputs, clip
+
+CHECKPOINT_FORMAT = "nitro-minions-scheduler"
+CHECKPOINT_VERSION = 1
+# Order is the network's input order; changing it (or any scaling below) bumps OBS_VERSION.
+OBS_NAMES = ("round", "loss", "eval_return", "approx_kl", "learner_time", "actor_time", "round_time",
+             "budget_left")
+OBS_VERSION = 1
+OBS_DIM = len(OBS_NAMES)
+HIDDEN_SIZES = (64, 64)
+ACTIVATION = "tanh"
+MODES = ("serve", "explore")
+META_KEY = "__meta__"
+
+# Observation scales (see observation()).
+SYMLOG_SCALE = 10.0  # symlog(x) / 10 spans |x| up to e^10 - 1 ~ 22,000 before clipping
+KL_UNIT = 1e-3  # approx KL is read on a log scale from 1e-3 (tiny update) to 1 (policy jumped)
+ROUND_SECONDS_MAX = 3600.0  # the longest round deadline a spec allows
+
+# Reward defaults (see episode_rewards()).
+COST_WEIGHT = 1.0
+TIME_WEIGHT = 1.0
+TARGET_BONUS = 2.0
+USD_TOLERANCE = 1e-9
+
+
+class SchedulerCheckpointError(ConfigError):
+    """No usable checkpoint at the path: missing, unreadable, not a scheduler checkpoint, corrupt weights."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(f"scaler.scheduler: {detail}")
+
+
+class SchedulerMismatchError(SchedulerCheckpointError):
+    """A valid checkpoint trained for something else: format version, observation layout or I_max."""
+
+
+# -- observation ------------------------------------------------------------------------
+
+
+def _num(x, default: float = 0.0) -> float:
+    """A finite float, or `default` for None / NaN / inf (a round that could not measure something)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) else default
+
+
+def symlog(x: float) -> float:
+    """sign(x) * ln(1 + |x|): keeps small values linear and compresses large ones of either sign."""
+    return math.copysign(math.log1p(abs(x)), x)
+
+
+def _clip(x: float, lo: float, hi: float) -> float:
+    return min(hi, max(lo, x))
+
+
+def observation(inputs: RoundInputs) -> np.ndarray:
+    """The scheduler's 8 features for planning round `inputs.round_index`, float32 in OBS_NAMES order.
+
+    Every feature is bounded so no single input dominates a tanh network and unseen
+    magnitudes saturate instead of extrapolating:
+
+    round        k / rounds, clipped to [0, 1] (0 when rounds is unknown): how far the job is
+    loss         symlog(learner loss) / 10, clipped to [-1, 1]: losses differ by orders of magnitude
+    eval_return  return / target in [-1, 1] when the job has a target > 0 (progress towards the
+                 bonus), else symlog(return) / 10 in [-1, 1]
+    approx_kl    ln(1 + kl / 1e-3) / ln(1 + 1000), clipped to [0, 1]: KLs live between 1e-4 and 1
+    learner_time update seconds / round seconds in [0, 1]: share of the round the learner took
+    actor_time   sampling seconds / round seconds in [0, 1]: share spent waiting for actors
+    round_time   ln(1 + round seconds) / ln(1 + 3600) in [0, 1]: the round's absolute length
+    budget_left  budget left / budget in [0, 1] (1 without a budget)
+
+    Non-finite inputs count as 0 (1 for the budget). Round 0 has no last round: its
+    loss, return, KL and times are 0.
+    """
+    rounds = inputs.rounds if isinstance(inputs.rounds, int) and inputs.rounds > 0 else 0
+    progress = _clip(inputs.round_index / rounds, 0.0, 1.0) if rounds else 0.0
+    loss = _clip(symlog(_num(inputs.learner_loss)) / SYMLOG_SCALE, -1.0, 1.0)
+    ret, target = _num(inputs.eval_return), _num(inputs.target_return)
+    ret_f = _clip(ret / target, -1.0, 1.0) if target > 0 else _clip(symlog(ret) / SYMLOG_SCALE, -1.0, 1.0)
+    kl = max(_num(inputs.approx_kl), 0.0)
+    kl_f = _clip(math.log1p(kl / KL_UNIT) / math.log1p(1.0 / KL_UNIT), 0.0, 1.0)
+    round_s = max(_num(inputs.round_seconds), 0.0)
+    learner_f = _clip(max(_num(inputs.update_seconds), 0.0) / round_s, 0.0, 1.0) if round_s > 0 else 0.0
+    actor_f = _clip(max(_num(inputs.actor_seconds), 0.0) / round_s, 0.0, 1.0) if round_s > 0 else 0.0
+    round_f = _clip(math.log1p(round_s) / math.log1p(ROUND_SECONDS_MAX), 0.0, 1.0)
+    budget = _num(inputs.budget_usd, 0.0)
+    left = _num(inputs.budget_left_usd, budget)
+    budget_f = _clip(left / budget, 0.0, 1.0) if budget > 0 and inputs.budget_left_usd is not None else 1.0
+    return np.array([progress, loss, ret_f, kl_f, learner_f, actor_f, round_f, budget_f], dtype=np.float32)
+
+
+def describe_inputs(inputs: RoundInputs) -> str:
+    """The raw inputs in one line for the round report (the features are derived from these)."""
+    rounds = f"/{inputs.rounds}" if inputs.rounds else ""
+    if inputs.budget_usd and inputs.budget_left_usd is not None:
+        budget = f"budget_left=${_num(inputs.budget_left_usd):.4f}/${_num(inputs.budget_usd):.4f}"
+    else:
+        budget = "budget_left=unlimited"
+    return (f"k={inputs.round_index}{rounds} loss={_num(inputs.learner_loss):.4g} "
+            f"return={_num(inputs.eval_return):.4g} kl={_num(inputs.approx_kl):.3g} "
+            f"learner={_num(inputs.update_seconds):.2f}s actors={_num(inputs.actor_seconds):.2f}s "
+            f"round={_num(inputs.round_seconds):.2f}s {budget}")
+
+
+# -- reward -----------------------------------------------------------------------------
+
+
+def round_penalty(cost_usd: float, seconds: float, *, budget_usd: float, rounds: int, round_seconds_ref: float,
+                  cost_weight: float = COST_WEIGHT, time_weight: float = TIME_WEIGHT) -> float:
+    """The per-round penalty (>= 0) for a round that cost `cost_usd` and took `seconds`.
+
+        cost_weight * cost / budget  +  time_weight * seconds / (rounds * round_seconds_ref)
+
+    Cost is a share of the job's budget and time a share of a time allowance of
+    `rounds` rounds at the reference pace, so over a whole job each term sums to
+    about 1 (the cost term to at most 1: the scaler never overspends).
+    """
+    if not (budget_usd > 0 and rounds >= 1 and round_seconds_ref > 0):
+        raise ConfigError(f"round_penalty needs budget_usd > 0, rounds >= 1, round_seconds_ref > 0; got "
+                          f"{budget_usd!r}, {rounds!r}, {round_seconds_ref!r}")
+    return (cost_weight * max(_num(cost_usd), 0.0) / budget_usd
+            + time_weight * max(_num(seconds), 0.0) / (rounds * round_seconds_ref))
+
+
+def target_reached(final_eval_return: float, target_return: float, total_cost_usd: float, budget_usd: float) -> bool:
+    """The job met its target return (> 0) without spending more than its budget."""
+    return (target_return > 0 and _num(final_eval_return, -math.inf) >= target_return
+            and _num(total_cost_usd, math.inf) <= budget_usd + USD_TOLERANCE)
+
+
+def episode_rewards(round_costs_usd: Sequence[float], round_seconds: Sequence[float], *, budget_usd: float,
+                    rounds: int, round_seconds_ref: float, target_return: float, final_eval_return: float,
+                    cost_weight: float = COST_WEIGHT, time_weight: float = TIME_WEIGHT,
+                    bonus: float = TARGET_BONUS) -> list[float]:
+    """Reward of each decision of one job: r_t = -round_penalty(round t), plus `bonus` on the last one
+    when the job reached its target return within budget (target_reached).
+
+    Decision t chose round t's actors, so round t's cost and time are its consequence.
+    The bonus (2) exceeds what a successful job can lose to penalties at the reference
+    pace (cost share <= 1, time share ~ 1), so reaching the target always beats failing
+    cheaply; among successful jobs the cheaper and faster score higher, and ending early
+    saves the remaining rounds' penalties.
+    """
+    if len(round_costs_usd) != len(round_seconds):
+        raise ConfigError(f"episode_rewards: {len(round_costs_usd)} costs but {len(round_seconds)} round times")
+    out = [-round_penalty(c, s, budget_usd=budget_usd, rounds=rounds, round_seconds_ref=round_seconds_ref,
+                          cost_weight=cost_weight, time_weight=time_weight)
+           for c, s in zip(round_costs_usd, round_seconds)]
+    total = sum(max(_num(c), 0.0) for c in round_costs_usd)
+    if out and target_reached(final_eval_return, target_return, total, budget_usd):
+        out[-1] += bonus
+    return out
+
+
+# -- the network and its checkpoint ------------------------------------------------------
+
+
+def fingerprint(i_max: int) -> dict:
+    """What a checkpoint's weights were trained for; serving anything else is a mismatch."""
+    return {"i_max": int(i_max), "obs_names": list(OBS_NAMES), "obs_version": OBS_VERSION,
+            "hidden_sizes": list(HIDDEN_SIZES), "activation": ACTIVATION}
+
+
+def fingerprint_id(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _layer_shapes(prefix: str, out_dim: int) -> dict[str, tuple[int, ...]]:
+    dims = (OBS_DIM, *HIDDEN_SIZES)
+    shapes = {}
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        shapes[f"{prefix}.layers.{i}.weight"] = (b, a)
+        shapes[f"{prefix}.layers.{i}.bias"] = (b,)
+    shapes[f"{prefix}.out.weight"] = (out_dim, dims[-1])
+    shapes[f"{prefix}.out.bias"] = (out_dim,)
+    return shapes
+
+
+def weight_shapes(i_max: int) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the actor and critic (nitro.models.Policy naming, so PPO can resume them)."""
+    return {**_layer_shapes("actor", i_max), **_layer_shapes("critic", 1)}
+
+
+def _uniform(seed: int, round_index: int) -> float:
+    """A reproducible U[0, 1) per (exploration seed, round): a retried Plan samples the same action."""
+    return float(np.random.default_rng([int(seed) % 2**63, int(round_index)]).random())
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """A loaded scheduler: the actor network plus what it was trained for."""
+
+    i_max: int
+    mode: str  # "serve": argmax; "explore": sample (pre-training)
+    explore_seed: int
+    meta: dict = field(repr=False)
+    weights: tuple = field(repr=False)  # ((W^T, b), ...) of the actor, float32
+
+    def logits(self, obs: np.ndarray) -> np.ndarray:
+        x = np.asarray(obs, dtype=np.float32).reshape(-1)
+        for w, b in self.weights[:-1]:
+            x = np.tanh(x @ w + b)
+        w, b = self.weights[-1]
+        return (x @ w + b).astype(np.float64)
+
+    def probabilities(self, obs: np.ndarray) -> np.ndarray:
+        z = self.logits(obs)
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    def choose(self, obs: np.ndarray, round_index: int) -> tuple[int, float]:
+        """(action index in [0, I_max), its probability): argmax when serving, a sample when exploring."""
+        p = self.probabilities(obs)
+        if self.mode == "explore":
+            a = int(np.searchsorted(np.cumsum(p), _uniform(self.explore_seed, round_index) * p.sum(), side="right"))
+            a = min(a, len(p) - 1)
+        else:
+            a = int(np.argmax(p))
+        return a, float(p[a])
+
+    def check_i_max(self, i_max: int) -> None:
+        if i_max != self.i_max:
+            raise SchedulerMismatchError(
+                f"checkpoint {self.meta.get('path', '')!r} was trained for i_max={self.i_max}, but this job has "
+                f"scaler.i_max={i_max}: pre-train one with `nitro pretrain-minions --i-max {i_max}` or set "
+                f"--i-max {self.i_max}")
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict[str, np.ndarray], i_max: int, *, mode: str = "serve",
+                    explore_seed: int = 0, metadata: dict | None = None) -> str:
+    """Write a scheduler checkpoint atomically; `state` holds at least weight_shapes(i_max). Returns the path."""
+    if mode not in MODES:
+        raise ConfigError(f"invalid scheduler mode {mode!r}; allowed: {list(MODES)}")
+    arrays = {}
+    for name, shape in weight_shapes(i_max).items():
+        a = np.asarray(state[name], dtype=np.float32)
+        if a.shape != shape:
+            raise ConfigError(f"scheduler weight {name} has shape {a.shape}, expected {shape}")
+        arrays[name] = a
+    fp = fingerprint(i_max)
+    meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "mode": mode,
+            "explore_seed": int(explore_seed), "fingerprint": fp, "fingerprint_id": fingerprint_id(fp),
+            "metadata": dict(metadata or {})}
+    arrays[META_KEY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)  # a scaler never reads a half-written checkpoint
+    return path
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+    """(meta, arrays) of a checkpoint, checked; SchedulerCheckpointError / SchedulerMismatchError otherwise."""
+    path = os.fspath(path)
+    if not path:
+        raise SchedulerCheckpointError("is required with scaler.policy 'minions': the path of a checkpoint "
+                                       "written by `nitro pretrain-minions`")
+    if not os.path.exists(path):
+        raise SchedulerCheckpointError(f"no scheduler checkpoint at {path!r} (the path must be readable by the "
+                                       "learner and the scaler; use an absolute path)")
+    if not os.path.isfile(path):
+        raise SchedulerCheckpointError(f"{path!r} is not a file")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        meta = json.loads(arrays.pop(META_KEY).tobytes().decode())
+    except KeyError:
+        raise SchedulerCheckpointError(f"{path!r} is not a minions scheduler checkpoint (no {META_KEY} entry)") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
+        raise SchedulerCheckpointError(f"{path!r} is not a readable scheduler checkpoint "
+                                       f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise SchedulerCheckpointError(f"{path!r} is not a minions scheduler checkpoint (format "
+                                       f"{meta.get('format') if isinstance(meta, dict) else None!r})")
+    if meta.get("version") != CHECKPOINT_VERSION:
+        raise SchedulerMismatchError(f"checkpoint {path!r} has format version {meta.get('version')!r}; this nitro "
+                                     f"reads version {CHECKPOINT_VERSION}: pre-train it again")
+    fp = meta.get("fingerprint")
+    i_max = fp.get("i_max") if isinstance(fp, dict) else None
+    if isinstance(i_max, bool) or not isinstance(i_max, int) or i_max < 1:
+        raise SchedulerCheckpointError(f"checkpoint {path!r} has no valid i_max in its fingerprint")
+    expected = fingerprint(i_max)
+    if fp != expected:
+        diff = sorted(k for k in set(fp) | set(expected) if fp.get(k) != expected.get(k))
+        raise SchedulerMismatchError(f"checkpoint {path!r} was trained for another scheduler layout (differs in "
+                                     f"{diff}; this nitro observes {list(OBS_NAMES)} v{OBS_VERSION} with "
+                                     f"{ACTIVATION} {list(HIDDEN_SIZES)}): pre-train it again")
+    if meta.get("mode") not in MODES:
+        raise SchedulerCheckpointError(f"checkpoint {path!r} has an unknown mode {meta.get('mode')!r}")
+    for name, shape in weight_shapes(i_max).items():
+        a = arrays.get(name)
+        if a is None or a.shape != shape or a.dtype.kind != "f" or not np.all(np.isfinite(a)):
+            raise SchedulerCheckpointError(f"checkpoint {path!r} has a missing or corrupt weight {name!r}")
+    return meta, arrays
+
+
+def load_scheduler(path: str | os.PathLike) -> Scheduler:
+    meta, arrays = read_checkpoint(path)
+    i_max = meta["fingerprint"]["i_max"]
+    n_hidden = len(HIDDEN_SIZES)
+    names = [(f"actor.layers.{i}.weight", f"actor.layers.{i}.bias") for i in range(n_hidden)]
+    names.append(("actor.out.weight", "actor.out.bias"))
+    weights = tuple((np.ascontiguousarray(arrays[w].T, dtype=np.float32), arrays[b].astype(np.float32))
+                    for w, b in names)
+    return Scheduler(i_max=i_max, mode=meta["mode"], explore_seed=int(meta.get("explore_seed", 0)),
+                     meta={**meta, "path": os.fspath(path)}, weights=weights)
+
+
+# Loaded schedulers by absolute path, reloaded when the file changes (pre-training rewrites them).
+_CACHE: OrderedDict[str, tuple[tuple, Scheduler]] = OrderedDict()
+_CACHE_SIZE = 32
+_CACHE_LOCK = threading.Lock()
+
+
+def load_scheduler_cached(path: str | os.PathLike) -> Scheduler:
+    """load_scheduler, cached per path in this process (keyed by the file's identity and mtime)."""
+    path = os.fspath(path)
+    if not path:
+        return load_scheduler(path)  # raises the "is required" error
+    key = os.path.abspath(path)
+    try:
+        st = os.stat(key)
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return load_scheduler(path)  # raises a clear error
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and hit[0] == ident:
+            _CACHE.move_to_end(key)
+            return hit[1]
+    sched = load_scheduler(path)  # errors are not cached: a fixed file is picked up at once
+    with _CACHE_LOCK:
+        _CACHE[key] = (ident, sched)
+        _CACHE.move_to_end(key)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return sched
+
+
+# -- the scaling policy ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MinionsPolicy:
+    """ScalingPolicy over a loaded Scheduler.
+
+    The network picks 1..I_max actors (I_max = the checkpoint's, which must be the job's
+    scaler.i_max); the job's i_min is then a floor, as for every other policy, and the
+    scaler's budget guard applies afterwards. In "explore" mode (pre-training) the state
+    records each decision's observation and action under "trajectory" so the pre-training
+    driver can read the episode back from the scaler's job state.
+    """
+
+    scheduler: Scheduler
+    name: str = "minions"
+
+    def check(self, inputs: RoundInputs) -> None:
+        """SchedulerMismatchError unless the checkpoint was trained for this job's I_max."""
+        self.scheduler.check_i_max(inputs.i_max)
+
+    def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
+        self.check(inputs)
+        obs = observation(inputs)
+        action, prob = self.scheduler.choose(obs, inputs.round_index)
+        raw = action + 1
+        actors = clip(raw, inputs.i_min, inputs.i_max)
+        new_state = dict(state)
+        how = "argmax"
+        if self.scheduler.mode == "explore":
+            how = "sampled"
+            step = {"round": inputs.round_index, "obs": [float(x) for x in obs], "action": action}
+            # A retried round replaces its earlier entry rather than appending a duplicate.
+            new_state["trajectory"] = [t for t in state.get("trajectory", []) if t.get("round") != inputs.round_index]
+            new_state["trajectory"].append(step)
+        floor = f", raised to i_min={inputs.i_min}" if actors != raw else ""
+        reason = (f"minions: {describe_inputs(inputs)} -> {raw} of 1..{self.scheduler.i_max} actors "
+                  f"({how}, p={prob:.2f}){floor}")
+        return actors, new_state, reason

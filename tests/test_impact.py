@@ -1,0 +1,275 @@
+"""IMPACT: loss pieces by hand, the learner (target refresh, off-policy data, checkpoints), replay, detector."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nitro.algos.impact import IMPACTLearner, impact_loss, impact_surrogate, importance_weights
+from nitro.algos.ppo import UpdateStats
+from nitro.algos.replay import ReplayBuffer
+from nitro.config import IMPACT_PRESETS, IMPACTConfig, impact_config, make_config
+from nitro.detector.core import REQUIRED_FIELDS, detect
+from nitro.errors import ConfigError
+from nitro.inference import PolicyRunner
+from nitro.models import ModelSpec, Policy
+from nitro.rollout import Sampler
+
+T = torch.tensor
+
+
+def test_importance_weights_are_truncated_and_carry_no_gradient():
+    lt = T([0.0, 0.0, 0.0], requires_grad=True)
+    lb = T([math.log(4.0), 0.0, math.log(0.25)])
+    w = importance_weights(lt, lb, clip=2.0)
+    torch.testing.assert_close(w, T([0.25, 1.0, 2.0]))  # 1/4, 1, min(2, 4)
+    assert not w.requires_grad
+
+
+def test_surrogate_by_hand():
+    # r = pi/pi_target = (1.5, 0.5, 1.0), A = (1, 1, -1), w = (1, 2, 0.5), clip 0.2:
+    # min(1.5, 1.2) * 1 = 1.2;  min(0.5, 0.8) * 2 = 1.0;  -1 * 0.5 = -0.5  -> mean 1.7 / 3
+    lt = T([0.0, 0.0, 0.0])
+    ln = torch.log(T([1.5, 0.5, 1.0]))
+    val = impact_surrogate(ln, lt, T([1.0, 2.0, 0.5]), T([1.0, 1.0, -1.0]), clip=0.2)
+    assert math.isclose(float(val), 1.7 / 3, rel_tol=1e-6)
+
+
+def test_surrogate_gradient_vanishes_only_on_the_pessimistic_clipped_side():
+    ln = torch.log(T([1.5, 1.5, 0.5, 0.5])).requires_grad_()
+    adv = T([1.0, -1.0, 1.0, -1.0])
+    impact_surrogate(ln, torch.zeros(4), torch.ones(4), adv, clip=0.2).backward()
+    g = ln.grad
+    assert g[0] == 0 and g[3] == 0  # r above 1+eps with A > 0, below 1-eps with A < 0: clipped
+    assert g[1] != 0 and g[2] != 0  # the unclipped branch is the minimum
+
+
+def test_loss_composition_by_hand():
+    ln, lt = torch.log(T([1.0, 1.0])), T([0.0, 0.0])
+    w, adv = T([1.0, 1.0]), T([2.0, 4.0])  # surrogate = 3
+    v, vs = T([1.0, 3.0]), T([0.0, 1.0])  # 0.5 * mean(1, 4) = 1.25
+    ent, kl = T([0.5, 1.5]), T([0.1, 0.3])  # means 1.0 and 0.2
+    total, parts = impact_loss(ln, lt, w, adv, v, vs, ent, kl, clip=0.4, kl_coeff=2.0, value_coeff=0.5,
+                               entropy_coeff=0.1)
+    assert math.isclose(float(parts["policy_loss"]), -3.0, rel_tol=1e-6)
+    assert math.isclose(float(parts["value_loss"]), 1.25, rel_tol=1e-6)
+    assert math.isclose(float(total), -3.0 + 2.0 * 0.2 + 0.5 * 1.25 - 0.1 * 1.0, rel_tol=1e-6)
+    assert float(parts["clip_frac"]) == 0.0
+
+
+# -- config --------------------------------------------------------------------------------
+
+
+def test_paper_preset_is_table_1():
+    p = impact_config("paper")
+    assert (p.lr, p.gamma, p.clip, p.kl_coeff, p.kl_target, p.entropy_coeff, p.value_coeff) == (
+        5e-4, 0.99, 0.4, 1.0, 0.01, 0.01, 1.0)
+    assert (p.batch_size, p.target_update_freq, p.rho_bar, p.c_bar) == (4096, 1, 1.0, 1.0)
+    assert impact_config("paper-atari").batch_size == 256
+    assert set(IMPACT_PRESETS) == {"paper", "paper-atari", "tuned", "fast"}
+    assert isinstance(make_config("impact", "fast"), IMPACTConfig)
+
+
+@pytest.mark.parametrize("field,value", [("clip", 1.0), ("rho_bar", 0.0), ("c_bar", -1.0),
+                                         ("target_update_freq", 0), ("replay_max_reuse", 0),
+                                         ("is_ratio_clip", float("inf")), ("lr", 0.0)])
+def test_config_validation_names_the_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        impact_config("paper", **{field: value})
+
+
+def test_unknown_fields_and_presets():
+    with pytest.raises(ConfigError, match="unknown hyperparameter"):
+        impact_config("fast", gae_lambda=0.9)  # a PPO field
+    with pytest.raises(ConfigError, match="unknown IMPACT preset"):
+        impact_config("nope")
+
+
+# -- learner -------------------------------------------------------------------------------
+
+SPEC = ModelSpec((4,), "discrete", 2, hidden_sizes=(16, 16))
+
+
+def cartpole_batches(policy: Policy, n=2, steps=128, seed=0):
+    runner = PolicyRunner(SPEC, policy.numpy_state(), 0)
+    out = []
+    for i in range(n):
+        s = Sampler("CartPole-v1", seed=seed + i)
+        out.append(s.sample(runner, steps, np.random.default_rng(seed + i)))
+        s.close()
+    return out
+
+
+def params_of(p: Policy) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in p.parameters()]
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_update_stats_and_detector_data():
+    cfg = impact_config("fast", minibatch_size=64, epochs=2)
+    learner = IMPACTLearner(SPEC, cfg, seed=0)
+    stats = learner.update(cartpole_batches(learner.policy))
+    assert isinstance(stats, UpdateStats) and stats.samples == 256
+    for name in ("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "grad_norm", "explained_variance",
+                 "gradient_noise_scale"):
+        assert math.isfinite(getattr(stats, name)), name
+    assert stats.gradient_noise_scale != 0.0  # several first-epoch minibatches: defined
+    assert stats.target_refreshed and math.isclose(stats.is_weight_mean, 1.0, rel_tol=1e-4)  # on-policy data
+    data = learner.last_data
+    for k in REQUIRED_FIELDS["impact"] + ("logp",):
+        assert len(data[k]) == 256, k
+    np.testing.assert_allclose(data["is_weights"], 1.0, rtol=1e-4)
+
+
+def test_target_network_refreshes_every_target_update_freq_updates():
+    learner = IMPACTLearner(SPEC, impact_config("fast", target_update_freq=3), seed=0)
+    batches = cartpole_batches(learner.policy)
+    snapshots = [params_of(learner.policy)]
+    refreshed = []
+    for _ in range(7):
+        refreshed.append(learner.update(batches).target_refreshed)
+        snapshots.append(params_of(learner.policy))
+    # Refresh at the start of updates 0, 3, 6: the target is the policy as update 6 began.
+    assert refreshed == [True, False, False, True, False, False, True]
+    assert same(params_of(learner.target), snapshots[6]) and not same(params_of(learner.target), snapshots[7])
+    assert learner.target_refreshes == 3
+    assert all(not p.requires_grad for p in learner.target.parameters())
+
+
+def test_target_update_freq_1_tracks_the_policy_at_each_update_start():
+    learner = IMPACTLearner(SPEC, impact_config("fast", target_update_freq=1), seed=0)
+    batches = cartpole_batches(learner.policy)
+    learner.update(batches)
+    before = params_of(learner.policy)
+    learner.update(batches)
+    assert same(params_of(learner.target), before)
+
+
+def test_off_policy_batches_get_truncated_weights():
+    cfg = impact_config("fast", is_ratio_clip=1.5)
+    learner = IMPACTLearner(SPEC, cfg, seed=0)
+    stale = Policy(SPEC)  # a different (behaviour) policy
+    with torch.no_grad():
+        for p in stale.parameters():
+            p.add_(torch.randn_like(p))
+    stats = learner.update(cartpole_batches(stale))
+    w = learner.last_data["is_weights"]
+    ratio = np.exp(learner.last_data["logp_target"].astype(np.float64) - learner.last_data["logp"])
+    np.testing.assert_allclose(w, np.minimum(1.5, ratio), rtol=1e-5)
+    assert w.max() <= 1.5 + 1e-6 and (ratio > 1.5).any()
+    assert not math.isclose(stats.is_weight_mean, 1.0, rel_tol=1e-3)
+    assert math.isfinite(stats.loss)
+
+
+def test_update_moves_towards_higher_surrogate_and_kl_coeff_adapts():
+    cfg = impact_config("paper", kl_coeff=1.0, kl_target=1e-6)  # any update exceeds 2x this target
+    learner = IMPACTLearner(SPEC, cfg, seed=0)
+    stats = learner.update(cartpole_batches(learner.policy))
+    assert stats.kl > 2e-6 and learner.kl_coeff == 1.5
+    cfg0 = impact_config("paper", kl_coeff=0.0)
+    assert IMPACTLearner(SPEC, cfg0, seed=0).kl_coeff == 0.0
+
+
+def test_state_round_trip_continues_identically():
+    cfg = impact_config("fast", target_update_freq=2)
+    a = IMPACTLearner(SPEC, cfg, seed=0)
+    batches = cartpole_batches(a.policy)
+    a.update(batches)
+    buf = io.BytesIO()
+    torch.save(a.state(), buf)  # as a checkpoint: no tensors shared between the two learners
+    buf.seek(0)
+    b = IMPACTLearner(SPEC, cfg, seed=5)
+    b.load_state(torch.load(buf, weights_only=False))
+    sa, sb = a.update(batches), b.update(batches)
+    assert sa.loss == sb.loss and same(params_of(a.policy), params_of(b.policy))
+    assert same(params_of(a.target), params_of(b.target)) and a.updates == b.updates == 2
+
+
+def test_box_actions():
+    spec = ModelSpec((3,), "box", 1, (-2.0,), (2.0,), hidden_sizes=(16,))
+    learner = IMPACTLearner(spec, impact_config("fast", minibatch_size=0), seed=0)
+    runner = PolicyRunner(spec, learner.policy.numpy_state(), 0)
+    s = Sampler("Pendulum-v1", seed=0)
+    batch = s.sample(runner, 200, np.random.default_rng(0))
+    s.close()
+    stats = learner.update([batch])
+    assert math.isfinite(stats.loss) and learner.last_data["actions"].shape == (200, 1)
+
+
+# -- replay buffer -------------------------------------------------------------------------
+
+
+def b(i, n=10):
+    return {"rewards": np.zeros(n), "id": i}
+
+
+def test_replay_buffer_is_bounded_and_evicts_oldest():
+    buf = ReplayBuffer(capacity=3, max_reuse=5, seed=0)
+    for i in range(5):
+        buf.add(b(i))
+    assert len(buf) == 3 and buf.steps == 30
+    assert sorted(x["id"] for x in buf.sample(10)) == [2, 3, 4]
+
+
+def test_replay_buffer_drops_batches_after_max_reuse():
+    buf = ReplayBuffer(capacity=4, max_reuse=2, seed=0)
+    for i in range(2):
+        buf.add(b(i))
+    assert len(buf.sample(2)) == 2 and len(buf) == 2
+    assert len(buf.sample(5)) == 2 and len(buf) == 0  # each used twice now
+    assert buf.sample(1) == [] and buf.replayed == 4
+
+
+def test_replay_buffer_samples_distinct_batches_and_capacity_zero_disables():
+    buf = ReplayBuffer(capacity=8, max_reuse=100, seed=1)
+    for i in range(8):
+        buf.add(b(i))
+    got = [x["id"] for x in buf.sample(5)]
+    assert len(set(got)) == 5 and got == sorted(got)
+    off = ReplayBuffer(capacity=0)
+    off.add(b(0))
+    assert len(off) == 0 and off.sample(1) == []
+    with pytest.raises(ConfigError, match="capacity"):
+        ReplayBuffer(capacity=-1)
+    with pytest.raises(ConfigError, match="max_reuse"):
+        ReplayBuffer(capacity=1, max_reuse=0)
+
+
+# -- detector ------------------------------------------------------------------------------
+
+
+def test_detector_scores_the_impact_surrogate():
+    learner = IMPACTLearner(SPEC, impact_config("fast"), seed=0)
+    learner.update(cartpole_batches(learner.policy, steps=200))
+    samples = learner.last_data
+    fast = detect(learner.policy, samples, clip=0.2, algo="impact", seed=1)
+    exact = detect(learner.policy, samples, clip=0.2, algo="impact", seed=1, method="explicit")
+    assert math.isclose(fast.lambda_max, exact.lambda_max, rel_tol=1e-3, abs_tol=1e-6)
+    assert math.isclose(fast.lambda_min, exact.lambda_min, rel_tol=1e-3, abs_tol=1e-6)
+    ppo = detect(learner.policy, samples, clip=0.2, algo="ppo", seed=1, method="explicit")
+    assert ppo.lambda_max != exact.lambda_max  # a different objective
+    with pytest.raises(ConfigError, match="logp_target"):
+        detect(learner.policy, {k: v for k, v in samples.items() if k != "logp_target"}, clip=0.2, algo="impact")
+    with pytest.raises(ConfigError, match="algo"):
+        detect(learner.policy, samples, clip=0.2, algo="sac")
+
+
+def test_impact_objective_equals_minus_the_policy_loss():
+    from nitro.detector.hvp import impact_objective
+
+    learner = IMPACTLearner(SPEC, impact_config("fast"), seed=0)
+    learner.update(cartpole_batches(learner.policy))
+    d = learner.last_data
+    obj = impact_objective(learner.policy, torch.as_tensor(d["obs"]), torch.as_tensor(d["actions"]),
+                           torch.as_tensor(d["logp_target"]), torch.as_tensor(d["is_weights"]),
+                           torch.as_tensor(d["advantages"]), 0.2)().detach()
+    dist = learner.policy.distribution(torch.as_tensor(d["obs"]))
+    ref = impact_surrogate(learner.policy.log_prob(dist, torch.as_tensor(d["actions"])),
+                           torch.as_tensor(d["logp_target"]), torch.as_tensor(d["is_weights"]),
+                           torch.as_tensor(d["advantages"]), 0.2).detach()
+    assert math.isclose(float(obj), float(ref), rel_tol=1e-6)
