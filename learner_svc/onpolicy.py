@@ -123,7 +123,14 @@ class OnPolicyLoop(RoundLoop):
                     t_ack = time.perf_counter()
                     self.redis_call(lambda: self.reader.ack(drop), "stream ack")
                     ack_seconds += time.perf_counter() - t_ack
-            if resp is None and not self.job.stop_requested.is_set():
+            if resp is None and not (set(slots) - covered):
+                try:  # every batch is in: the invocations are returning, collect their retry counts
+                    resp = fut.result(timeout=2.0)
+                    dispatch += resp.dispatch_seconds
+                    out.retries += resp.retries
+                except Exception:  # noqa: BLE001 - bookkeeping only; the data is already here
+                    pass
+            elif resp is None and not self.job.stop_requested.is_set():
                 out.notes.append(f"wave {wave}: round deadline ({spec.round_deadline_s:g} s) passed with "
                                  f"{len(set(slots) & covered)}/{len(slots)} batches")
             failed_total |= failed - covered

@@ -18,7 +18,8 @@ from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging, make_channel
 from nitro.metrics import serve_metrics
 from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
-from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec, from_proto, validate
+from nitro.scaling.minions import SchedulerMismatchError
+from nitro.spec import ScalerSettings, TrainingSpec, from_proto, validate
 from nitro.v1 import detector_pb2_grpc, scaler_pb2_grpc, training_pb2, training_pb2_grpc
 
 log = logging.getLogger("learner_svc")
@@ -103,8 +104,8 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
             return self._resume(request.spec.job_id, context).status()
         try:
             spec = validate(from_proto(request.spec))
-        except InvalidSpec as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except SchedulerMismatchError as exc:  # a well-formed checkpoint trained for another job shape
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"scaler.scheduler: {exc}")
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if self._saved(spec.job_id) is not None:

@@ -26,7 +26,7 @@ from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec
 
 BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND,
              grpc.StatusCode.ALREADY_EXISTS}
-SCALER_POLICIES = "nitro|fixed|max|hydrozoa|kungfu|fixed:N"
+SCALER_POLICIES = "nitro|fixed|max|hydrozoa|kungfu|minions|fixed:N"
 
 
 class CliError(Exception):
@@ -339,6 +339,9 @@ def build_spec(args) -> dict:
             scaler["fixed_actors"] = count
     if args.hp:
         spec["hyperparameters"] = dict(args.hp)
+    scheduler = spec.get("scaler", {}).get("scheduler")
+    if scheduler:  # the services resolve paths against their own working directory
+        spec["scaler"]["scheduler"] = os.path.abspath(os.path.expanduser(scheduler))
     if not spec.get("env_id"):
         raise InvalidSpec("env_id", "is required: pass --env, e.g. --env CartPole-v1")
     return spec
@@ -637,7 +640,7 @@ def _add_pretrain_minions(sub) -> None:
     p.add_argument("--eval-episodes", type=int, default=d.eval_episodes, metavar="N",
                    help="evaluation episodes per round (default: %(default)s)")
     p.add_argument("--round-seconds-ref", type=float, default=d.round_seconds_ref, metavar="SECONDS",
-                   help="reference round time of the time penalty (default: the first episode's mean)")
+                   help="reference round time of the time penalty (default: the first episode's median)")
     p.add_argument("--out", default=d.out, help="checkpoint path (default: %(default)s)")
     p.add_argument("--work-dir", default="", metavar="DIR",
                    help="where exploration checkpoints go; the scaler must read them (default: a temporary dir)")
@@ -695,7 +698,7 @@ def cmd_pretrain_minions(args) -> int:
             raise CliError(str(exc)) from None
     trained = sum(ep.trained for ep in result.episodes)
     print(f"\nscheduler checkpoint  {result.path}  (use: nitro train --scaler minions --scheduler {result.path} "
-          f"--i-max {settings.i_max})")
+          f"--i-min 1 --i-max {settings.i_max})")
     print(f"  episodes    {len(result.episodes)} ({trained} trained on)")
     print(f"  wall time   {result.wall_seconds:.1f} s")
     print(f"  cost        ${result.cost_usd:.4f} (training jobs ${result.jobs_cost_usd:.4f} + scheduler updates "

@@ -2,9 +2,9 @@
 
 At batch size 1 PyTorch's per-op dispatch costs more than the maths of a 2x256
 MLP, so MLP policies run in plain numpy here (same weights, same normalisation,
-float32). The Atari CNN acts in numpy too (NumpyAtariCNN, ~2-3x faster than
-torch's batch-1 convolutions on one core, see bench/atari_sampling.py) and
-computes a batch's values with the torch critic; a CNN with observation
+float32). The Atari CNN's actor runs in numpy too (NumpyAtariCNN, ~1.5x faster
+than torch's batch-1 forward on one core); a batch's values come from the torch
+critic afterwards, batched (see bench/atari_sampling.py). A CNN with observation
 normalisation uses the torch model throughout. All runners expose `act`/`value`.
 """
 
@@ -37,16 +37,17 @@ class NumpyMLP:
         return x @ self.out_w + self.out_b
 
 
-def _s2d_weight(w: np.ndarray) -> np.ndarray:
+def _s2d_weight(w: np.ndarray, channels_first: bool = False) -> np.ndarray:
     """torch weight (out, in, 2s, 2s) of a stride-s conv -> (s*s*in, 4*out) for `_s2d_conv`.
 
-    Rows are ordered (u, v, in) like the blocks, columns (di, dj, out): kernel tap
-    (kh, kw) = (s*di + u, s*dj + v).
+    Rows follow the blocks' order, (u, v, in) or with channels_first (in, u, v);
+    columns are (di, dj, out); kernel tap (kh, kw) = (s*di + u, s*dj + v).
     """
     o, c, k, _ = w.shape
     s = k // 2
+    rows = (1, 3, 5) if channels_first else (3, 5, 1)  # axes of w6 = (out, in, di, u, dj, v)
     return np.ascontiguousarray(
-        w.reshape(o, c, 2, s, 2, s).transpose(3, 5, 1, 2, 4, 0).reshape(s * s * c, 4 * o), dtype=np.float32)
+        w.reshape(o, c, 2, s, 2, s).transpose(*rows, 2, 4, 0).reshape(s * s * c, 4 * o), dtype=np.float32)
 
 
 def _s2d_conv(blocks: np.ndarray, w: np.ndarray, b: np.ndarray, grid: tuple[int, int],
@@ -86,8 +87,9 @@ class NumpyAtariCNN:
         lw2, _, w2 = _same_pad(w1, 4, 2)
         self.hw1, self.hw2 = (h1, w1), (h2, w2)
         self.grid1, self.grid2 = (h1 + 1, w1 + 1), (h2 + 1, w2 + 1)  # "same" padding fills exactly out+1 blocks
-        # Preallocated zero-padded inputs of layers 1 (CHW) and 2 (HWC); only interiors are written.
-        self._pad1 = np.zeros((c, 4 * (h1 + 1), 4 * (w1 + 1)), dtype=np.float32)
+        # Preallocated zero-padded inputs of layers 1 (uint8 CHW) and 2 (HWC); only interiors are written.
+        self._pad1 = np.zeros((c, 4 * (h1 + 1), 4 * (w1 + 1)), dtype=np.uint8)
+        self._blocks1 = np.empty((h1 + 1, w1 + 1, c, 4, 4), dtype=np.float32)
         self._pad2 = np.zeros((2 * (h2 + 1), 2 * (w2 + 1), 16), dtype=np.float32)
         self.in_slice = (slice(None), slice(lh1, lh1 + h), slice(lw1, lw1 + w))
         self.mid_slice = (slice(lh2, lh2 + h1), slice(lw2, lw2 + w1))
@@ -98,8 +100,8 @@ class NumpyAtariCNN:
         nets = ("actor", "critic")
         w1s = [get(f"{n}.conv1.weight") / np.float32(255.0) for n in nets]
         b1s = [get(f"{n}.conv1.bias") for n in nets]
-        self.layer1 = {(0,): (_s2d_weight(w1s[0]), b1s[0]), (1,): (_s2d_weight(w1s[1]), b1s[1]),
-                       (0, 1): (_s2d_weight(np.concatenate(w1s)), np.concatenate(b1s))}
+        self.layer1 = {(0,): (_s2d_weight(w1s[0], True), b1s[0]), (1,): (_s2d_weight(w1s[1], True), b1s[1]),
+                       (0, 1): (_s2d_weight(np.concatenate(w1s), True), np.concatenate(b1s))}
         self.layer2 = [(_s2d_weight(get(f"{n}.conv2.weight")), get(f"{n}.conv2.bias")) for n in nets]
 
         def full_map(wt: np.ndarray) -> np.ndarray:  # (out, in, h2, w2) -> (h2*w2*in, out): HWC flatten order
@@ -111,10 +113,10 @@ class NumpyAtariCNN:
     def heads(self, obs: np.ndarray, nets: tuple[int, ...] = (0, 1)) -> list[np.ndarray]:
         """Outputs of the selected nets for one (C, H, W) uint8 observation: actor logits, critic (1,)."""
         pad1, pad2 = self._pad1, self._pad2
-        pad1[self.in_slice] = obs  # uint8 -> float32 into the zero border
+        pad1[self.in_slice] = obs
         c, gh, gw = pad1.shape[0], *self.grid1
-        blocks = pad1.reshape(c, gh, 4, gw, 4).transpose(1, 3, 2, 4, 0).reshape(gh * gw, 16 * c)
-        x1 = _s2d_conv(blocks, *self.layer1[nets], self.grid1, self.hw1)  # (h1, w1, 16 per net)
+        self._blocks1[...] = pad1.reshape(c, gh, 4, gw, 4).transpose(1, 3, 0, 2, 4)  # to float32 in the same pass
+        x1 = _s2d_conv(self._blocks1.reshape(gh * gw, 16 * c), *self.layer1[nets], self.grid1, self.hw1)
         outs = []
         for j, net in enumerate(nets):
             pad2[self.mid_slice] = x1[:, :, 16 * j:16 * (j + 1)]
@@ -143,6 +145,7 @@ class PolicyRunner:
         elif not spec.obs_norm:
             self._cnn = NumpyAtariCNN(state, spec.obs_shape)
             self._state = state  # for the batched torch critic, built on first use
+            self._critic = None
         else:
             import torch
 
@@ -237,15 +240,15 @@ class PolicyRunner:
             return np.asarray([self.value(o) for o in obs], dtype=np.float32)
         import torch
 
-        if self._torch_policy is None:
-            from nitro.models import Policy
+        from nitro.models import atari_cnn_forward, atari_geometry
 
+        if self._critic is None:  # functional: building a Policy would spend ~0.1 s on weight init
             torch.set_num_threads(1)
-            self._torch_policy = Policy(self.spec)
-            self._torch_policy.load_numpy_state(self._state)
-            self._torch_policy.eval()
+            params = {k.removeprefix("critic."): torch.from_numpy(np.asarray(v, dtype=np.float32))
+                      for k, v in self._state.items() if k.startswith("critic.")}
+            self._critic = (params, atari_geometry(self.spec.obs_shape))
         out = np.empty(len(obs), dtype=np.float32)
         with torch.inference_mode():
             for i in range(0, len(obs), chunk):
-                out[i:i + chunk] = self._torch_policy.value(torch.from_numpy(obs[i:i + chunk])).numpy()
+                out[i:i + chunk] = atari_cnn_forward(torch.from_numpy(obs[i:i + chunk]), *self._critic)[:, 0].numpy()
         return out

@@ -53,7 +53,7 @@ class PretrainSettings:
     seed: int = 0
     preset: str = "fast"  # the training jobs' PPO preset
     eval_episodes: int = 3
-    round_seconds_ref: float = 0.0  # time penalty reference; 0 = the first episode's mean round time
+    round_seconds_ref: float = 0.0  # time penalty reference; 0 = the first episode's median round time
     out: str = "minions-scheduler.npz"
     work_dir: str = ""  # exploration checkpoints; must be readable by the scaler ("" = a temporary dir)
     lr: float = 3e-4
@@ -216,8 +216,8 @@ def pretrain(settings: PretrainSettings, client, redis_client, *,
             if not reports:
                 raise PretrainError(f"episode {e}: job {status.job_id} {status.state_name} before its first round: "
                                     f"{status.message}")
-            if ref <= 0:  # the time penalty's reference pace: this system's round time on this task
-                ref = float(np.mean([r.round_seconds for r in reports])) or 1.0
+            if ref <= 0:  # the time penalty's reference pace; the median shrugs off a cold first round
+                ref = float(np.median([r.round_seconds for r in reports])) or 1.0
             final_eval = reports[-1].eval_return
             rewards = minions.episode_rewards(
                 [r.round_cost_usd for r in reports], [r.round_seconds for r in reports],

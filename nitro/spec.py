@@ -158,10 +158,10 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
 
 
 def _validate_scheduler(sc: ScalerSettings) -> None:
-    """Policy "minions" needs a checkpoint that exists and loads. This runs in the learner; the scaler
-    reads the same path, so in a cloud deployment it must be readable by both. A valid checkpoint for
-    another I_max, format version or layout passes here (validation errors are INVALID_ARGUMENT): the
-    scaler's first Plan, before any actor runs, answers FAILED_PRECONDITION for it."""
+    """Policy "minions" needs a checkpoint that exists, loads and fits this job's I_max. This runs in the
+    learner; the scaler reads the same path, so in a cloud deployment it must be readable by both. A
+    missing or corrupt file raises InvalidSpec (INVALID_ARGUMENT); a valid checkpoint made for another
+    I_max, format version or layout raises SchedulerMismatchError (FAILED_PRECONDITION)."""
     if sc.policy != "minions":
         if sc.scheduler:
             raise InvalidSpec("scaler.scheduler", f"is only used with scaler.policy 'minions', got policy "
@@ -170,9 +170,9 @@ def _validate_scheduler(sc: ScalerSettings) -> None:
     from nitro.scaling.minions import SchedulerCheckpointError, SchedulerMismatchError, load_scheduler_cached
 
     try:
-        load_scheduler_cached(sc.scheduler)
+        load_scheduler_cached(sc.scheduler).check_i_max(sc.i_max)
     except SchedulerMismatchError:
-        pass
+        raise
     except SchedulerCheckpointError as exc:
         raise InvalidSpec("scaler.scheduler", exc.detail) from None
 

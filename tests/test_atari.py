@@ -60,9 +60,10 @@ def test_cnn_forward_backward_shapes(spec, policy):
     policy.zero_grad(set_to_none=True)
     # The paper's three conv layers, with RLlib's "same" padding: 84 -> 21 -> 11 -> 1.
     cnn = AtariCNN((3, 84, 84), 6, 1.0)
-    x = torch.zeros(1, 3, 84, 84)
-    h1 = cnn.conv1(cnn.pad1(x))
-    assert h1.shape == (1, 16, 21, 21) and cnn.conv2(cnn.pad2(h1)).shape == (1, 32, 11, 11)
+    pad1, pad2, last = cnn.geometry
+    h1 = cnn.conv1(torch.nn.functional.pad(torch.zeros(1, 3, 84, 84), pad1))
+    assert h1.shape == (1, 16, 21, 21) and cnn.conv2(torch.nn.functional.pad(h1, pad2)).shape == (1, 32, 11, 11)
+    assert last == (11, 11) and cnn(torch.zeros(2, 3, 84, 84, dtype=torch.uint8)).shape == (2, 6)
 
 
 def test_numpy_actor_matches_torch(spec, policy):

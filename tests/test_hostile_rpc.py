@@ -189,6 +189,16 @@ def messages(draw, descriptor, overrides=None, depth=0):
     return msg
 
 
+@st.composite
+def based(draw, base, overrides=None):
+    """Half the time `base` (a valid request) with hostile fields laid over it: reaches the deeper paths."""
+    msg = type(base)()
+    if draw(st.booleans()):
+        msg.CopyFrom(base)
+    msg.MergeFrom(draw(messages(base.DESCRIPTOR, overrides)))
+    return msg
+
+
 def _message_class(descriptor):
     from google.protobuf import message_factory
 
@@ -300,8 +310,12 @@ SAMPLE_REFS = st.one_of(st.sampled_from([f"nitro:{KNOWN_JOB}:sample:0", f"nitro:
                                          f"nitro:{KNOWN_JOB}:policy:0", "nitro:nojob:sample:0", ""]), STRINGS)
 
 
+SCORE_BASE = detector_pb2.ScoreRequest(job_id=KNOWN_JOB, round=0, policy_version=1, clip=0.2, lanczos_steps=5,
+                                       sample_ref=f"nitro:{KNOWN_JOB}:sample:0")
+
+
 @settings(max_examples=250, **HYP)
-@given(request=messages(detector_pb2.ScoreRequest.DESCRIPTOR, {
+@given(request=based(SCORE_BASE, {
     "job_id": JOB_IDS, "sample_ref": SAMPLE_REFS, "policy_version": st.sampled_from([0, 1, 2, -1, 2**63 - 1]),
     "lanczos_steps": st.sampled_from([0, 1, 5, -1, 1001, 2**31 - 1]), "algo": st.sampled_from(["", "ppo", "impact",
                                                                                                "x"]),
@@ -323,10 +337,18 @@ def _plan_hits_overflow(request) -> bool:
     return request.budget_usd > 1e12 and request.budget_usd != math.inf
 
 
+def _hits_negative_memory(request) -> bool:
+    return request.actor_memory_mb < 0
+
+
+PLAN_BASE = scaler_pb2.PlanRequest(job_id="hostile-plan", round=0, score=0.5, budget_usd=1.0, steps_per_actor=32,
+                                   scaler=common_pb2.ScalerSpec(policy="fixed", fixed_actors=1, i_min=1, i_max=2))
+
+
 @settings(max_examples=400, **HYP)
-@given(request=messages(scaler_pb2.PlanRequest.DESCRIPTOR, PLAN))
+@given(request=based(PLAN_BASE, PLAN))
 def test_plan(stubs, auth_md, known_job, request):
-    if _plan_hits_overflow(request):
+    if _plan_hits_overflow(request) or _hits_negative_memory(request):
         return
     code, _, resp = check(stubs["scaler"].Plan, request, auth_md)
     if code == grpc.StatusCode.OK:
@@ -340,9 +362,15 @@ LAUNCH = {"job_id": JOB_IDS, "actors": st.sampled_from([1, 2, 0, -1, 1001, 2**31
           "deadline_s": st.sampled_from([0.0, -1.0, 5.0, 3600.0, 3600.5, math.nan, math.inf, 5e-324])}
 
 
+LAUNCH_BASE = scaler_pb2.LaunchRequest(job_id="hostile-launch", round=0, policy_version=0, actors=1, steps_per_actor=32,
+                                       env_id="CartPole-v1", function_name="no-such-fn", deadline_s=10.0)
+
+
 @settings(max_examples=150, **HYP)
-@given(request=messages(scaler_pb2.LaunchRequest.DESCRIPTOR, LAUNCH))
+@given(request=based(LAUNCH_BASE, LAUNCH))
 def test_launch(stubs, auth_md, known_job, request):
+    if _hits_negative_memory(request):
+        return
     code, _, resp = check(stubs["scaler"].Launch, request, auth_md)
     if code == grpc.StatusCode.OK:
         assert resp.launched == request.actors and resp.failed == resp.launched, resp
@@ -456,6 +484,28 @@ def test_bug_plan_with_huge_finite_budget(stubs, auth_md):
         scaler=common_pb2.ScalerSpec(policy="fixed", fixed_actors=1, i_min=1, i_max=1)), auth_md)
 
 
+NEGATIVE_MEMORY = ("scaler: Plan and Launch with actor_memory_mb < 0 end UNKNOWN: nitro.errors.ConfigError "
+                   "'invalid value for memory_mb: must be a finite number >= 0' from nitro/cost.py _check, via "
+                   "scaler_svc/server.py Plan (cost.lambda_invocation_cost) and Launch's account() callback "
+                   "(cost.lambda_cost). Launch has already invoked the actors by then, so their cost is never "
+                   "recorded and nitro_actors_in_flight never comes down; both should answer INVALID_ARGUMENT "
+                   "for actor_memory_mb outside {0} | [128, 10240] before doing anything")
+
+
+@pytest.mark.xfail(strict=True, reason=NEGATIVE_MEMORY)
+@pytest.mark.parametrize("rpc", ["Plan", "Launch"])
+def test_bug_negative_actor_memory(stubs, auth_md, rpc):
+    if rpc == "Plan":
+        request = scaler_pb2.PlanRequest()
+        request.CopyFrom(PLAN_BASE)
+        request.job_id, request.actor_memory_mb = "negative-memory", -1
+    else:
+        request = scaler_pb2.LaunchRequest()
+        request.CopyFrom(LAUNCH_BASE)
+        request.actor_memory_mb = -1
+    check(getattr(stubs["scaler"], rpc), request, auth_md)
+
+
 @pytest.mark.xfail(strict=True, reason="learner: StartTraining with env_id ':X' / '.x:Y' ends UNKNOWN: "
                                        "nitro.envs.resolve_env_id calls importlib.import_module('') / ('.x') which "
                                        "raise ValueError / TypeError, not ImportError; validate() lets them escape")
@@ -490,7 +540,8 @@ def test_bug_score_with_foreign_sample_ref(stubs, auth_md, known_job, ref):
 
 
 KNOWN_UNCAUGHT = ("ValueError: Empty module name", "TypeError: the 'package' argument is required",
-                  "OverflowError: cannot convert float infinity to integer")
+                  "OverflowError: cannot convert float infinity to integer",
+                  "ConfigError: invalid value for memory_mb: must be a finite number >= 0, got -1")
 
 # --- after all of it ---------------------------------------------------------------------------------
 

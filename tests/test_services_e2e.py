@@ -148,7 +148,7 @@ def test_redis_unreachable_is_unavailable_with_address(system, tmp_path):
         deadline = time.time() + 60
         while not check_health(f"127.0.0.1:{port}") and time.time() < deadline:
             time.sleep(0.2)
-        with NitroClient(f"127.0.0.1:{port}") as c:
+        with NitroClient(f"127.0.0.1:{port}", token=system.token) as c:
             with pytest.raises(UnavailableError, match="127.0.0.1:1"):
                 c.start_training({"env_id": "CartPole-v1"})
         assert check_health(f"127.0.0.1:{port}")
@@ -167,7 +167,7 @@ def test_services_expose_health_and_reflection(system):
         with grpc.insecure_channel(addr) as ch:
             stub = reflection_pb2_grpc.ServerReflectionStub(ch)
             resp = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                                  timeout=5))
+                                                  timeout=5, metadata=(("authorization", f"Bearer {system.token}"),)))
             names = {s.name for s in resp.list_services_response.service}
         assert service in names and "grpc.health.v1.Health" in names
 

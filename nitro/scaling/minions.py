@@ -347,6 +347,13 @@ def load_scheduler(path: str | os.PathLike) -> Scheduler:
                      meta={**meta, "path": os.fspath(path)}, weights=weights)
 
 
+def pretraining_info(path: str | os.PathLike) -> dict:
+    """What pre-training recorded in a checkpoint (env_id, episodes, wall_seconds, cost_usd, jobs, ...);
+    {} for a checkpoint written some other way. For reports that add the pre-training cost to a run's."""
+    meta, _ = read_checkpoint(path)
+    return dict(meta.get("metadata", {}).get("pretraining", {}))
+
+
 # Loaded schedulers by absolute path, reloaded when the file changes (pre-training rewrites them).
 _CACHE: OrderedDict[str, tuple[tuple, Scheduler]] = OrderedDict()
 _CACHE_SIZE = 32
