@@ -25,6 +25,7 @@ from nitro.grpc_util import Service, configure_logging
 from nitro.metrics import serve_metrics
 from nitro.models import Policy, blob_to_doc
 from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
+from nitro.spec import JOB_ID_RE
 from nitro.store import PolicyNotFoundError, PolicyStore
 from nitro.v1 import detector_pb2, detector_pb2_grpc
 
@@ -67,8 +68,12 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
     def Score(self, request, context):
         t0 = time.perf_counter()
         p = {k: getattr(request, k) or v for k, v in DEFAULTS.items()}
-        if not request.job_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: is required")
+        if not JOB_ID_RE.match(request.job_id):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "job_id: must be 1-64 characters of letters, digits, '-' or '_'")
+        if request.sample_ref != f"nitro:{request.job_id}:sample:{request.round}":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "sample_ref: must be the round's sample key nitro:{job_id}:sample:{round}")
         if request.round < 0 or request.policy_version < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "round and policy_version: must be >= 0")
         if request.algo not in ("", "ppo"):

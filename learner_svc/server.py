@@ -170,6 +170,8 @@ def parse_args(argv=None):
     p.add_argument("--detector", default=os.environ.get("NITRO_DETECTOR", "127.0.0.1:50052"))
     p.add_argument("--scaler", default=os.environ.get("NITRO_SCALER", "127.0.0.1:50053"))
     p.add_argument("--data-dir", default=os.environ.get("NITRO_DATA_DIR", ".nitro/learner"))
+    p.add_argument("--torch-threads", type=int, default=int(os.environ.get("NITRO_TORCH_THREADS", "0")),
+                   help="intra-op threads for updates (default: all cores)")
     p.add_argument("--log-level", default="INFO")
     auth.add_server_args(p, client=True)
     return p.parse_args(argv)
@@ -180,7 +182,8 @@ def main(argv=None) -> None:
     configure_logging(args.log_level)
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    # All cores by default: on-policy updates run while the actors are idle.
+    torch.set_num_threads(args.torch_threads or (os.cpu_count() or 1))
     try:
         args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         service, servicer = build(args)

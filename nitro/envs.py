@@ -3,8 +3,9 @@
 Accepted ids: anything in the Gymnasium registry (classic control, MuJoCo v4/v5,
 ...), ALE ids such as "ALE/Qbert-v5" (ale_py is registered on demand and the
 standard Atari preprocessing is applied), and user environments either
-registered before the call or named as "some.module:EnvName-v0" (Gymnasium
-imports the module, which registers the id). An unknown id fails at once with
+registered before the call or named as "some.module:EnvName-v0" (the module is
+imported, which registers the id) when the module is listed in the
+NITRO_ENV_MODULES environment variable of the learner and the actors. An unknown id fails at once with
 an `UnknownEnvironmentError` naming it.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import os
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -46,15 +48,25 @@ def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
+def _module_allowed(module: str) -> bool:
+    allowed = [m.strip() for m in os.environ.get("NITRO_ENV_MODULES", "").split(",") if m.strip()]
+    return bool(module) and any(module == m or module.startswith(m + ".") for m in allowed)
+
+
 def resolve_env_id(env_id: str) -> str:
     """Return the registered id, importing/registering what it needs; raise if unknown."""
     if not isinstance(env_id, str) or not env_id.strip():
         raise UnknownEnvironmentError(str(env_id))
     if ":" in env_id:  # "module:EnvId": importing the module registers the id
         module, _, name = env_id.partition(":")
+        if not _module_allowed(module):
+            # Importing runs the module's code on the learner and on every actor: only what the
+            # operator allowed. An id from a request must never pick arbitrary installed code.
+            raise UnknownEnvironmentError(env_id, hint=f"module {module!r} is not in NITRO_ENV_MODULES "
+                                                       f"(comma-separated modules allowed for 'module:EnvId' ids)")
         try:
             importlib.import_module(module)
-        except ImportError as exc:
+        except (ImportError, ValueError, TypeError) as exc:
             raise UnknownEnvironmentError(env_id) from exc
         env_id = name
     if env_id not in gym.registry and is_atari(env_id):

@@ -16,8 +16,10 @@ class ConfigError(NitroError, ValueError):
 class UnknownEnvironmentError(NitroError, LookupError):
     """A Gymnasium environment id that is not registered and could not be imported."""
 
-    def __init__(self, env_id: str, suggestions: Sequence[str] = ()):
+    def __init__(self, env_id: str, suggestions: Sequence[str] = (), hint: str = ""):
         self.env_id = env_id
         self.suggestions = list(suggestions)
-        hint = f"; did you mean {', '.join(repr(s) for s in self.suggestions)}?" if self.suggestions else ""
-        super().__init__(f"unknown environment id {env_id!r}{hint}")
+        extra = f"; did you mean {', '.join(repr(s) for s in self.suggestions)}?" if self.suggestions else ""
+        if hint:
+            extra += f"; {hint}"
+        super().__init__(f"unknown environment id {env_id!r}{extra}")

@@ -22,6 +22,7 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_ACTORS = 1000
 MAX_ROUNDS = 100_000
 MAX_STEPS_PER_ACTOR = 1_000_000
+MAX_BUDGET_USD = 1_000_000.0
 
 
 class InvalidSpec(ConfigError):
@@ -128,8 +129,8 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     if not 1 <= spec.steps_per_actor <= MAX_STEPS_PER_ACTOR:
         raise InvalidSpec("steps_per_actor", f"must be in [1, {MAX_STEPS_PER_ACTOR}], got {spec.steps_per_actor}")
     _finite("budget_usd", spec.budget_usd)
-    if spec.budget_usd <= 0:
-        raise InvalidSpec("budget_usd", f"must be > 0, got {spec.budget_usd}")
+    if not 0 < spec.budget_usd <= MAX_BUDGET_USD:
+        raise InvalidSpec("budget_usd", f"must be in (0, {MAX_BUDGET_USD:g}], got {spec.budget_usd}")
     if not 0 <= spec.seed < 2**63:
         raise InvalidSpec("seed", f"must be in [0, 2^63), got {spec.seed}")
     if not 0 <= spec.eval_episodes <= 1000:

@@ -27,20 +27,34 @@ from nitro.scaling.base import RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
 from nitro.scaling.policies import make_policy
-from nitro.spec import MAX_ACTORS, SCALER_POLICIES
+from nitro.spec import JOB_ID_RE, MAX_ACTORS, MAX_BUDGET_USD, SCALER_POLICIES
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
 
 log = logging.getLogger("scaler_svc")
 
 STATE_TTL_S = 7 * 24 * 3600
-DEFAULT_MS_PER_STEP = 1.0  # first-round guess of billed actor time per env step; replaced by measurements
+DEFAULT_MS_PER_STEP = 1.0
+FIRST_ROUND_LEARNER_S = 10.0  # learner time assumed for round 0, before anything was measured
+LEARNER_ROUND_MARGIN = 1.5  # first-round guess of billed actor time per env step; replaced by measurements
 
 
 def strip_password(url: str) -> str:
     """Actors get the address only; their password comes from their own environment."""
     scheme, sep, rest = url.partition("://")
     return f"{scheme}{sep}{rest.split('@')[-1]}" if sep else url
+
+
+def check_job_id(job_id: str, context) -> None:
+    if not JOB_ID_RE.match(job_id or ""):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      "job_id: must be 1-64 characters of letters, digits, '-' or '_'")
+
+
+def check_memory(memory_mb: int, context) -> None:
+    if memory_mb and not 128 <= memory_mb <= 10240:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"actor_memory_mb: must be in [128, 10240] (AWS Lambda limits) or 0 for 1024, got {memory_mb}")
 
 
 def state_key(job_id: str) -> str:
@@ -86,10 +100,13 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if base not in SCALER_POLICIES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"scaler.policy: unknown {name!r}; allowed: {list(SCALER_POLICIES)}")
-        if not request.job_id or request.round < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required and round must be >= 0")
-        if not (request.budget_usd > 0 and request.budget_usd < float("inf")):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget_usd: must be > 0, got {request.budget_usd}")
+        check_job_id(request.job_id, context)
+        if request.round < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"round: must be >= 0, got {request.round}")
+        if not 0 < request.budget_usd <= MAX_BUDGET_USD:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"budget_usd: must be in (0, {MAX_BUDGET_USD:g}], got {request.budget_usd}")
+        check_memory(request.actor_memory_mb, context)
         if not 0 <= request.learner_seconds < 1e7 or not 0.0 <= request.score <= 1.0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "learner_seconds must be in [0, 1e7) and score in [0, 1]")
@@ -137,8 +154,11 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             metrics.SCHEDULER_ACTORS.labels(request.job_id).set(desired)
             for input_name, value in zip(OBS_NAMES, observation(inputs)):
                 metrics.SCHEDULER_INPUT.labels(request.job_id, input_name).set(float(value))
-        rounds_seen = max(1, int(st.get("rounds_planned", 0)))
-        learner_per_round = float(st.get("wall_seconds", 0.0)) / rounds_seen
+        # Learner time per round, padded: a plan must stay affordable even if the round runs long.
+        rounds_seen = int(st.get("rounds_planned", 0))
+        learner_per_round = (LEARNER_ROUND_MARGIN * max(float(st.get("wall_seconds", 0.0)) / rounds_seen,
+                                                        request.learner_seconds)
+                             if rounds_seen else FIRST_ROUND_LEARNER_S)
         ms_per_step = float(st.get("billed_ms", 0)) / float(st.get("steps_billed", 0)) \
             if float(st.get("steps_billed", 0)) > 0 else DEFAULT_MS_PER_STEP
         memory = request.actor_memory_mb or 1024
@@ -158,8 +178,10 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         return scaler_pb2.PlanResponse(**plan)
 
     def Launch(self, request, context):
-        if not request.job_id or request.round < 0 or request.policy_version < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required; round and policy_version >= 0")
+        check_job_id(request.job_id, context)
+        if request.round < 0 or request.policy_version < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "round and policy_version: must be >= 0")
+        check_memory(request.actor_memory_mb, context)
         if not 1 <= request.actors <= MAX_ACTORS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
         if not 1 <= request.steps_per_actor <= 1_000_000:
@@ -222,8 +244,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 for o in outcomes])
 
     def GetCost(self, request, context):
-        if not request.job_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: is required")
+        check_job_id(request.job_id, context)
         st = self._state(request.job_id)
         if not st:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no cost records for job {request.job_id!r}")

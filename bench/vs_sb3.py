@@ -1,0 +1,104 @@
+"""This system vs Stable-Baselines3 PPO on Hopper-v5, same machine, same run.
+
+Both: 2x256 Tanh actor and critic, 4,096 env steps per update (ours: fixed:16
+actors x 256 steps), 10 epochs, minibatch 256, lr 3e-4, gamma 0.99, GAE 0.95,
+clip 0.2, value coeff 0.5, grad clip 0.5, no observation normalisation (SB3's
+default), the same number of env steps. Ours runs through the full local system
+(Redis, Lambda endpoint, three services) and its wall time includes the
+per-round detector, planning and one evaluation episode per round. Final return:
+5 deterministic episodes of each final policy. Figure: ratio of env steps/s
+(ours / SB3); target >= 1.5.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+ENV, ACTORS, STEPS, ROUNDS, TARGET = "Hopper-v5", 16, 256, 24, 1.5
+TOTAL = ACTORS * STEPS * ROUNDS
+
+
+def run_sb3() -> dict:
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    env = gym.make(ENV)
+    model = PPO("MlpPolicy", env, n_steps=ACTORS * STEPS, batch_size=256, n_epochs=10, learning_rate=3e-4,
+                gamma=0.99, gae_lambda=0.95, clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
+                policy_kwargs={"net_arch": {"pi": [256, 256], "vf": [256, 256]}, "activation_fn": torch.nn.Tanh},
+                seed=0, device="cpu", verbose=0)
+    t0 = time.perf_counter()
+    model.learn(total_timesteps=TOTAL)
+    wall = time.perf_counter() - t0
+    eval_env = gym.make(ENV)
+    returns = []
+    for ep in range(5):
+        obs, _ = eval_env.reset(seed=10_000 + ep)
+        done, total = False, 0.0
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, r, term, trunc, _ = eval_env.step(action)
+            total += float(r)
+            done = term or trunc
+        returns.append(total)
+    return {"wall_s": wall, "steps": model.num_timesteps, "eval_return": float(np.mean(returns))}
+
+
+def run_ours() -> dict:
+    from nitro.inference import PolicyRunner
+    from nitro.local_system import LocalSystem
+    from nitro.models import ModelSpec, Policy
+    from nitro.rollout import evaluate
+    from nitro.sdk import NitroClient
+
+    with tempfile.TemporaryDirectory() as tmp:
+        system = LocalSystem(state_dir=tmp, concurrency=ACTORS).start()
+        try:
+            with NitroClient(system.learner_address) as client:
+                spec = {"env_id": ENV, "preset": "tuned", "hyperparameters": {"obs_norm": 0}, "rounds": ROUNDS,
+                        "steps_per_actor": STEPS, "eval_episodes": 1, "budget_usd": 50.0, "seed": 0,
+                        "scaler": {"policy": "fixed", "fixed_actors": ACTORS, "i_min": 1, "i_max": ACTORS}}
+                t0 = time.perf_counter()
+                job = client.start_training(spec)
+                reports = list(client.watch(job.job_id))
+                wall = time.perf_counter() - t0
+                status = client.get(job.job_id)
+            ck = torch.load(status.checkpoint_path, weights_only=False)
+        finally:
+            system.stop()
+    mspec = ModelSpec.from_dict(ck["model_spec"])
+    policy = Policy(mspec)
+    policy.load_state_dict(ck["learner"]["policy"])
+    runner = PolicyRunner(mspec, policy.numpy_state(), ck["version"])
+    returns = [evaluate(runner, ENV, 1, seed=10_000 + ep)[0] for ep in range(5)]
+    return {"wall_s": wall, "steps": reports[-1].total_env_steps, "eval_return": float(np.mean(returns)),
+            "rounds": len(reports), "cost_usd": reports[-1].total_cost_usd}
+
+
+def main() -> None:
+    ours = run_ours()
+    sb3 = run_sb3()
+    ours_sps, sb3_sps = ours["steps"] / ours["wall_s"], sb3["steps"] / sb3["wall_s"]
+    ratio = ours_sps / sb3_sps
+    print(f"{ENV}, {TOTAL:,} env steps, 2x256 tanh, 10 epochs, minibatch 256")
+    print(f"  nitro fixed:16  {ours['wall_s']:7.1f} s  {ours_sps:8.0f} steps/s  final return {ours['eval_return']:.1f}")
+    print(f"  SB3 PPO         {sb3['wall_s']:7.1f} s  {sb3_sps:8.0f} steps/s  final return {sb3['eval_return']:.1f}")
+    print(f"  ratio of env steps/s: {ratio:.2f} (target >= {TARGET})")
+    print(json.dumps({"benchmark": "vs_sb3", "env": ENV, "env_steps": TOTAL, "steps_per_s": round(ours_sps, 1),
+                      "reference_sb3_steps_per_s": round(sb3_sps, 1), "ratio": round(ratio, 3),
+                      "wall_s": round(ours["wall_s"], 1), "sb3_wall_s": round(sb3["wall_s"], 1),
+                      "final_return": round(ours["eval_return"], 1), "sb3_final_return": round(sb3["eval_return"], 1),
+                      "target_ratio": TARGET, "meets_target": ratio >= TARGET}))
+
+
+if __name__ == "__main__":
+    main()

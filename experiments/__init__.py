@@ -1,0 +1,1 @@
+"""Experiment harness and one command per figure of the paper's evaluation (see figures.py)."""
