@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from nitro import auth, codec, metrics
+from nitro.detector.core import ALGOS as DETECTOR_ALGOS
 from nitro.detector.core import detect
 from nitro.detector.score import boosting_score
 from nitro.errors import ConfigError
@@ -76,8 +77,9 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
                           "sample_ref: must be the round's sample key nitro:{job_id}:sample:{round}")
         if request.round < 0 or request.policy_version < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "round and policy_version: must be >= 0")
-        if request.algo not in ("", "ppo"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"algo: unknown {request.algo!r}; allowed: ['ppo']")
+        if request.algo not in ("", *DETECTOR_ALGOS):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"algo: unknown {request.algo!r}; allowed: {list(DETECTOR_ALGOS)}")
         if not 0.0 < request.clip < 1.0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"clip: must be in (0, 1), got {request.clip}")
         if not 0.0 < p["decay"] <= 1.0 or not 1 <= p["window"] <= 1000:
@@ -107,7 +109,7 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
         try:
             res = detect(policy, samples, clip=request.clip, subset_size=p["subset_size"],
                          lanczos_steps=p["lanczos_steps"], seed=request.seed,
-                         normalize_advantages=request.normalize_advantages)
+                         normalize_advantages=request.normalize_advantages, algo=request.algo or "ppo")
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:

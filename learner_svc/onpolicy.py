@@ -49,6 +49,7 @@ class Collected:
     failed: int = 0
     replaced: int = 0
     retries: int = 0
+    completed: int = 0  # invocations whose whole batch (every part) arrived
     stale: int = 0
     stale_steps: int = 0
     duplicates: int = 0
@@ -67,7 +68,9 @@ class OnPolicyLoop(RoundLoop):
         spec = self.spec
         expected_steps = actors * spec.steps_per_actor
         slot_of: dict[str, int] = {}
-        batches: dict[str, dict] = {}  # invocation id -> batch: every in-version batch of this round is used
+        batches: dict[str, dict] = {}  # dedup id -> batch: every in-version batch (or part) of this round is used
+        parts_seen: dict[str, set[int]] = {}
+        parts_total: dict[str, int] = {}
         covered: set[int] = set()
         t0 = time.perf_counter()
         processed_before, ack_seconds, dispatch = self.reader.processing_seconds, 0.0, 0.0
@@ -106,13 +109,16 @@ class OnPolicyLoop(RoundLoop):
                 for e in entries:
                     slot = slot_index(e.invocation_id, self.job.job_id, k)
                     if e.round == k and e.policy_version == self.version and slot is not None \
-                            and e.invocation_id not in batches:
+                            and e.dedup_id not in batches:
                         # Kept entries stay unacked until the round's checkpoint holds what was learned
                         # from them: a learner that dies before that gets them redelivered.
-                        batches[e.invocation_id] = e.batch
+                        batches[e.dedup_id] = e.batch
                         out.entries.append(e)
-                        covered.add(slot)
-                    elif e.invocation_id in batches:
+                        parts_seen.setdefault(e.invocation_id, set()).add(e.part)
+                        parts_total[e.invocation_id] = e.parts
+                        if len(parts_seen[e.invocation_id]) == e.parts:  # a split batch covers its slot whole
+                            covered.add(slot)
+                    elif e.dedup_id in batches:
                         out.duplicates += 1
                         drop.append(e)
                     else:  # a straggler from an earlier round or policy version: on-policy data only
@@ -152,6 +158,7 @@ class OnPolicyLoop(RoundLoop):
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("sample", max(0.0, wall - ingest - invoke), phases)
         out.batches = [batches[i] for i in sorted(batches)]
+        out.completed = sum(1 for inv, seen in parts_seen.items() if len(seen) == parts_total[inv])
         return out
 
     def _affordable(self, slots: list[int]) -> list[int]:
@@ -261,7 +268,7 @@ class OnPolicyLoop(RoundLoop):
         self.version += 1
         pending = {
             "round": k, "policy_version": behaviour_version, "actors_launched": actors,
-            "actors_completed": len(got.batches), "actors_failed": got.failed, "actors_replaced": got.replaced,
+            "actors_completed": got.completed, "actors_failed": got.failed, "actors_replaced": got.replaced,
             "env_steps": steps, "total_env_steps": self.total_steps, "invocation_retries": got.retries,
             "duplicates_dropped": duplicates + got.duplicates, "rejected_batches": rejected, "stale_batches_dropped": got.stale,
             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss, "entropy": stats.entropy,

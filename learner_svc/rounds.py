@@ -29,6 +29,7 @@ import torch
 
 from learner_svc.jobs import Job
 from nitro import codec, metrics
+from nitro.detector.core import REQUIRED_FIELDS
 from nitro.envs import env_spaces
 from nitro.grpc_util import DEADLINES
 from nitro.inference import PolicyRunner
@@ -237,8 +238,7 @@ class RoundLoop:
         data = self.learner.last_data
         n = len(data["logp"])
         idx = np.sort(self.rng.choice(n, size=min(n, DETECTOR_SUBSET), replace=False))
-        subset = {k: np.ascontiguousarray(_numpy(v)[idx]) for k, v in data.items()
-                  if k in ("obs", "actions", "logp", "advantages", "logp_target")}
+        subset = {k: np.ascontiguousarray(_numpy(data[k])[idx]) for k in REQUIRED_FIELDS[self.spec.algo]}
         if extra:
             subset.update(extra)
         key = sample_key(self.job.job_id, round_index)

@@ -195,7 +195,8 @@ _DEFAULTS, _SCALER_DEFAULTS = TrainingSpec(), ScalerSettings()
 TRAIN_FIELDS = [
     ("--env", "env_id", str, "Gymnasium environment id, e.g. Hopper-v5, CartPole-v1 (required)"),
     ("--algo", "algo", str, "algorithm"),
-    ("--preset", "preset", str, "hyperparameter preset (tuned, paper, fast, ...)"),
+    ("--preset", "preset", str, "hyperparameter preset (tuned, paper, fast, paper-atari) or an environment "
+                                "preset (hopper-ppo, walker2d-impact, qbert-ppo, ...; see docs/algorithms.md)"),
     ("--i-min", "scaler.i_min", int, "fewest actors per round"),
     ("--i-max", "scaler.i_max", int, "most actors per round"),
     ("--fixed-actors", "scaler.fixed_actors", int, "actors per round for --scaler fixed"),
@@ -342,8 +343,11 @@ def build_spec(args) -> dict:
     scheduler = spec.get("scaler", {}).get("scheduler")
     if scheduler:  # the services resolve paths against their own working directory
         spec["scaler"]["scheduler"] = os.path.abspath(os.path.expanduser(scheduler))
-    if not spec.get("env_id"):
-        raise InvalidSpec("env_id", "is required: pass --env, e.g. --env CartPole-v1")
+    from nitro.presets import is_env_preset
+
+    if not spec.get("env_id") and not is_env_preset(spec.get("preset", "")):
+        raise InvalidSpec("env_id", "is required: pass --env, e.g. --env CartPole-v1, or an environment preset "
+                                    "such as --preset hopper-ppo")
     return spec
 
 

@@ -194,8 +194,11 @@ def spec_to_proto(spec) -> training_pb2.TrainingSpec:
     unknown = sorted(set(spec) - _SPEC_FIELDS)
     if unknown:
         raise InvalidSpec(unknown[0], f"unknown field; allowed: {sorted(_SPEC_FIELDS)}")
-    if not isinstance(spec.get("env_id"), str) or not spec["env_id"]:
-        raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1'")
+    from nitro.presets import is_env_preset
+
+    if (not isinstance(spec.get("env_id"), str) or not spec["env_id"]) and not is_env_preset(spec.get("preset", "")):
+        raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1' (or an environment preset "
+                                    "such as 'hopper-ppo')")
     msg = training_pb2.TrainingSpec()
     for name, value in spec.items():
         if value is None:

@@ -18,11 +18,13 @@ from nitro.errors import ConfigError, UnknownEnvironmentError
 ALGOS = ("ppo", "impact")
 SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions")
 DETECTOR_FALLBACKS = ("i_min", "last")
+LEARNER_MODES = ("central", "stellaris")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_ACTORS = 1000
 MAX_ROUNDS = 100_000
 MAX_STEPS_PER_ACTOR = 1_000_000
 MAX_BUDGET_USD = 1_000_000.0
+MAX_STALENESS_BOUND = 10_000
 
 
 class InvalidSpec(ConfigError):
@@ -41,6 +43,22 @@ class ScalerSettings:
     window: int = 6
     period: int = 10
     scheduler: str = ""  # "minions": path of a pre-trained scheduler checkpoint
+
+
+@dataclass
+class StellarisSettings:
+    """learner_mode "stellaris" (docs/stellaris.md; the algorithm is nitro.algos.stellaris)."""
+
+    learner_function: str = "nitro-learner"
+    learner_memory_mb: int = 2048
+    max_learners: int = 16  # learner functions in flight; further batches wait for a free slot
+    staleness_weight: str = "inverse"  # w(s): inverse (1+s)^-decay, exp exp(-decay s), none
+    staleness_decay: float = 1.0
+    bound_start: int = 8  # staleness bound of the first round ...
+    bound_end: int = 2  # ... tightening to this one at the last round
+    bound_schedule: str = "linear"  # linear, geometric or constant
+    rho_bar: float = 2.0  # cap of the global importance-sampling truncation
+    recent_versions: int = 1  # newest versions after a learner's base whose ratios truncate (0: local only)
 
 
 @dataclass
@@ -63,6 +81,12 @@ class TrainingSpec:
     min_sample_fraction: float = 0.5
     detector_fallback: str = "i_min"
     detector_timeout_s: float = 30.0
+    learner_mode: str = "central"
+    stellaris: StellarisSettings = field(default_factory=StellarisSettings)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stellaris, dict):  # from a saved job.json or checkpoint
+            self.stellaris = StellarisSettings(**self.stellaris)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -151,11 +175,48 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     _finite("detector_timeout_s", spec.detector_timeout_s)
     if not 0 < spec.detector_timeout_s <= 600:
         raise InvalidSpec("detector_timeout_s", f"must be in (0, 600], got {spec.detector_timeout_s}")
+    _validate_stellaris(spec)
     if spec.job_id and not JOB_ID_RE.match(spec.job_id):
         raise InvalidSpec("job_id", "must be 1-64 characters of letters, digits, '-' or '_'")
     if not spec.job_id:
         spec.job_id = new_job_id(spec.env_id)
     return spec
+
+
+def _validate_stellaris(spec: TrainingSpec) -> None:
+    """The learner mode and its settings (checked in every mode, so a typo never waits for a switch)."""
+    if spec.learner_mode not in LEARNER_MODES:
+        raise InvalidSpec("learner_mode", f"unknown {spec.learner_mode!r}; allowed: {list(LEARNER_MODES)}")
+    from nitro.algos.stellaris import BOUND_SCHEDULES, WEIGHT_FUNCTIONS
+
+    st = spec.stellaris
+    if not re.fullmatch(r"[A-Za-z0-9_:.-]{1,140}", st.learner_function or ""):
+        raise InvalidSpec("stellaris.learner_function", "must be 1-140 characters of letters, digits, '-', '_', ':' "
+                          "or '.'")
+    if not 128 <= st.learner_memory_mb <= 10240:
+        raise InvalidSpec("stellaris.learner_memory_mb",
+                          f"must be in [128, 10240] (AWS Lambda limits), got {st.learner_memory_mb}")
+    if not 1 <= st.max_learners <= MAX_ACTORS:
+        raise InvalidSpec("stellaris.max_learners", f"must be in [1, {MAX_ACTORS}], got {st.max_learners}")
+    if st.staleness_weight not in WEIGHT_FUNCTIONS:
+        raise InvalidSpec("stellaris.staleness_weight",
+                          f"unknown {st.staleness_weight!r}; allowed: {list(WEIGHT_FUNCTIONS)}")
+    _finite("stellaris.staleness_decay", st.staleness_decay)
+    if not 0.0 <= st.staleness_decay <= 100.0:
+        raise InvalidSpec("stellaris.staleness_decay", f"must be in [0, 100], got {st.staleness_decay}")
+    for name in ("bound_start", "bound_end"):
+        if not 0 <= getattr(st, name) <= MAX_STALENESS_BOUND:
+            raise InvalidSpec(f"stellaris.{name}", f"must be in [0, {MAX_STALENESS_BOUND}], got {getattr(st, name)}")
+    if st.bound_end > st.bound_start:
+        raise InvalidSpec("stellaris.bound_end", f"must be <= stellaris.bound_start ({st.bound_start}): the bound "
+                          f"tightens over the rounds, got {st.bound_end}")
+    if st.bound_schedule not in BOUND_SCHEDULES:
+        raise InvalidSpec("stellaris.bound_schedule", f"unknown {st.bound_schedule!r}; allowed: {list(BOUND_SCHEDULES)}")
+    _finite("stellaris.rho_bar", st.rho_bar)
+    if not 1.0 <= st.rho_bar <= 1000.0:
+        raise InvalidSpec("stellaris.rho_bar", f"must be in [1, 1000] (fresh samples keep weight 1), got {st.rho_bar}")
+    if not 0 <= st.recent_versions <= 16:
+        raise InvalidSpec("stellaris.recent_versions", f"must be in [0, 16], got {st.recent_versions}")
 
 
 def _validate_scheduler(sc: ScalerSettings) -> None:
@@ -258,6 +319,9 @@ def apply_env_preset(spec: TrainingSpec, explicit: set[str] | None = None) -> Tr
 _SCALAR_FIELDS = ("rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s",
                   "actor_memory_mb", "target_return", "min_sample_fraction", "detector_timeout_s")
 _SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period")
+_STELLARIS_OPTIONAL = ("learner_memory_mb", "max_learners", "staleness_decay", "bound_start", "bound_end", "rho_bar",
+                       "recent_versions")
+_STELLARIS_STRINGS = ("learner_function", "staleness_weight", "bound_schedule")
 
 
 def from_proto(msg) -> TrainingSpec:
@@ -271,6 +335,15 @@ def from_proto(msg) -> TrainingSpec:
         spec.function_name = msg.function_name
     if msg.detector_fallback:
         spec.detector_fallback = msg.detector_fallback
+    if msg.learner_mode:
+        spec.learner_mode = msg.learner_mode
+    if msg.HasField("stellaris"):
+        for name in _STELLARIS_STRINGS:
+            if getattr(msg.stellaris, name):
+                setattr(spec.stellaris, name, getattr(msg.stellaris, name))
+        for name in _STELLARIS_OPTIONAL:
+            if msg.stellaris.HasField(name):
+                setattr(spec.stellaris, name, getattr(msg.stellaris, name))
     spec.hyperparameters = dict(msg.hyperparameters)
     for name in _SCALAR_FIELDS:
         if msg.HasField(name):
@@ -299,10 +372,12 @@ def from_proto(msg) -> TrainingSpec:
 def to_proto(spec: TrainingSpec):
     from nitro.v1 import common_pb2, training_pb2
 
-    sc = spec.scaler
+    sc, st = spec.scaler, spec.stellaris
     return training_pb2.TrainingSpec(
         env_id=spec.env_id, algo=spec.algo, preset=spec.preset, hyperparameters=spec.hyperparameters,
         scaler=common_pb2.ScalerSpec(policy=sc.policy, scheduler=sc.scheduler,
                                      **{n: getattr(sc, n) for n in _SCALER_FIELDS}),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
+        learner_mode=spec.learner_mode,
+        stellaris=training_pb2.StellarisSpec(**{n: getattr(st, n) for n in _STELLARIS_STRINGS + _STELLARIS_OPTIONAL}),
         **{n: getattr(spec, n) for n in _SCALAR_FIELDS})

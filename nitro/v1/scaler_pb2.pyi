@@ -62,7 +62,7 @@ class PlanResponse(_message.Message):
     def __init__(self, actors: _Optional[int] = ..., reason: _Optional[str] = ..., budget_exhausted: _Optional[bool] = ..., estimated_round_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave")
+    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave", "kind", "payload_ref")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,8 @@ class LaunchRequest(_message.Message):
     WAIT_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     WAVE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_REF_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     policy_version: int
@@ -89,7 +91,9 @@ class LaunchRequest(_message.Message):
     wait: bool
     slots: _containers.RepeatedScalarFieldContainer[int]
     wave: int
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ...) -> None: ...
+    kind: str
+    payload_ref: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ..., kind: _Optional[str] = ..., payload_ref: _Optional[str] = ...) -> None: ...
 
 class InvocationResult(_message.Message):
     __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts")
@@ -138,7 +142,7 @@ class GetCostRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class GetCostResponse(_message.Message):
-    __slots__ = ("actor_cost_usd", "learner_cost_usd", "total_cost_usd", "serverful_cost_usd", "invocations", "billed_ms", "budget_usd", "budget_left_usd")
+    __slots__ = ("actor_cost_usd", "learner_cost_usd", "total_cost_usd", "serverful_cost_usd", "invocations", "billed_ms", "budget_usd", "budget_left_usd", "learner_function_cost_usd", "learner_function_invocations")
     ACTOR_COST_USD_FIELD_NUMBER: _ClassVar[int]
     LEARNER_COST_USD_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +151,8 @@ class GetCostResponse(_message.Message):
     BILLED_MS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_USD_FIELD_NUMBER: _ClassVar[int]
     BUDGET_LEFT_USD_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FUNCTION_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FUNCTION_INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     actor_cost_usd: float
     learner_cost_usd: float
     total_cost_usd: float
@@ -155,4 +161,6 @@ class GetCostResponse(_message.Message):
     billed_ms: int
     budget_usd: float
     budget_left_usd: float
-    def __init__(self, actor_cost_usd: _Optional[float] = ..., learner_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., invocations: _Optional[int] = ..., billed_ms: _Optional[int] = ..., budget_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...
+    learner_function_cost_usd: float
+    learner_function_invocations: int
+    def __init__(self, actor_cost_usd: _Optional[float] = ..., learner_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., invocations: _Optional[int] = ..., billed_ms: _Optional[int] = ..., budget_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., learner_function_cost_usd: _Optional[float] = ..., learner_function_invocations: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,424 @@
+"""Stellaris (Yu et al., SC 2024): asynchronous serverless learners, as functions.
+
+Three roles meet here. Actors sample with policy version v_b (the behaviour
+policy mu). A serverless learner function loads the policy version v_g the
+parameter service named when it invoked it (its *base*), computes an update
+from one trajectory batch and pushes it with v_g. The parameter service keeps
+the authoritative policy and the version clock v and applies updates as they
+arrive, weighted by their staleness s = v - v_g.
+
+Global importance-sampling truncation (the poster's "Truncate(pi_2/pi_1,
+pi_3/pi_1)"). pi_1 = mu is the behaviour policy, pi_2 = pi_{v_g} the learner's
+own policy and pi_3 the newest policy the learner can see when it runs
+(`policy:latest`, which other learners' updates may already have moved past
+v_g). We read Truncate(x, y) as truncation from above, min(x, y), as V-trace
+does with min(rho_bar, pi/mu), and generalise pi_3 to the set R of the
+`recent_versions` newest published versions after v_g:
+
+    rho_t = min(rho_bar, pi_2(a_t|x_t) / mu(a_t|x_t), min_{j in R} pi_j(a_t|x_t) / mu(a_t|x_t))
+
+A sample keeps the weight its own learner would give it only if no newer
+policy disagrees: when the global policy has already moved away from an
+action, the stale learner cannot over-weight it. rho_t is data (no gradient).
+With fresh data (mu = pi_2, R empty) and rho_bar >= 1, rho_t = 1.
+
+The learner's loss, per minibatch, with r = pi_theta / pi_2 and A the PPO
+(GAE on the behaviour values) or IMPACT (V-trace against pi_2) advantage:
+
+    L = -mean(rho min(r A, clip(r, 1-eps, 1+eps) A)) + kl_coeff mean(KL(pi_2 || pi_theta))
+        + value_coeff L_V - entropy_coeff mean(H)
+
+It is IMPACT's surrogate with pi_2 as the target network and rho replacing
+IMPACT's is_ratio_clip weight; for fresh data it is exactly PPO's loss. The
+function runs the algorithm's epochs x minibatches of Adam on it, starting
+from pi_2, and pushes the flat update g = theta_{v_g} - theta_local (the
+learning-rate-scaled sum of its gradient steps; one plain SGD step of rate
+eta gives g = eta grad L).
+
+Staleness-aware aggregation. Gradients that arrive together form a queue;
+each has staleness s_i = v - v_g,i against the version when the queue is
+aggregated. The bound b_k of round k (`staleness_bound`) decides: s_i <= b_k
+is applied, s_i > b_k (or a base from the future) is dropped. The applied ones
+move the policy once, and the version advances by one:
+
+    theta <- theta - (1 / n) sum_{i applied} w(s_i) g_i
+
+n counts the applied updates, not their weights: normalising by sum w(s_i)
+would cancel the weight of a lone gradient, which is exactly the bug of
+computing a weight and not using it. A single fresh update (s = 0, w = 1)
+moves the policy to the learner's result, so with one learner at a time
+stellaris mode is the central learner.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nitro.algos.impact import _kl, impact_surrogate
+from nitro.algos.ppo import collate, normalize, value_loss
+from nitro.algos.vtrace import batch_vtrace
+from nitro.errors import ConfigError
+from nitro.models import Policy
+
+WEIGHT_FUNCTIONS = ("inverse", "exp", "none")
+BOUND_SCHEDULES = ("linear", "geometric", "constant")
+UPDATE_FORMAT = 1
+PARCEL_FORMAT = 1
+
+
+# -- staleness weights and the dynamic bound --------------------------------------------------------
+
+def staleness_weight(staleness: int | float, kind: str = "inverse", decay: float = 1.0) -> float:
+    """w(s) in (0, 1], decreasing in s, w(0) = 1.
+
+    inverse: w = (1 + s)^(-decay)   (decay 1: 1 / (1 + s))
+    exp:     w = exp(-decay s)
+    none:    w = 1                  (no staleness awareness; the bound still drops)
+    """
+    s = float(staleness)
+    if s < 0 or not math.isfinite(s):
+        raise ValueError(f"staleness must be a finite number >= 0, got {staleness!r}")
+    if decay < 0 or not math.isfinite(decay):
+        raise ValueError(f"decay must be a finite number >= 0, got {decay!r}")
+    if kind == "inverse":
+        return (1.0 + s) ** (-decay)
+    if kind == "exp":
+        return math.exp(-decay * s)
+    if kind == "none":
+        return 1.0
+    raise ConfigError(f"unknown staleness weight {kind!r}; allowed: {list(WEIGHT_FUNCTIONS)}")
+
+
+def staleness_bound(round_index: int, rounds: int, start: int, end: int, schedule: str = "linear") -> int:
+    """The largest staleness applied in round `round_index` of `rounds`, tightening from start to end.
+
+    f = round_index / (rounds - 1), clamped to [0, 1] (0 for a one-round job):
+    linear:    b = start + (end - start) f
+    geometric: 1 + b = (1 + start) ((1 + end) / (1 + start))^f   (the +1 lets end be 0)
+    constant:  b = start
+    rounded down, so b reaches `end` only at the last round.
+    """
+    if start < 0 or end < 0:
+        raise ValueError(f"staleness bounds must be >= 0, got start={start}, end={end}")
+    if schedule not in BOUND_SCHEDULES:
+        raise ConfigError(f"unknown bound schedule {schedule!r}; allowed: {list(BOUND_SCHEDULES)}")
+    f = min(max(round_index / (rounds - 1), 0.0), 1.0) if rounds > 1 else 0.0
+    if schedule == "constant":
+        value = float(start)
+    elif schedule == "linear":
+        value = start + (end - start) * f
+    else:
+        value = (1.0 + start) * ((1.0 + end) / (1.0 + start)) ** f - 1.0
+    return int(math.floor(value + 1e-9))  # 1e-9: 2.9999999 from float error is 3
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """What `aggregate_queue` decided for a queue of gradients, in queue order."""
+
+    staleness: tuple[int, ...]
+    weights: tuple[float, ...]  # w(s) for applied gradients, 0.0 for dropped ones
+    applied: tuple[bool, ...]
+
+    @property
+    def n_applied(self) -> int:
+        return sum(self.applied)
+
+    @property
+    def n_dropped(self) -> int:
+        return len(self.applied) - self.n_applied
+
+
+def aggregate_queue(bases: Sequence[int], version: int, bound: int, kind: str = "inverse",
+                    decay: float = 1.0) -> Aggregation:
+    """Apply-or-drop and the weight of every queued gradient against the current `version`.
+
+    staleness s_i = version - bases[i]; applied iff 0 <= s_i <= bound. A base newer than
+    `version` cannot come from this parameter service (a restarted one, or forged): dropped,
+    with its negative staleness reported as is.
+    """
+    stal, weights, applied = [], [], []
+    for b in bases:
+        s = int(version) - int(b)
+        ok = 0 <= s <= bound
+        stal.append(s)
+        applied.append(ok)
+        weights.append(staleness_weight(s, kind, decay) if ok else 0.0)
+    return Aggregation(tuple(stal), tuple(weights), tuple(applied))
+
+
+def combined_update(updates: Sequence[np.ndarray | torch.Tensor], agg: Aggregation) -> torch.Tensor | None:
+    """(1 / n) sum_{applied} w_i g_i, float32; None when nothing is applied."""
+    picked = [(torch.as_tensor(g, dtype=torch.float32), w) for g, w, a in zip(updates, agg.weights, agg.applied) if a]
+    if not picked:
+        return None
+    total = torch.zeros_like(picked[0][0])
+    for g, w in picked:
+        total.add_(g, alpha=w)
+    return total / len(picked)
+
+
+def flat_parameters(policy: Policy) -> torch.Tensor:
+    """Every trainable parameter in `parameters()` order (buffers such as observation statistics excluded)."""
+    return torch.nn.utils.parameters_to_vector(policy.parameters()).detach().clone()
+
+
+@torch.no_grad()
+def apply_update(policy: Policy, update: torch.Tensor) -> None:
+    """theta <- theta - update, in place (update already weighted by `combined_update`)."""
+    theta = torch.nn.utils.parameters_to_vector(policy.parameters())
+    if update.shape != theta.shape:
+        raise ValueError(f"update has {update.numel()} values, the policy {theta.numel()} parameters")
+    torch.nn.utils.vector_to_parameters(theta - update.to(theta.dtype), policy.parameters())
+
+
+# -- global importance-sampling truncation ----------------------------------------------------------
+
+def global_truncated_ratio(logp_learner: torch.Tensor, logp_behaviour: torch.Tensor,
+                           logp_recent: torch.Tensor | None = None, rho_bar: float = 1.0) -> torch.Tensor:
+    """rho_t = min(rho_bar, pi_2/mu, min_j pi_j/mu) per sample, without gradient.
+
+    logp_learner: log pi_2(a_t|x_t), the learner function's own (base) policy, shape (N,).
+    logp_behaviour: log mu(a_t|x_t) from the batch, shape (N,).
+    logp_recent: log pi_j(a_t|x_t) of the newest versions after the base, shape (K, N); None or K = 0
+      gives the learner-local truncation min(rho_bar, pi_2/mu).
+    """
+    if not rho_bar > 0:
+        raise ValueError(f"rho_bar must be > 0, got {rho_bar!r}")
+    log_r = (logp_learner - logp_behaviour).detach().double()
+    if logp_recent is not None and logp_recent.numel():
+        newest = (logp_recent.detach().double() - logp_behaviour.detach().double()).min(dim=0).values
+        log_r = torch.minimum(log_r, newest)
+    return torch.exp(log_r.clamp(max=math.log(rho_bar))).to(logp_learner.dtype)
+
+
+# -- the learner function's loss and update ---------------------------------------------------------
+
+def stellaris_loss(logp_new: torch.Tensor, logp_base: torch.Tensor, rho: torch.Tensor, adv: torch.Tensor,
+                   v_new: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor,
+                   kl: torch.Tensor, *, clip: float, kl_coeff: float, value_coeff: float, entropy_coeff: float,
+                   value_clip: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """-mean(rho min(r A, clip(r) A)) + kl_coeff KL + value_coeff L_V - entropy_coeff H, r = pi_theta / pi_base."""
+    pg = -impact_surrogate(logp_new, logp_base, rho, adv, clip)
+    vl = value_loss(v_new, v_old, returns, value_clip)
+    ent = entropy.mean()
+    kl_mean = kl.mean()
+    total = pg + kl_coeff * kl_mean + value_coeff * vl - entropy_coeff * ent
+    return total, {"policy_loss": pg, "value_loss": vl, "entropy": ent, "kl": kl_mean}
+
+
+@torch.no_grad()
+def _logp_values(policy: Policy, obs: torch.Tensor, actions: torch.Tensor):
+    dist = policy.distribution(obs)
+    return policy.log_prob(dist, actions), policy.value(obs), dist
+
+
+def prepare(base: Policy, batches: list[dict], config, algo: str, *, rho_bar: float,
+            recent: Sequence[Policy] = ()) -> tuple[dict[str, torch.Tensor], torch.distributions.Distribution]:
+    """Advantages, value targets and truncated weights for `batches`, with `base` as pi_2.
+
+    PPO: GAE(gamma, lambda) on the behaviour values, value targets R = A + V_mu.
+    IMPACT: V-trace (rho_bar, c_bar, pg_rho_bar of the config) with pi_2's log-probs and values.
+    Both: rho = global_truncated_ratio(pi_2, mu, recent, rho_bar).
+    """
+    obs = torch.as_tensor(np.concatenate([b["obs"] for b in batches]))
+    actions = torch.as_tensor(np.concatenate([b["actions"] for b in batches]))
+    logp_mu = torch.as_tensor(np.concatenate([b["logp"] for b in batches]).astype(np.float32))
+    logp_base, values_base, base_dist = _logp_values(base, obs, actions)
+    logp_recent = torch.stack([_logp_values(p, obs, actions)[0] for p in recent]) if recent else None
+    rho = global_truncated_ratio(logp_base, logp_mu, logp_recent, rho_bar)
+    if algo == "ppo":
+        data = collate(batches, config.gamma, config.gae_lambda)
+        adv, targets, v_old = data["advantages"], data["returns"], data["values"]
+    elif algo == "impact":
+        vs, adv_parts, start = [], [], 0
+        lp, vb = logp_base.numpy(), values_base.numpy()
+        for b in batches:
+            end = start + len(b["rewards"])
+            v, a = batch_vtrace(b, lp[start:end], vb[start:end], gamma=config.gamma, rho_bar=config.rho_bar,
+                                c_bar=config.c_bar, pg_rho_bar=config.pg_rho_bar)
+            vs.append(v)
+            adv_parts.append(a)
+            start = end
+        adv, targets, v_old = np.concatenate(adv_parts), np.concatenate(vs), vb
+    else:
+        raise ConfigError(f"unknown algo {algo!r}; allowed: ['impact', 'ppo']")
+    return {"obs": obs, "actions": actions, "logp": logp_mu, "logp_base": logp_base, "rho": rho,
+            "advantages": torch.as_tensor(adv), "returns": torch.as_tensor(targets),
+            "values": torch.as_tensor(v_old)}, base_dist
+
+
+def compute_update(base: Policy, batches: list[dict], config, algo: str = "ppo", *, kl_coeff: float | None = None,
+                   rho_bar: float = 2.0, recent: Sequence[Policy] = (), seed: int = 0) -> tuple[np.ndarray, dict]:
+    """The learner function's work: local epochs from `base` on `batches`; returns (g, stats).
+
+    g = theta_base - theta_local as float32 in `parameters()` order. Adam starts fresh (a
+    function keeps no optimiser state between batches); minibatches are drawn as
+    PPOLearner draws them from the same seed, so a fresh-data update reproduces a central
+    PPO update on that batch.
+    """
+    cfg = config
+    kl_coeff = cfg.kl_coeff if kl_coeff is None else kl_coeff
+    data, base_dist = prepare(base, batches, cfg, algo, rho_bar=rho_bar, recent=recent)
+    policy = copy.deepcopy(base)
+    policy.requires_grad_(True)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+    generator = torch.Generator().manual_seed(seed)
+    obs, actions = data["obs"], data["actions"]
+    n = obs.shape[0]
+    mb = n if cfg.minibatch_size <= 0 else min(cfg.minibatch_size, n)
+    sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "kl"), 0.0)
+    steps = 0
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(n, generator=generator)
+        for start in range(0, n - mb + 1, mb):
+            idx = perm[start:start + mb]
+            dist = policy.distribution(obs[idx])
+            adv = normalize(data["advantages"][idx]) if cfg.normalize_advantages else data["advantages"][idx]
+            loss, parts = stellaris_loss(
+                policy.log_prob(dist, actions[idx]), data["logp_base"][idx], data["rho"][idx], adv,
+                policy.value(obs[idx]), data["values"][idx], data["returns"][idx], policy.entropy(dist),
+                _kl(base_dist, dist, idx), clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff,
+                entropy_coeff=cfg.entropy_coeff, value_clip=getattr(cfg, "value_clip", 0.0))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            for k, v in parts.items():
+                sums[k] += float(v.detach())
+            steps += 1
+    with torch.no_grad():
+        final_kl = float(_kl(base_dist, policy.distribution(obs), slice(None)).mean())
+    g = (flat_parameters(base) - flat_parameters(policy)).numpy().astype(np.float32)
+    rho = data["rho"]
+    stats = {**{k: v / max(steps, 1) for k, v in sums.items()}, "kl": final_kl, "samples": int(n),
+             "sgd_steps": steps, "rho_mean": float(rho.mean()),
+             "truncated_fraction": float((rho < torch.exp(data["logp_base"] - data["logp"]) - 1e-6).float().mean()),
+             "update_norm": float(np.linalg.norm(g))}
+    return g, stats
+
+
+# -- the parameter service's state ------------------------------------------------------------------
+
+class ParameterServer:
+    """The authoritative policy, its version clock and the adaptive KL coefficient.
+
+    `aggregate` applies one queue of learner updates; the caller (the stellaris loop)
+    publishes the new version. Observation statistics advance with the version: the
+    observations of batches learned from since the last version are merged when it moves.
+    """
+
+    def __init__(self, spec, config, seed: int = 0, device: str = "cpu"):
+        torch.manual_seed(seed)
+        self.config = config
+        self.policy = Policy(spec).to(torch.device(device))
+        self.policy.requires_grad_(False)
+        self.kl_coeff = config.kl_coeff
+        self.updates = 0
+        self.last_data: dict[str, np.ndarray] | None = None
+        self.n_params = int(flat_parameters(self.policy).numel())
+
+    def aggregate(self, updates: Sequence[np.ndarray], agg: Aggregation, kls: Sequence[float] = (),
+                  obs: Sequence[np.ndarray] = ()) -> bool:
+        """Apply the queue's combined update; True when the policy (and so the version) moved."""
+        total = combined_update(updates, agg)
+        if total is None:
+            return False
+        apply_update(self.policy, total)
+        if obs:
+            self.policy.update_obs_stats(np.concatenate(list(obs)))
+        applied_kls = [k for k, a in zip(kls, agg.applied) if a]
+        if self.config.kl_coeff > 0 and applied_kls:
+            from nitro.algos.ppo import adapt_kl_coeff
+
+            self.kl_coeff = adapt_kl_coeff(self.kl_coeff, float(np.mean(applied_kls)), self.config.kl_target)
+        self.updates += 1
+        return True
+
+    def state(self) -> dict:
+        return {"policy": self.policy.state_dict(), "kl_coeff": self.kl_coeff, "updates": self.updates}
+
+    def load_state(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.kl_coeff = state["kl_coeff"]
+        self.updates = state["updates"]
+
+
+# -- wire format shared by the parameter service and the learner function --------------------------
+
+def parcel_key(job_id: str, invocation: str) -> str:
+    """Where the parameter service parks one learner function's input (signed)."""
+    return f"nitro:{job_id}:learn:parcel:{invocation}"
+
+
+def update_stream_key(job_id: str) -> str:
+    """The stream learner functions push their signed updates to."""
+    return f"nitro:{job_id}:learn:updates"
+
+
+def make_parcel(*, job_id: str, round_index: int, base_version: int, algo: str, config: dict, kl_coeff: float,
+                rho_bar: float, recent_versions: int, seed: int, batches: list[dict],
+                behaviour_versions: list[int]) -> dict:
+    return {"format": PARCEL_FORMAT, "job_id": job_id, "round": int(round_index), "base_version": int(base_version),
+            "algo": algo, "config": dict(config), "kl_coeff": float(kl_coeff), "rho_bar": float(rho_bar),
+            "recent_versions": int(recent_versions), "seed": int(seed), "batches": list(batches),
+            "behaviour_versions": [int(v) for v in behaviour_versions]}
+
+
+def check_parcel(parcel) -> dict:
+    """A decoded parcel, or ValueError naming what is wrong with it."""
+    need = {"format": int, "job_id": str, "round": int, "base_version": int, "algo": str, "config": dict,
+            "kl_coeff": float, "rho_bar": float, "recent_versions": int, "seed": int, "batches": list}
+    if not isinstance(parcel, dict):
+        raise ValueError("parcel is not a mapping")
+    for name, typ in need.items():
+        if not isinstance(parcel.get(name), typ) or isinstance(parcel.get(name), bool):
+            raise ValueError(f"parcel field {name!r} is missing or not {typ.__name__}")
+    if parcel["format"] != PARCEL_FORMAT:
+        raise ValueError(f"parcel format {parcel['format']} is not {PARCEL_FORMAT}")
+    if not parcel["batches"] or not all(isinstance(b, dict) for b in parcel["batches"]):
+        raise ValueError("parcel holds no trajectory batch")
+    return parcel
+
+
+@dataclass
+class UpdateRecord:
+    """One learner function's result as the parameter service sees it."""
+
+    invocation_id: str
+    round: int
+    base_version: int
+    steps: int
+    update: np.ndarray
+    stats: dict
+
+
+def encode_update(rec: UpdateRecord, key: bytes) -> bytes:
+    from nitro import codec
+
+    return codec.encode((UPDATE_FORMAT, rec.invocation_id, int(rec.round), int(rec.base_version), int(rec.steps),
+                         np.ascontiguousarray(rec.update, dtype=np.float32), dict(rec.stats)), key)
+
+
+def decode_update(payload: bytes, key: bytes, n_params: int, max_size: int = 256 << 20) -> UpdateRecord:
+    """Verify and decode; raises codec.PayloadError (bad MAC, bad shape, non-finite values)."""
+    from nitro import codec
+
+    obj = codec.decode(payload, key, max_size=max_size)
+    if not (isinstance(obj, tuple) and len(obj) == 7 and obj[0] == UPDATE_FORMAT):
+        raise codec.MalformedPayloadError("payload is not a learner update")
+    _, inv, rnd, base, steps, g, stats = obj
+    if not (isinstance(inv, str) and all(type(v) is int for v in (rnd, base, steps)) and isinstance(stats, dict)):
+        raise codec.MalformedPayloadError("payload is not a learner update")
+    if not isinstance(g, np.ndarray) or g.dtype != np.float32 or g.shape != (n_params,):
+        raise codec.MalformedPayloadError(f"update must be float32 of shape ({n_params},)")
+    if not np.isfinite(g).all():
+        raise codec.MalformedPayloadError("update has non-finite values")
+    return UpdateRecord(inv, rnd, base, steps, g, stats)
