@@ -13,6 +13,7 @@ from learner_svc.jobs import Job, JobManager
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
 from learner_svc.rounds import LearnerDeps, job_dir, load_reports
+from learner_svc.stellaris import StellarisLoop
 from nitro import auth, codec
 from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging, make_channel
@@ -37,7 +38,7 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         self.jobs = JobManager(self._run)
 
     def _run(self, job: Job, resume: bool = False) -> None:
-        loop = OffPolicyLoop if job.spec.algo == "impact" else OnPolicyLoop
+        loop = StellarisLoop if job.spec.learner_mode == "stellaris" else OffPolicyLoop if job.spec.algo == "impact" else OnPolicyLoop
         loop(job, self.deps).run(resume=resume)
 
     def _job(self, job_id: str, context) -> Job:
@@ -71,8 +72,12 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
             else:
                 job = Job(spec)
                 job.reports = load_reports(job_dir(self.deps.data_dir, job_id))
-                job.state = training_pb2.JobState.Value(f"JOB_STATE_{saved['state']}")
-                job.message = saved.get("message", "")
+                if interrupted:  # not resumed automatically: say so, and how
+                    job.state = training_pb2.JOB_STATE_STOPPED
+                    job.message = f"interrupted (learner restarted); resume with `nitro train --resume {job_id}`"
+                else:
+                    job.state = training_pb2.JobState.Value(f"JOB_STATE_{saved['state']}")
+                    job.message = saved.get("message", "")
                 if job.reports:
                     job.total_cost_usd = job.reports[-1].total_cost_usd
                     job.total_env_steps = job.reports[-1].total_env_steps
@@ -172,6 +177,9 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=os.environ.get("NITRO_DATA_DIR", ".nitro/learner"))
     p.add_argument("--torch-threads", type=int, default=int(os.environ.get("NITRO_TORCH_THREADS", "0")),
                    help="intra-op threads for updates (default: all cores)")
+    p.add_argument("--resume-jobs", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("NITRO_RESUME_JOBS", "1") != "0",
+                   help="on start, resume jobs a previous learner left running (default: yes)")
     p.add_argument("--log-level", default="INFO")
     auth.add_server_args(p, client=True)
     return p.parse_args(argv)
@@ -193,7 +201,7 @@ def main(argv=None) -> None:
     serve_metrics(args.metrics_port, args.metrics_host)
     service.install_signal_handlers()
     service.start()
-    resumed = servicer.load_saved_jobs(resume=True)
+    resumed = servicer.load_saved_jobs(resume=args.resume_jobs)
     if resumed:
         log.info("resumed %d interrupted job(s): %s", len(resumed), ", ".join(resumed))
     service.wait()

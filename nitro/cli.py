@@ -22,7 +22,7 @@ import grpc
 
 from nitro import local_system as ls
 from nitro.sdk import DEFAULT_TARGET, NitroClient, NitroRpcError
-from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec
+from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
 
 BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND,
              grpc.StatusCode.ALREADY_EXISTS}
@@ -188,9 +188,10 @@ def cmd_status(args) -> int:
 
 # --- nitro train ----------------------------------------------------------------------------------
 
-_DEFAULTS, _SCALER_DEFAULTS = TrainingSpec(), ScalerSettings()
+_DEFAULTS, _SCALER_DEFAULTS, _STELLARIS_DEFAULTS = TrainingSpec(), ScalerSettings(), StellarisSettings()
+_NESTED = ("scaler", "stellaris")
 
-# (flag, spec field ("scaler.x" for scaler settings), type, help). Every flag defaults to None:
+# (flag, spec field ("scaler.x" / "stellaris.x" for nested settings), type, help). Every flag defaults to None:
 # only what the user gave is sent, so the server's defaults apply to the rest.
 TRAIN_FIELDS = [
     ("--env", "env_id", str, "Gymnasium environment id, e.g. Hopper-v5, CartPole-v1 (required)"),
@@ -219,6 +220,21 @@ TRAIN_FIELDS = [
     ("--detector-fallback", "detector_fallback", str,
      "plan when the detector is down or slow: i_min or last (the previous decision)"),
     ("--detector-timeout", "detector_timeout_s", float, "seconds the learner waits for a boosting score"),
+    ("--learner-mode", "learner_mode", str,
+     "central (the learner service updates) or stellaris (serverless learner functions, docs/stellaris.md)"),
+    ("--learner-function", "stellaris.learner_function", str, "learner function name (stellaris)"),
+    ("--learner-memory", "stellaris.learner_memory_mb", int, "learner function memory in MB (stellaris, billing)"),
+    ("--max-learners", "stellaris.max_learners", int, "learner functions in flight at once (stellaris)"),
+    ("--staleness-weight", "stellaris.staleness_weight", str,
+     "weight of a stale update: inverse (1+s)^-decay, exp exp(-decay s) or none (stellaris)"),
+    ("--staleness-decay", "stellaris.staleness_decay", float, "decay of the staleness weight (stellaris)"),
+    ("--staleness-bound-start", "stellaris.bound_start", int, "largest staleness applied in the first round"),
+    ("--staleness-bound-end", "stellaris.bound_end", int, "largest staleness applied in the last round"),
+    ("--staleness-bound-schedule", "stellaris.bound_schedule", str,
+     "how the bound tightens: linear, geometric or constant (stellaris)"),
+    ("--rho-bar", "stellaris.rho_bar", float, "cap of the global importance-sampling truncation (stellaris)"),
+    ("--recent-versions", "stellaris.recent_versions", int,
+     "newest policy versions whose ratios truncate a learner's weights; 0 = learner-local (stellaris)"),
 ]
 
 
@@ -229,6 +245,8 @@ def _dest(field: str) -> str:
 def _default_of(field: str):
     if field.startswith("scaler."):
         return getattr(_SCALER_DEFAULTS, field.removeprefix("scaler."))
+    if field.startswith("stellaris."):
+        return getattr(_STELLARIS_DEFAULTS, field.removeprefix("stellaris."))
     return getattr(_DEFAULTS, field)
 
 
@@ -313,6 +331,9 @@ def _add_train(sub) -> None:
                           "(default: $NITRO_ACTOR_REDIS_URL)")
     run.add_argument("--region", default=None,
                      help="--backend aws --local: the function's AWS region (default: the AWS configuration)")
+    run.add_argument("--resume", metavar="JOB_ID", default=None,
+                     help="continue an interrupted job from its last checkpoint (its spec is the saved one; "
+                          "spec flags are ignored)")
     run.add_argument("--results-dir", default="results", help="where results/<job>/ goes (default: %(default)s)")
     run.add_argument("--no-progress", action="store_true", help="a plain line per round instead of a progress bar")
     p.set_defaults(func=cmd_train)
@@ -325,8 +346,9 @@ def build_spec(args) -> dict:
         value = getattr(args, _dest(field))
         if value is None:
             continue
-        if field.startswith("scaler."):
-            spec.setdefault("scaler", {})[field[7:]] = value
+        group, dot, name = field.partition(".")
+        if dot and group in _NESTED:
+            spec.setdefault(group, {})[name] = value
         else:
             spec[field] = value
     if args.scaler is not None:
@@ -461,7 +483,7 @@ def _aws_backend(args) -> dict:
 
 
 def cmd_train(args) -> int:
-    spec = build_spec(args)
+    spec = {"job_id": args.resume} if args.resume else build_spec(args)
     if args.backend == "aws":
         args.aws_system = _aws_backend(args)
     with contextlib.ExitStack() as stack:
@@ -480,7 +502,7 @@ def _run_job(client: NitroClient, spec: dict, args) -> int:
     from tqdm import tqdm
 
     t0 = time.monotonic()
-    status = client.start_training(spec)
+    status = client.resume(args.resume) if getattr(args, "resume", None) else client.start_training(spec)
     job = status.job_id
     s = status.spec
     print(f"job {job}: {s.env_id} {s.algo}, scaler {s.scaler.policy}, {s.rounds} rounds", flush=True)

@@ -176,6 +176,7 @@ def message_to_dict(msg) -> dict:
 
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(TrainingSpec)}
 _SCALER_FIELDS = set(common_pb2.ScalerSpec.DESCRIPTOR.fields_by_name)
+_STELLARIS_FIELDS = set(training_pb2.StellarisSpec.DESCRIPTOR.fields_by_name)
 
 
 def spec_to_proto(spec) -> training_pb2.TrainingSpec:
@@ -183,7 +184,8 @@ def spec_to_proto(spec) -> training_pb2.TrainingSpec:
 
     A dict sets only the fields it names, so the server's defaults apply to the
     rest. Its keys are TrainingSpec's field names; "scaler" is a dict of
-    ScalerSpec fields or a policy string ("nitro", "fixed:16", ...).
+    ScalerSpec fields or a policy string ("nitro", "fixed:16", ...); "stellaris"
+    a dict of StellarisSpec fields.
     """
     if isinstance(spec, training_pb2.TrainingSpec):
         return spec
@@ -205,6 +207,8 @@ def spec_to_proto(spec) -> training_pb2.TrainingSpec:
             continue
         if name == "scaler":
             _set_scaler(msg.scaler, value)
+        elif name == "stellaris":
+            _set_stellaris(msg.stellaris, value)
         elif name == "hyperparameters":
             for key, v in dict(value).items():
                 _set(msg.hyperparameters, key, v, f"hyperparameters.{key}")
@@ -229,9 +233,23 @@ def _set_scaler(msg, value) -> None:
     msg.SetInParent()  # an empty scaler dict still marks the field as given
 
 
+def _set_stellaris(msg, value) -> None:
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise InvalidSpec("stellaris", "must be a dict of stellaris settings")
+    unknown = sorted(set(value) - _STELLARIS_FIELDS)
+    if unknown:
+        raise InvalidSpec(f"stellaris.{unknown[0]}", f"unknown field; allowed: {sorted(_STELLARIS_FIELDS)}")
+    for name, v in value.items():
+        if v is not None:
+            _set(msg, name, v, f"stellaris.{name}")
+    msg.SetInParent()
+
+
 def _set(target, name: str, value, label: str) -> None:
     try:
-        if isinstance(target, training_pb2.TrainingSpec | common_pb2.ScalerSpec):
+        if isinstance(target, training_pb2.TrainingSpec | common_pb2.ScalerSpec | training_pb2.StellarisSpec):
             setattr(target, name, value)
         else:  # map<string, double>
             target[name] = value
@@ -280,6 +298,11 @@ class NitroClient:
 
     def start_training(self, spec: TrainingSpec | Mapping | training_pb2.TrainingSpec) -> TrainingStatus:
         request = training_pb2.StartTrainingRequest(spec=spec_to_proto(spec))
+        return TrainingStatus(self._call("StartTraining", request))
+
+    def resume(self, job_id: str) -> TrainingStatus:
+        """Continue an interrupted job from its last checkpoint (model, optimiser, round, RNG, budget spent)."""
+        request = training_pb2.StartTrainingRequest(spec=training_pb2.TrainingSpec(job_id=job_id), resume=True)
         return TrainingStatus(self._call("StartTraining", request))
 
     def get(self, job_id: str) -> TrainingStatus:

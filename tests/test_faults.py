@@ -34,22 +34,22 @@ def system(tmp_path):
     sysm.stop()
 
 
-def spec(rounds=4, **kw):
-    s = {"env_id": "CartPole-v1", "preset": "fast", "rounds": rounds, "steps_per_actor": STEPS,
+def spec(rounds=4, steps=STEPS, **kw):
+    s = {"env_id": "CartPole-v1", "preset": "fast", "rounds": rounds, "steps_per_actor": steps,
          "eval_episodes": 1, "budget_usd": 2.0, "seed": 5, "round_deadline_s": 60.0,
          "scaler": {"policy": "fixed", "fixed_actors": 4, "i_min": 1, "i_max": 4}}
     s.update(kw)
     return s
 
 
-def check_accounting(system, client, job_id, rounds):
+def check_accounting(system, client, job_id, rounds, steps=STEPS):
     status = client.get(job_id)
     assert status.state_name == "SUCCEEDED", status.message
     reports = list(client.watch(job_id))
     assert [r.round for r in reports] == list(range(rounds)), "no round skipped or repeated"
     total = 0
     for r in reports:
-        assert r.env_steps == r.actors_completed * STEPS, "each used batch exactly once"
+        assert r.env_steps == r.actors_completed * steps, "each used batch exactly once"
         assert r.actors_completed <= r.actors_launched + r.actors_replaced
         total += r.env_steps
         assert r.total_env_steps == total
@@ -73,15 +73,20 @@ def wait_for_round(client, job_id, k):
 
 
 def test_actor_worker_killed_mid_invocation(system):
+    long = 20 * STEPS  # seconds per invocation: the kill lands mid-invocation
     with NitroClient(system.learner_address) as client:
-        job = client.start_training(spec())
+        job = client.start_training(spec(rounds=3, steps=long))
         wait_for_round(client, job.job_id, 0)
-        time.sleep(0.3)  # round 1 is sampling: every worker holds an invocation
-        victims = [p for p in lambda_workers(system) if p.cpu_percent(interval=0.05) > 0] or lambda_workers(system)
-        victims[0].send_signal(signal.SIGKILL)
+        time.sleep(0.5)  # round 1 is sampling: every worker holds an invocation
+        workers = lambda_workers(system)
+        for p in workers:
+            p.cpu_percent(None)
+        time.sleep(0.2)
+        busy = [p for p in workers if p.cpu_percent(None) > 5]
+        (busy or workers)[0].send_signal(signal.SIGKILL)
         for _ in client.watch(job.job_id):
             pass
-        reports = check_accounting(system, client, job.job_id, 4)
+        reports = check_accounting(system, client, job.job_id, 3, steps=long)
     hit = [r for r in reports if r.invocation_retries or r.actors_failed or r.actors_replaced]
     assert hit, "the killed invocation shows up as a retry, a failure or a replacement"
     assert any("Runtime.ExitError" in n or "replacement" in n for r in hit for n in r.notes) or hit[0].invocation_retries
@@ -129,3 +134,27 @@ def test_learner_killed_and_resumed(system):
             time.sleep(1)
         reports = check_accounting(system, client, job.job_id, 5)
     assert any(r.resumed or any("resumed" in n for n in r.notes) for r in reports)
+
+
+def test_learner_killed_then_resumed_with_the_cli(system, monkeypatch, tmp_path):
+    import subprocess
+    import sys
+
+    with NitroClient(system.learner_address) as client:
+        job = client.start_training(spec(rounds=4))
+        wait_for_round(client, job.job_id, 0)
+    os.kill(system.components["learner"].pid, signal.SIGKILL)
+    system.components["learner"].proc.wait(10)
+    monkeypatch.setenv("NITRO_RESUME_JOBS", "0")  # this learner waits to be asked
+    system._launchers["learner"]()
+    system._wait_healthy(["learner"])
+    with NitroClient(system.learner_address) as client:
+        st = client.get(job.job_id)
+        assert st.state_name == "STOPPED" and "--resume" in st.message
+    out = subprocess.run([sys.executable, "-m", "nitro.cli", "train", "--resume", job.job_id, "--target",
+                          system.learner_address, "--token", system.token, "--results-dir", str(tmp_path),
+                          "--no-progress"], capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / job.job_id / "rounds.csv").exists()
+    with NitroClient(system.learner_address) as client:
+        check_accounting(system, client, job.job_id, 4)
