@@ -54,6 +54,9 @@ def run_sb3() -> dict:
 
 
 def run_ours() -> dict:
+    import os
+
+    os.environ["NITRO_TORCH_THREADS"] = str(torch.get_num_threads())  # the same threads SB3 gets
     from nitro.inference import PolicyRunner
     from nitro.local_system import LocalSystem
     from nitro.models import ModelSpec, Policy

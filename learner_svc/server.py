@@ -175,8 +175,8 @@ def parse_args(argv=None):
     p.add_argument("--detector", default=os.environ.get("NITRO_DETECTOR", "127.0.0.1:50052"))
     p.add_argument("--scaler", default=os.environ.get("NITRO_SCALER", "127.0.0.1:50053"))
     p.add_argument("--data-dir", default=os.environ.get("NITRO_DATA_DIR", ".nitro/learner"))
-    p.add_argument("--torch-threads", type=int, default=int(os.environ.get("NITRO_TORCH_THREADS", "0")),
-                   help="intra-op threads for updates (default: all cores)")
+    p.add_argument("--torch-threads", type=int, default=int(os.environ.get("NITRO_TORCH_THREADS", "1")),
+                   help="intra-op threads for updates (default 1; raise on a dedicated learner machine)")
     p.add_argument("--resume-jobs", action=argparse.BooleanOptionalAction,
                    default=os.environ.get("NITRO_RESUME_JOBS", "1") != "0",
                    help="on start, resume jobs a previous learner left running (default: yes)")
@@ -190,8 +190,9 @@ def main(argv=None) -> None:
     configure_logging(args.log_level)
     import torch
 
-    # All cores by default: on-policy updates run while the actors are idle.
-    torch.set_num_threads(args.torch_threads or (os.cpu_count() or 1))
+    # One thread by default: with more, torch's spinning worker threads collapse when the
+    # detector, evaluation or co-located actors share the cores. Raise it on a dedicated learner.
+    torch.set_num_threads(max(1, args.torch_threads))
     try:
         args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         service, servicer = build(args)

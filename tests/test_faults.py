@@ -73,11 +73,12 @@ def wait_for_round(client, job_id, k):
 
 
 def test_actor_worker_killed_mid_invocation(system):
-    long = 20 * STEPS  # seconds per invocation: the kill lands mid-invocation
+    long = 5 * STEPS  # about a second per invocation: the kill lands mid-invocation
     with NitroClient(system.learner_address) as client:
-        job = client.start_training(spec(rounds=3, steps=long))
+        job = client.start_training(spec(rounds=3, steps=long, scaler={"policy": "fixed", "fixed_actors": 2,
+                                                                        "i_min": 1, "i_max": 2}))
         wait_for_round(client, job.job_id, 0)
-        time.sleep(0.5)  # round 1 is sampling: every worker holds an invocation
+        time.sleep(0.4)  # round 1 is sampling: two workers hold an invocation
         workers = lambda_workers(system)
         for p in workers:
             p.cpu_percent(None)
