@@ -60,6 +60,7 @@ LOCK_FILE = "lock"
 COMPONENTS = ("redis", "lambda", "detector", "scaler", "learner")
 SERVICES = ("detector", "scaler", "learner")
 ACTOR_FUNCTION = "nitro-actor=actor_fn.handler.handler"
+LEARNER_FUNCTION = "nitro-learner=actor_fn.learner_handler.handler"  # learner_mode "stellaris"
 # The learner finishes or checkpoints its round in flight when told to stop.
 STOP_GRACE_S = {"learner": 60.0}
 DEFAULT_STOP_GRACE_S = 20.0
@@ -370,7 +371,8 @@ class LocalSystem:
         def start_lambda() -> None:
             port = self._port("lambda")
             self._spawn("lambda", ["-m", "nitro.local_lambda", "--host", "127.0.0.1", "--port", str(port),
-                                   "--function", ACTOR_FUNCTION, "--concurrency", str(self.concurrency),
+                                   "--function", ACTOR_FUNCTION, "--function", LEARNER_FUNCTION,
+                                   "--concurrency", str(self.concurrency),
                                    "--timeout", str(self.actor_timeout_s), "--memory", str(self.actor_memory_mb)],
                         base_env=self.actor_env(), address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
 

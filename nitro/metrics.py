@@ -41,6 +41,15 @@ SCHEDULER_INPUT = Gauge("nitro_scheduler_input", "Latest normalised observation 
                         ["job", "input"])
 POLICY_LAG = Histogram("nitro_policy_lag", "Learner policy version minus the version that sampled a batch.",
                        buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256))
+# learner_mode "stellaris": every update a learner function produced is applied or dropped, once.
+GRADIENT_STALENESS = Histogram("nitro_gradient_staleness",
+                               "Parameter-service version minus the base version of a learner-function update.",
+                               buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128))
+GRADIENTS_PRODUCED = Counter("nitro_gradients_produced_total", "Learner-function updates received (no duplicates).")
+GRADIENTS_APPLIED = Counter("nitro_gradients_applied_total", "Learner-function updates applied with their weight.")
+GRADIENTS_DROPPED = Counter("nitro_gradients_dropped_total", "Learner-function updates dropped.", ["reason"])
+STALENESS_BOUND = Gauge("nitro_staleness_bound", "Largest staleness a job applies in its current round.", ["job"])
+LEARNER_INVOCATIONS = Counter("nitro_learner_function_invocations_total", "Learner function invocations started.")
 DETECTOR_SECONDS = Histogram("nitro_detector_seconds", "Time to score one policy (HVPs + Lanczos).",
                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 

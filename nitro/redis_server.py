@@ -43,8 +43,9 @@ SERVICE_RULES = "resetkeys ~nitro:* resetchannels -@all +@all -@dangerous +confi
 # Actors: append to trajectory streams and read policies, nothing else. PING for redis-py's
 # health checks; AUTH/HELLO to log in; MULTI/EXEC/DISCARD because the parts of a split batch
 # go in one transaction (each queued command is still checked). XADD's MAXLEN trim is part of XADD.
-ACTOR_RULES = ("resetkeys ~nitro:*:traj ~nitro:*:policy:* resetchannels -@all +xadd +get +ping +auth +hello "
-               "+multi +exec +discard")
+# Learner functions (stellaris) share the user: GET their input and XADD their update under learn:.
+ACTOR_RULES = ("resetkeys ~nitro:*:traj ~nitro:*:policy:* ~nitro:*:learn:* resetchannels -@all +xadd +get +ping "
+               "+auth +hello +multi +exec +discard")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ ALGOS = ("ppo", "impact")
 SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions")
 DETECTOR_FALLBACKS = ("i_min", "last")
 LEARNER_MODES = ("central", "stellaris")
+STALENESS_WEIGHTS = ("inverse", "exp", "none")  # nitro.algos.stellaris.staleness_weight
+BOUND_SCHEDULES = ("linear", "geometric", "constant")  # nitro.algos.stellaris.staleness_bound
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_ACTORS = 1000
 MAX_ROUNDS = 100_000
@@ -54,8 +56,8 @@ class StellarisSettings:
     max_learners: int = 16  # learner functions in flight; further batches wait for a free slot
     staleness_weight: str = "inverse"  # w(s): inverse (1+s)^-decay, exp exp(-decay s), none
     staleness_decay: float = 1.0
-    bound_start: int = 8  # staleness bound of the first round ...
-    bound_end: int = 2  # ... tightening to this one at the last round
+    bound_start: int = 16  # staleness bound of the first round ...
+    bound_end: int = 4  # ... tightening to this one at the last round
     bound_schedule: str = "linear"  # linear, geometric or constant
     rho_bar: float = 2.0  # cap of the global importance-sampling truncation
     recent_versions: int = 1  # newest versions after a learner's base whose ratios truncate (0: local only)
@@ -187,8 +189,6 @@ def _validate_stellaris(spec: TrainingSpec) -> None:
     """The learner mode and its settings (checked in every mode, so a typo never waits for a switch)."""
     if spec.learner_mode not in LEARNER_MODES:
         raise InvalidSpec("learner_mode", f"unknown {spec.learner_mode!r}; allowed: {list(LEARNER_MODES)}")
-    from nitro.algos.stellaris import BOUND_SCHEDULES, WEIGHT_FUNCTIONS
-
     st = spec.stellaris
     if not re.fullmatch(r"[A-Za-z0-9_:.-]{1,140}", st.learner_function or ""):
         raise InvalidSpec("stellaris.learner_function", "must be 1-140 characters of letters, digits, '-', '_', ':' "
@@ -198,9 +198,9 @@ def _validate_stellaris(spec: TrainingSpec) -> None:
                           f"must be in [128, 10240] (AWS Lambda limits), got {st.learner_memory_mb}")
     if not 1 <= st.max_learners <= MAX_ACTORS:
         raise InvalidSpec("stellaris.max_learners", f"must be in [1, {MAX_ACTORS}], got {st.max_learners}")
-    if st.staleness_weight not in WEIGHT_FUNCTIONS:
+    if st.staleness_weight not in STALENESS_WEIGHTS:
         raise InvalidSpec("stellaris.staleness_weight",
-                          f"unknown {st.staleness_weight!r}; allowed: {list(WEIGHT_FUNCTIONS)}")
+                          f"unknown {st.staleness_weight!r}; allowed: {list(STALENESS_WEIGHTS)}")
     _finite("stellaris.staleness_decay", st.staleness_decay)
     if not 0.0 <= st.staleness_decay <= 100.0:
         raise InvalidSpec("stellaris.staleness_decay", f"must be in [0, 100], got {st.staleness_decay}")

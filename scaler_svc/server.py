@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import threading
 import time
 
@@ -57,6 +58,14 @@ def check_memory(memory_mb: int, context) -> None:
                       f"actor_memory_mb: must be in [128, 10240] (AWS Lambda limits) or 0 for 1024, got {memory_mb}")
 
 
+LAUNCH_KINDS = ("actor", "learner")
+_PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
+# Ledger fields per kind of function: learner functions (stellaris) are billed at the same Lambda
+# prices as actors, in their own counters so the actors' cost per step stays theirs.
+_LEDGER = {"actor": ("actor_cost_usd", "invocations", "billed_ms"),
+           "learner": ("learner_fn_cost_usd", "learner_fn_invocations", "learner_fn_billed_ms")}
+
+
 def state_key(job_id: str) -> str:
     return f"nitro:{job_id}:scaler"
 
@@ -87,10 +96,12 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
     def _ledger(self, st: dict, budget: float) -> dict:
         actor = float(st.get("actor_cost_usd", 0.0))
         learner = float(st.get("learner_cost_usd", 0.0))
+        learner_fn = float(st.get("learner_fn_cost_usd", 0.0))
         wall = float(st.get("wall_seconds", 0.0))
         serverful = cost.serverful_job_cost(wall, int(st.get("i_max", 64)), self.prices)
-        return {"actor": actor, "learner": learner, "total": actor + learner, "serverful": serverful,
-                "budget": budget, "left": budget - actor - learner}
+        total = actor + learner + learner_fn
+        return {"actor": actor, "learner": learner, "learner_fn": learner_fn, "total": total,
+                "serverful": serverful, "budget": budget, "left": budget - total}
 
     # -- RPCs ----------------------------------------------------------------------------
     def Plan(self, request, context):
@@ -163,6 +174,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             if float(st.get("steps_billed", 0)) > 0 else DEFAULT_MS_PER_STEP
         memory = request.actor_memory_mb or 1024
         per_actor = cost.lambda_invocation_cost(ms_per_step * max(1, request.steps_per_actor), memory, self.prices)
+        fn_calls = int(st.get("learner_fn_invocations", 0))
+        if fn_calls:  # stellaris: each actor's batch also pays one learner function (measured mean)
+            per_actor += float(st.get("learner_fn_cost_usd", 0.0)) / fn_calls
         fixed = cost.learner_cost(learner_per_round, self.prices)
         actors, exhausted, budget_reason = plan_within_budget(desired, sc.i_min, per_actor, fixed, ledger["left"])
         if budget_reason:
@@ -186,8 +200,16 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
         if not 1 <= request.steps_per_actor <= 1_000_000:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
-        if not request.env_id or not request.function_name:
+        kind = request.kind or "actor"
+        if kind not in LAUNCH_KINDS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind: unknown {request.kind!r}; allowed: {list(LAUNCH_KINDS)}")
+        if not request.function_name or (kind == "actor" and not request.env_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_id and function_name are required")
+        if kind == "learner" and not (_PAYLOAD_REF_RE.fullmatch(request.payload_ref)
+                                      and request.payload_ref.startswith(f"nitro:{request.job_id}:learn:")):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"payload_ref: kind 'learner' needs a key 'nitro:{request.job_id}:learn:...' of at most 256 "
+                          "letters, digits and '_:.#-'")
         if not 0 < request.deadline_s <= 3600:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_s: must be in (0, 3600]")
         memory = request.actor_memory_mb or 1024
@@ -197,39 +219,47 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                           "slots: must be distinct non-negative integers, as many as actors; wave must be >= 0")
         invocations = []
         for i in slots:
-            inv_id = f"{request.job_id}-r{request.round}-a{i}" + (f"-x{request.wave}" if request.wave else "")
-            invocations.append(Invocation(inv_id, {
-                "job_id": request.job_id, "round": request.round, "policy_version": request.policy_version,
-                "env_id": request.env_id, "num_steps": request.steps_per_actor,
-                "seed": (request.seed + i) % (2**62), "invocation_id": inv_id, "redis_url": self.actor_redis_url}))
+            letter = "a" if kind == "actor" else "g"
+            inv_id = f"{request.job_id}-r{request.round}-{letter}{i}" + (f"-x{request.wave}" if request.wave else "")
+            event = {"job_id": request.job_id, "round": request.round, "policy_version": request.policy_version,
+                     "invocation_id": inv_id, "redis_url": self.actor_redis_url}
+            if kind == "actor":
+                event.update(env_id=request.env_id, num_steps=request.steps_per_actor, seed=(request.seed + i) % (2**62))
+            else:
+                event["payload_ref"] = request.payload_ref
+            invocations.append(Invocation(inv_id, event))
         key = state_key(request.job_id)
         usd_total = 0.0
+        cost_field, calls_field, ms_field = _LEDGER[kind]
+        actors = kind == "actor"
 
         def account(o):
             nonlocal usd_total
             usd = cost.lambda_cost(o.billed_attempts_ms, o.requests, memory, self.prices)
             usd_total += usd
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hincrbyfloat(key, "actor_cost_usd", usd)
-            pipe.hincrby(key, "invocations", o.requests)
-            pipe.hincrby(key, "billed_ms", o.billed_attempts_ms)
-            if o.ok:
+            pipe.hincrbyfloat(key, cost_field, usd)
+            pipe.hincrby(key, calls_field, o.requests)
+            pipe.hincrby(key, ms_field, o.billed_attempts_ms)
+            if o.ok and actors:
                 pipe.hincrby(key, "steps_billed", request.steps_per_actor)
             pipe.expire(key, STATE_TTL_S)
             pipe.execute()
-            metrics.COST_USD.labels("actors").inc(usd)
-            metrics.INVOCATIONS.inc(o.requests)
+            metrics.COST_USD.labels("actors" if actors else "learner_functions").inc(usd)
+            (metrics.INVOCATIONS if actors else metrics.LEARNER_INVOCATIONS).inc(o.requests)
             if o.attempts > 1:
                 metrics.INVOCATION_RETRIES.inc(o.attempts - 1)
             if not o.ok:
                 metrics.INVOCATION_FAILURES.labels(o.error_type or "unknown").inc()
-            with self._lock:
-                self._in_flight -= 1
-                metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
+            if actors:
+                with self._lock:
+                    self._in_flight -= 1
+                    metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
 
-        with self._lock:
-            self._in_flight += len(invocations)
-            metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
+        if actors:
+            with self._lock:
+                self._in_flight += len(invocations)
+                metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
         t0 = time.perf_counter()
         with metrics.timed("invoke"):
             outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
@@ -253,7 +283,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         return scaler_pb2.GetCostResponse(
             actor_cost_usd=ledger["actor"], learner_cost_usd=ledger["learner"], total_cost_usd=ledger["total"],
             serverful_cost_usd=ledger["serverful"], invocations=int(st.get("invocations", 0)),
-            billed_ms=int(st.get("billed_ms", 0)), budget_usd=budget, budget_left_usd=ledger["left"])
+            billed_ms=int(st.get("billed_ms", 0)), budget_usd=budget, budget_left_usd=ledger["left"],
+            learner_function_cost_usd=ledger["learner_fn"],
+            learner_function_invocations=int(st.get("learner_fn_invocations", 0)))
 
 
 def parse_args(argv=None):

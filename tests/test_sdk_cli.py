@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from nitro import cli, local_system, results, sdk
-from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec
+from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
 from nitro.v1 import common_pb2, training_pb2
 
 
@@ -42,8 +42,9 @@ def test_only_given_flags_are_set():
 
 def test_every_spec_field_has_a_flag():
     covered = {f for _, f, _, _ in cli.TRAIN_FIELDS} | {"scaler.policy", "hyperparameters"}
-    wanted = {f.name for f in dataclasses.fields(TrainingSpec) if f.name != "scaler"}
+    wanted = {f.name for f in dataclasses.fields(TrainingSpec) if f.name not in ("scaler", "stellaris")}
     wanted |= {f"scaler.{f.name}" for f in dataclasses.fields(ScalerSettings)}
+    wanted |= {f"stellaris.{f.name}" for f in dataclasses.fields(StellarisSettings)}
     assert covered == wanted
 
 

@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
 # nitro actor as an AWS Lambda container image (handler actor_fn.handler.handler).
+# The same image serves the stellaris learner function: deploy it a second time with the command
+# overridden to actor_fn.learner_handler.handler (Lambda ImageConfig.Command; docs/stellaris.md).
 # Build from the repository root, for the architecture the function will run on:
 #   docker buildx build --platform linux/amd64 -f deploy/docker/actor-lambda.Dockerfile -t nitro-actor .
 #   (linux/arm64 for `nitro deploy-lambda --architecture arm64`)
@@ -22,7 +24,7 @@ RUN python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb')
 COPY nitro ./nitro
 COPY actor_fn ./actor_fn
 RUN pip install --no-deps --target /opt/app . \
- && PYTHONPATH=/opt/app:/opt/deps python3 -c "import actor_fn.handler"
+ && PYTHONPATH=/opt/app:/opt/deps python3 -c "import actor_fn.handler, actor_fn.learner_handler"
 
 # --- the function image --------------------------------------------------------------------
 FROM public.ecr.aws/lambda/python:${LAMBDA_PYTHON}

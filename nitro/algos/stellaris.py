@@ -35,19 +35,24 @@ from pi_2, and pushes the flat update g = theta_{v_g} - theta_local (the
 learning-rate-scaled sum of its gradient steps; one plain SGD step of rate
 eta gives g = eta grad L).
 
-Staleness-aware aggregation. Gradients that arrive together form a queue;
-each has staleness s_i = v - v_g,i against the version when the queue is
-aggregated. The bound b_k of round k (`staleness_bound`) decides: s_i <= b_k
-is applied, s_i > b_k (or a base from the future) is dropped. The applied ones
-move the policy once, and the version advances by one:
+Staleness-aware aggregation. The version clock v counts applied updates.
+Updates the service reads together form a queue, taken in arrival order;
+update i has staleness s_i = v_i - v_g,i, where v_i is the clock after the
+updates applied before it. The bound b_k of round k (`staleness_bound`)
+decides: s_i <= b_k is applied (and advances the clock), s_i > b_k (or a base
+from the future) is dropped. The queue moves the policy once:
 
-    theta <- theta - (1 / n) sum_{i applied} w(s_i) g_i
+    theta <- theta - sum_{i applied} w(s_i) g_i,        v <- v + n_applied
 
-n counts the applied updates, not their weights: normalising by sum w(s_i)
-would cancel the weight of a lone gradient, which is exactly the bug of
-computing a weight and not using it. A single fresh update (s = 0, w = 1)
-moves the policy to the learner's result, so with one learner at a time
-stellaris mode is the central learner.
+This is asynchronous SGD with a staleness-scaled step (Zhang et al. 2016):
+the same as applying the updates one by one, so the result depends on the
+arrival order only, never on how the service's polls happened to group the
+arrivals, and sibling updates computed from one base are damped (s = 0, 1,
+2, ...) instead of being summed as if each were fresh. Nothing is normalised:
+dividing by sum w(s_i) would cancel the weight of a lone update (computing a
+weight and then not using it). A single fresh update (s = 0, w = 1) moves the
+policy to the learner's result, so with one learner at a time stellaris mode
+is the central learner.
 """
 
 from __future__ import annotations
@@ -65,9 +70,9 @@ from nitro.algos.ppo import collate, normalize, value_loss
 from nitro.algos.vtrace import batch_vtrace
 from nitro.errors import ConfigError
 from nitro.models import Policy
+from nitro.spec import BOUND_SCHEDULES
+from nitro.spec import STALENESS_WEIGHTS as WEIGHT_FUNCTIONS
 
-WEIGHT_FUNCTIONS = ("inverse", "exp", "none")
-BOUND_SCHEDULES = ("linear", "geometric", "constant")
 UPDATE_FORMAT = 1
 PARCEL_FORMAT = 1
 
@@ -102,7 +107,7 @@ def staleness_bound(round_index: int, rounds: int, start: int, end: int, schedul
     linear:    b = start + (end - start) f
     geometric: 1 + b = (1 + start) ((1 + end) / (1 + start))^f   (the +1 lets end be 0)
     constant:  b = start
-    rounded down, so b reaches `end` only at the last round.
+    rounded down (never looser than the schedule), so b = end at the last round.
     """
     if start < 0 or end < 0:
         raise ValueError(f"staleness bounds must be >= 0, got start={start}, end={end}")
@@ -137,31 +142,33 @@ class Aggregation:
 
 def aggregate_queue(bases: Sequence[int], version: int, bound: int, kind: str = "inverse",
                     decay: float = 1.0) -> Aggregation:
-    """Apply-or-drop and the weight of every queued gradient against the current `version`.
+    """Apply-or-drop and the weight of every queued update, in arrival order, from clock `version`.
 
-    staleness s_i = version - bases[i]; applied iff 0 <= s_i <= bound. A base newer than
-    `version` cannot come from this parameter service (a restarted one, or forged): dropped,
-    with its negative staleness reported as is.
+    s_i = (version + updates applied before i) - bases[i]; applied iff 0 <= s_i <= bound. A
+    base newer than the clock cannot come from this parameter service (a restarted one, or
+    forged): dropped, with its negative staleness reported as is.
     """
+    clock = int(version)
     stal, weights, applied = [], [], []
     for b in bases:
-        s = int(version) - int(b)
+        s = clock - int(b)
         ok = 0 <= s <= bound
         stal.append(s)
         applied.append(ok)
         weights.append(staleness_weight(s, kind, decay) if ok else 0.0)
+        clock += ok
     return Aggregation(tuple(stal), tuple(weights), tuple(applied))
 
 
 def combined_update(updates: Sequence[np.ndarray | torch.Tensor], agg: Aggregation) -> torch.Tensor | None:
-    """(1 / n) sum_{applied} w_i g_i, float32; None when nothing is applied."""
+    """sum_{applied} w_i g_i, float32; None when nothing is applied."""
     picked = [(torch.as_tensor(g, dtype=torch.float32), w) for g, w, a in zip(updates, agg.weights, agg.applied) if a]
     if not picked:
         return None
     total = torch.zeros_like(picked[0][0])
     for g, w in picked:
         total.add_(g, alpha=w)
-    return total / len(picked)
+    return total
 
 
 def flat_parameters(policy: Policy) -> torch.Tensor:
@@ -327,7 +334,7 @@ class ParameterServer:
 
     def aggregate(self, updates: Sequence[np.ndarray], agg: Aggregation, kls: Sequence[float] = (),
                   obs: Sequence[np.ndarray] = ()) -> bool:
-        """Apply the queue's combined update; True when the policy (and so the version) moved."""
+        """Apply the queue's combined update; True when the policy moved (the clock advances by agg.n_applied)."""
         total = combined_update(updates, agg)
         if total is None:
             return False
@@ -339,7 +346,7 @@ class ParameterServer:
             from nitro.algos.ppo import adapt_kl_coeff
 
             self.kl_coeff = adapt_kl_coeff(self.kl_coeff, float(np.mean(applied_kls)), self.config.kl_target)
-        self.updates += 1
+        self.updates += agg.n_applied
         return True
 
     def state(self) -> dict:

@@ -1,0 +1,174 @@
+"""The serverless learner function of learner_mode "stellaris" (a second Lambda handler in the actor image).
+
+Event (JSON, built by the scaler's Launch with kind "learner"):
+  job_id          str   job namespace in Redis
+  round           int   round during which the parameter service received the batch
+  policy_version  int   the base version v_g: the update is computed at pi_{v_g}
+  invocation_id   str   unique per logical invocation; retries reuse it (the service drops duplicates)
+  payload_ref     str   Redis key nitro:{job_id}:learn:parcel:... of the signed parcel
+  redis_url       str   optional; else NITRO_REDIS_URL (password and ACL user from the environment,
+                        as for actors)
+
+The batch travels as a parcel the parameter service parked in Redis, not as
+stream entry ids: the service has already verified, deduplicated and acked the
+actor's entry, and the parcel carries everything the update depends on (the
+batch, its behaviour version, the base version, algorithm settings, the KL
+coefficient, rho-bar) under one HMAC, so nothing in the unsigned event can
+change what is computed beyond which parcel is read.
+
+Work: load pi_{v_g}, and the `recent_versions` newest published versions
+after it (`policy:latest` down), run nitro.algos.stellaris.compute_update
+(PPO or IMPACT loss with global importance-sampling truncation), and XADD the
+signed flat update with its base version to nitro:{job}:learn:updates. The
+HMAC key comes from NITRO_HMAC_KEY(_FILE). Returns a JSON summary.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+
+from nitro import codec
+from nitro.errors import ConfigError
+
+REQUIRED = {"job_id": str, "round": int, "policy_version": int, "invocation_id": str, "payload_ref": str}
+UPDATE_STREAM_MAXLEN = 10_000  # a memory cap for a stalled parameter service; it deletes what it reads
+POLICY_CACHE = 4  # policy versions a warm function keeps (its base and the newest ones)
+RECENT_LOOKUPS = 64
+
+
+class ParcelNotFoundError(LookupError):
+    """The parcel named in the event is gone (expired, or the job ended)."""
+
+
+class BadParcelError(ValueError):
+    """The parcel does not verify or does not match the event."""
+
+
+class _Warm:
+    key: bytes | None = None
+    policies: OrderedDict = OrderedDict()  # (job, version) -> Policy
+    invocations = 0
+
+
+def _validate(event: dict) -> None:
+    if not isinstance(event, dict):
+        raise ConfigError(f"event must be a JSON object, got {type(event).__name__}")
+    for name, typ in REQUIRED.items():
+        if name not in event:
+            raise ConfigError(f"event is missing required field {name!r}")
+        value = event[name]
+        if typ is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"event field {name!r} must be a non-negative integer, got {value!r}")
+        if typ is str and (not isinstance(value, str) or not value):
+            raise ConfigError(f"event field {name!r} must be a non-empty string")
+    if not event["payload_ref"].startswith(f"nitro:{event['job_id']}:learn:"):
+        raise ConfigError(f"event field 'payload_ref' must name a key under nitro:{event['job_id']}:learn:")
+
+
+def _policy(client, job_id: str, version: int, key: bytes):
+    """The policy of `version` (cached while warm); PolicyNotFoundError when it is not published."""
+    from nitro.models import policy_from_blob
+    from nitro.store import PolicyStore
+
+    ck = (job_id, version)
+    if ck in _Warm.policies:
+        _Warm.policies.move_to_end(ck)
+        return _Warm.policies[ck]
+    policy, got = policy_from_blob(PolicyStore(client, job_id).get(version), key)
+    if got != version:
+        raise BadParcelError(f"policy blob of version {version} says version {got}")
+    policy.requires_grad_(False)
+    _Warm.policies[ck] = policy
+    while len(_Warm.policies) > POLICY_CACHE:
+        _Warm.policies.popitem(last=False)
+    return policy
+
+
+def _recent(client, job_id: str, base: int, count: int, key: bytes) -> list:
+    """Up to `count` newest published versions after `base`, newest first.
+
+    The clock advances by the number of updates an aggregation applied, so not every number
+    is a published version; the walk down from `policy:latest` skips missing ones, within a
+    bounded number of lookups.
+    """
+    from nitro.store import PolicyNotFoundError, PolicyStore
+
+    latest = PolicyStore(client, job_id).latest()
+    out = []
+    v = latest if latest is not None else base
+    lookups = 0
+    while v > base and len(out) < count and lookups < RECENT_LOOKUPS:
+        lookups += 1
+        try:
+            out.append(_policy(client, job_id, v, key))
+        except PolicyNotFoundError:  # pruned or expired between reading latest and loading
+            pass
+        v -= 1
+    return out
+
+
+def handler(event: dict, context=None) -> dict:
+    t0 = time.perf_counter()
+    _validate(event)
+    import numpy as np
+    import torch
+
+    from actor_fn.handler import _client, _redis_url
+    from nitro.algos.stellaris import UpdateRecord, check_parcel, compute_update, encode_update, update_stream_key
+    from nitro.config import make_config
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # a function gets about one vCPU per 1.8 GB; more threads only contend
+    cold = _Warm.invocations == 0
+    _Warm.invocations += 1
+    if _Warm.key is None:
+        _Warm.key = codec.load_hmac_key()
+    key = _Warm.key
+    job_id, base = event["job_id"], event["policy_version"]
+    client = _client(_redis_url(event))
+
+    blob = client.get(event["payload_ref"])
+    if blob is None:
+        raise ParcelNotFoundError(f"no parcel at {event['payload_ref']} (expired, or the job ended)")
+    try:
+        parcel = check_parcel(codec.decode(blob, key))
+    except (codec.PayloadError, ValueError) as exc:
+        raise BadParcelError(f"parcel at {event['payload_ref']} is unusable: {exc}") from None
+    if parcel["job_id"] != job_id or parcel["base_version"] != base:
+        raise BadParcelError(f"parcel is for job {parcel['job_id']!r} version {parcel['base_version']}, the event "
+                             f"names job {job_id!r} version {base}")
+    cfg = make_config(parcel["algo"], "tuned", **parcel["config"])
+    policy = _policy(client, job_id, base, key)
+    recent = _recent(client, job_id, base, parcel["recent_versions"], key)
+    t_loaded = time.perf_counter()
+
+    update, stats = compute_update(policy, parcel["batches"], cfg, parcel["algo"], kl_coeff=parcel["kl_coeff"],
+                                   rho_bar=parcel["rho_bar"], recent=recent, seed=parcel["seed"])
+    t_computed = time.perf_counter()
+    steps = sum(len(b["rewards"]) for b in parcel["batches"])
+    stats["recent_versions_used"] = len(recent)
+    rec = UpdateRecord(event["invocation_id"], event["round"], base, steps, update, stats)
+    entry = client.xadd(update_stream_key(job_id),
+                        {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
+                         b"payload": encode_update(rec, key)},
+                        maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
+    t_pushed = time.perf_counter()
+    return {
+        "ok": True,
+        "job_id": job_id,
+        "invocation_id": event["invocation_id"],
+        "round": event["round"],
+        "policy_version": base,
+        "entry_id": entry.decode() if isinstance(entry, bytes) else str(entry),
+        "steps": steps,
+        "recent_versions_used": len(recent),
+        "rho_mean": round(float(stats["rho_mean"]), 6),
+        "update_norm": round(float(np.linalg.norm(update)), 6),
+        "cold": cold,
+        "load_ms": round((t_loaded - t0) * 1e3, 3),
+        "compute_ms": round((t_computed - t_loaded) * 1e3, 3),
+        "push_ms": round((t_pushed - t_computed) * 1e3, 3),
+        "duration_ms": round((t_pushed - t0) * 1e3, 3),
+    }

@@ -1,0 +1,482 @@
+"""learner_mode "stellaris": the learner service as parameter service, learners as serverless functions.
+
+The service keeps the authoritative policy and its version clock and computes
+no gradients itself. Round k launches the planned actors with the current
+version v_k through the scaler, as the other loops do (the detector and scaler
+keep working: boosting still decides the actor count). Every trajectory batch
+that arrives is parked in Redis as a signed parcel with the version current at
+that moment (the learner's base) and a learner function is invoked for it on
+demand, through the same scaler Launch (kind "learner"), so the cost model
+bills it like an actor. Learner functions push signed updates to
+nitro:{job}:learn:updates; whatever is queued there is aggregated with
+staleness-aware weights, too-stale updates are dropped
+(nitro.algos.stellaris), and each aggregation that applies something
+advances the version clock by the number of updates applied and publishes
+that version, which later learners start from (intermediate clock values are
+never published).
+
+Round k closes when its actors' batches are in, then the policy is scored,
+round k+1 is planned and launched, and round k is evaluated and reported while
+learners of round k still run; their updates are aggregated during round k+1,
+staler by then. The pipeline is one round deep: round k+1's actors launch only
+once the learners of rounds before k are done, so sampling never runs ahead of
+learning by more than a round (without this, cold-starting learners let the
+actors sample round after round with one stale version). The job's last round
+waits for every learner in flight, so over a job's reports every update
+produced is counted once, as applied or dropped. A learner invocation that
+fails, or whose update never arrives, is counted in learner_functions_failed.
+
+At most `max_learners` learner functions are in flight; further batches wait
+in order and take the version current when their learner starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import grpc
+import numpy as np
+
+from learner_svc.rounds import POLICY_TTL_S, JobAborted, RoundLoop, derived_seed, slot_index
+from nitro import codec, metrics
+from nitro.algos.ppo import collate
+from nitro.algos.stellaris import (
+    ParameterServer,
+    aggregate_queue,
+    decode_update,
+    make_parcel,
+    parcel_key,
+    prepare,
+    staleness_bound,
+    update_stream_key,
+)
+from nitro.models import policy_to_blob
+from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
+
+log = logging.getLogger(__name__)
+
+LOST_BATCH_GRACE_S = 5.0  # an actor that said OK but whose batch is still missing this long after is lost
+LOST_UPDATE_GRACE_S = 5.0  # likewise for a learner function's update
+MAX_LEARNER_THREADS = 24  # one blocking Launch per learner in flight; the scaler serves 32 RPCs at once
+READ_BLOCK_MS = 20
+
+
+def learner_invocation_id(job_id: str, round_index: int, slot: int) -> str:
+    """The id the scaler gives a kind "learner" invocation of slot `slot` (wave 0)."""
+    return f"{job_id}-r{round_index}-g{slot}"
+
+
+class StellarisLoop(RoundLoop):
+    learner_class = ParameterServer
+
+    def __init__(self, job, deps):
+        super().__init__(job, deps)
+        self.st = self.spec.stellaris
+        threads = min(self.st.max_learners, MAX_LEARNER_THREADS)
+        self.learner_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{job.job_id}-learn")
+        self.max_in_flight = threads
+        self.waiting: deque = deque()  # (round, entry) batches waiting for a learner slot
+        self.in_flight: dict[Future, dict] = {}
+        self.expected: dict[str, tuple[float, int]] = {}  # learner said OK, update not here: (give-up time, round)
+        self.received: set[str] = set()  # learner invocation ids whose update arrived (dedup)
+        self.cursor = "0-0"
+        self.published: set[int] = set()
+        self.pending_obs: list[np.ndarray] = []
+        self.bound = self.st.bound_start
+        self.stream = update_stream_key(job.job_id)
+        self.actor_versions: set[int] = set()
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> None:
+        job = self.job
+        job.set_state(training_pb2.JOB_STATE_RUNNING)
+        self.save_job_state("RUNNING")
+        try:
+            end_state, end_message = self._loop(resume)
+        except JobAborted as exc:
+            end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.learner_pool.shutdown(wait=False, cancel_futures=True)
+        resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
+        if resumable:
+            end_message += f"; resume with `nitro train --resume {job.job_id}`"
+        self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
+                            resumable=resumable)
+        job.set_state(end_state, end_message)
+
+    def _loop(self, resume: bool):
+        spec = self.spec
+        if resume:
+            self.restore()  # rounds are reported before the next checkpoint: nothing pending
+        self.publish()
+        plan = self.plan(self.next_round, self.job.reports[-1].score if self.job.reports else 0.0, 0.0)
+        if plan.budget_exhausted:
+            return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {plan.reason}"
+        k = self.next_round
+        rnd = self._launch_round(k, plan.actors)
+        empty_rounds = 0
+        while True:
+            phases: dict[str, float] = {}
+            acc = self._new_acc(k)
+            metrics.CURRENT_ROUND.labels(self.job.job_id).set(k)
+            metrics.STALENESS_BOUND.labels(self.job.job_id).set(self.bound)
+            self._pump_until(lambda: self._round_closed(rnd), rnd, acc, phases)
+            if self.job.stop_requested.is_set():
+                return training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}"
+            if rnd["batches"] == 0 and acc["steps"] == 0:
+                empty_rounds += 1
+                if empty_rounds >= 3:
+                    return training_pb2.JOB_STATE_FAILED, "no samples arrived in 3 consecutive rounds"
+                rnd = self._launch_round(k, rnd["actors"])  # the same round again, fresh invocation ids
+                continue
+            empty_rounds = 0
+            last_round = k + 1 >= spec.rounds
+            if last_round:
+                self._drain(rnd, acc, phases)
+            with metrics.timed("publish", phases):
+                self.learner.last_data = self._detector_data(acc["batches"])
+                ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
+            score_resp, fallback = detector_pb2.ScoreResponse(), 0
+            with metrics.timed("detect", phases):
+                try:
+                    score_resp = self.score(k, ref, algo=spec.algo) if ref else score_resp
+                except grpc.RpcError as exc:
+                    fallback = self.fallback_actors()
+                    acc["notes"].append(f"detector unavailable ({exc.code().name}); fallback plan of {fallback}")
+            means = self._means(acc)  # for the plan; the report recomputes them (the waits below apply more)
+            last = {"loss": means.get("policy_loss", 0.0) + means.get("value_loss", 0.0), "kl": means.get("kl", 0.0),
+                    "update_seconds": phases.get("update", 0.0), "actor_seconds": phases.get("sample", 0.0),
+                    "round_seconds": time.time() - acc["t"],
+                    "eval_return": self.job.reports[-1].eval_return if self.job.reports else 0.0}
+            with metrics.timed("plan", phases):
+                next_plan = self.plan(k + 1, score_resp.score, 0.0, fallback, last)
+            if next_plan.budget_exhausted and not last_round:
+                self._drain(rnd, acc, phases)  # the job ends here: count every learner still running
+            ending = last_round or next_plan.budget_exhausted
+            if not ending:
+                self._wait_for_rounds_before(k, rnd, acc, phases)
+                with metrics.timed("invoke", phases):
+                    next_rnd = self._launch_round(k + 1, next_plan.actors)
+            with metrics.timed("publish", phases):
+                self.checkpoint(k, pending={})
+            with metrics.timed("evaluate", phases):  # overlaps the next round's sampling and learners
+                eval_return = self.evaluate_policy(k)
+            reached = bool(spec.target_return) and eval_return >= spec.target_return
+            if reached and not ending:
+                self._drain(None, acc, phases)  # the job ends: this report counts every learner still running
+            self.append_report(self._report(k, rnd, acc, self._means(acc), phases, score_resp, next_plan, eval_return,
+                                            fallback))
+            self.next_round = k + 1
+            if next_plan.budget_exhausted:
+                return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {next_plan.reason}"
+            if last_round:
+                return training_pb2.JOB_STATE_SUCCEEDED, f"completed {spec.rounds} rounds"
+            if reached:
+                return training_pb2.JOB_STATE_SUCCEEDED, f"target return {spec.target_return:g} reached"
+            k, rnd = k + 1, next_rnd
+
+    def _new_acc(self, k: int) -> dict:
+        """Per-round counters; the round's staleness bound takes effect now."""
+        self.bound = staleness_bound(k, self.spec.rounds, self.st.bound_start, self.st.bound_end,
+                                     self.st.bound_schedule)
+        return {"k": k, "bound": self.bound, "notes": [], "steps": 0, "late": 0, "batches": [], "produced": 0, "applied": 0, "dropped": 0,
+                "staleness": [], "launched": 0, "failed": 0, "rejected": 0, "duplicates": 0, "sums": {},
+                "aggregations": 0, "t": time.time()}
+
+    # -- actors ---------------------------------------------------------------------------
+    def _launch_round(self, k: int, actors: int) -> dict:
+        wave = self.new_wave(k)
+        self.actor_versions = {self.version}  # actors load it whenever they start: keep it published
+        metrics.ACTORS_PER_ROUND.labels(self.job.job_id).set(actors)
+        return {"k": k, "actors": actors, "version": self.version, "start": time.perf_counter(),
+                "future": self.pool.submit(self.launch, k, list(range(actors)), wave), "resp": None,
+                "done_at": None, "covered": set(), "failed": set(), "batches": 0}
+
+    def _poll_launch(self, rnd: dict, notes: list[str]) -> None:
+        fut: Future = rnd["future"]
+        if rnd["resp"] is not None or not fut.done():
+            return
+        rnd["done_at"] = time.perf_counter()
+        try:
+            rnd["resp"] = fut.result()
+        except grpc.RpcError as exc:
+            notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
+            rnd["resp"] = scaler_pb2.LaunchResponse()
+            rnd["failed"] = set(range(rnd["actors"]))
+        for r in rnd["resp"].invocations:
+            if not r.ok:
+                slot = slot_index(r.invocation_id, self.job.job_id, rnd["k"])
+                if slot is not None:
+                    rnd["failed"].add(slot)
+                notes.append(f"actor {r.invocation_id} failed after {r.attempts} attempt(s): {r.error_type}: "
+                             f"{r.error_message[:200]}")
+
+    def _round_closed(self, rnd: dict) -> bool:
+        if rnd["resp"] is None:
+            return time.perf_counter() - rnd["start"] > self.spec.round_deadline_s
+        waiting = set(range(rnd["actors"])) - rnd["covered"]
+        return not waiting or waiting <= rnd["failed"] or time.perf_counter() - rnd["done_at"] > LOST_BATCH_GRACE_S
+
+    # -- the event pump -------------------------------------------------------------------
+    def _pump_until(self, done, rnd: dict | None, acc: dict, phases: dict) -> None:
+        """Ingest batches, dispatch learners, collect their outcomes and aggregate updates until `done()`."""
+        t0 = time.perf_counter()
+        processed_before, ingest_extra, update_s = self.reader.processing_seconds, 0.0, 0.0
+        while not self.job.stop_requested.is_set():
+            if rnd is not None:
+                self._poll_launch(rnd, acc["notes"])
+            if done():
+                break
+            entries = self.redis_call(lambda: self.reader.read(count=16, block_ms=READ_BLOCK_MS), "stream read")
+            t_i = time.perf_counter()
+            for e in entries:
+                self._ingest(e, rnd, acc)
+            if entries:
+                self.redis_call(lambda: self.reader.ack(entries), "stream ack")  # the parcels hold the data now
+            self._dispatch(acc)
+            ingest_extra += time.perf_counter() - t_i
+            self._poll_learners(acc)
+            t_u = time.perf_counter()
+            if self._collect_updates(acc):
+                update_s += time.perf_counter() - t_u
+        wall = time.perf_counter() - t0
+        ingest = self.reader.processing_seconds - processed_before + ingest_extra
+        metrics.observe_phase("ingest", ingest, phases)
+        metrics.observe_phase("update", update_s, phases)
+        metrics.observe_phase("sample", max(0.0, wall - ingest - update_s), phases)
+
+    def _drain(self, rnd: dict | None, acc: dict, phases: dict) -> None:
+        """Wait for every batch's learner and every update still due (bounded by the round deadline)."""
+        deadline = time.perf_counter() + self.spec.round_deadline_s
+        self._pump_until(lambda: (not self.waiting and not self.in_flight and not self.expected)
+                         or time.perf_counter() > deadline, rnd, acc, phases)
+        if self.waiting or self.in_flight or self.expected:
+            acc["notes"].append(f"job end: gave up on {len(self.waiting)} waiting batch(es), {len(self.in_flight)} "
+                                f"learner(s) in flight and {len(self.expected)} missing update(s)")
+            acc["failed"] += len(self.in_flight) + len(self.expected)
+            self.expected.clear()
+
+    def _wait_for_rounds_before(self, k: int, rnd: dict, acc: dict, phases: dict) -> None:
+        """Backpressure: learners of rounds < k finish (and their updates arrive) before round k+1 samples."""
+        def older_done() -> bool:
+            return not any(r < k for r, _ in self.waiting) and \
+                not any(info["round"] < k for info in self.in_flight.values()) and \
+                not any(r < k for _, r in self.expected.values())
+
+        deadline = time.perf_counter() + self.spec.round_deadline_s
+        self._pump_until(lambda: older_done() or time.perf_counter() > deadline, rnd, acc, phases)
+        if not older_done():
+            acc["notes"].append(f"learners of rounds before {k} still busy after {self.spec.round_deadline_s:g} s; "
+                                "launching the next round anyway")
+
+    def _ingest(self, e, rnd: dict | None, acc: dict) -> None:
+        if rnd is not None and e.round == rnd["k"]:
+            slot = slot_index(e.invocation_id, self.job.job_id, rnd["k"])
+            if slot is not None:
+                rnd["covered"].add(slot)
+            rnd["batches"] += 1
+        else:
+            acc["late"] += 1  # a straggler of an earlier round: still good data, IS truncation handles it
+        acc["steps"] += e.steps
+        self.total_steps += e.steps
+        metrics.ENV_STEPS.inc(e.steps)
+        acc["batches"].append(e.batch)
+        self.recent_returns.extend(e.batch["episode_returns"])
+        self.recent_returns = self.recent_returns[-20:]
+        metrics.POLICY_LAG.observe(self.version - e.policy_version)
+        self.waiting.append((acc["k"], e))
+
+    # -- learner functions ----------------------------------------------------------------
+    def _dispatch(self, acc: dict) -> None:
+        """Park a parcel and invoke a learner for waiting batches while slots are free."""
+        while self.waiting and len(self.in_flight) < self.max_in_flight:
+            k, e = self.waiting.popleft()
+            slot = int(self.redis_call(lambda: self.deps.redis.incr(f"nitro:{self.job.job_id}:learn:counter"),
+                                       "learner counter"))
+            inv = learner_invocation_id(self.job.job_id, k, slot)
+            ref = parcel_key(self.job.job_id, inv)
+            base = self.version
+            parcel = make_parcel(job_id=self.job.job_id, round_index=k, base_version=base, algo=self.spec.algo,
+                                 config=self.cfg.to_dict(), kl_coeff=self.learner.kl_coeff, rho_bar=self.st.rho_bar,
+                                 recent_versions=self.st.recent_versions,
+                                 seed=derived_seed(self.spec.seed, k, slot) % (2**31), batches=[e.batch],
+                                 behaviour_versions=[e.policy_version])
+            blob = codec.encode(parcel, self.deps.hmac_key)
+            self.redis_call(lambda: self.deps.redis.set(ref, blob, ex=POLICY_TTL_S), "parcel write")
+            self.pending_obs.append(e.batch["obs"])
+            fut = self.learner_pool.submit(self._launch_learner, k, slot, base, ref, e.steps)
+            self.in_flight[fut] = {"inv": inv, "ref": ref, "base": base, "round": k}
+            acc["launched"] += 1
+
+    def _launch_learner(self, k: int, slot: int, base: int, ref: str, steps: int) -> scaler_pb2.LaunchResponse:
+        spec = self.spec
+        req = scaler_pb2.LaunchRequest(
+            job_id=self.job.job_id, round=k, policy_version=base, actors=1,
+            steps_per_actor=max(1, min(int(steps), 1_000_000)), env_id=spec.env_id, seed=0,
+            function_name=self.st.learner_function, deadline_s=spec.round_deadline_s,
+            actor_memory_mb=self.st.learner_memory_mb, wait=True, slots=[slot], kind="learner", payload_ref=ref)
+        return self.rpc(self.deps.scaler.Launch, req, timeout=spec.round_deadline_s + 30.0,
+                        patience=spec.round_deadline_s, what="Launch (learner)")
+
+    def _poll_learners(self, acc: dict) -> None:
+        now = time.monotonic()
+        done = [f for f in self.in_flight if f.done()]
+        for fut in done:
+            info = self.in_flight.pop(fut)
+            try:
+                resp = fut.result()
+                res = resp.invocations[0] if resp.invocations else None
+                ok, why = (res is not None and res.ok), (f"{res.error_type}: {res.error_message[:200]}" if res else
+                                                         "no invocation result")
+            except grpc.RpcError as exc:
+                ok, why = False, f"launch failed: {exc.code().name}: {exc.details()}"
+            if ok and info["inv"] not in self.received:
+                self.expected[info["inv"]] = (now + LOST_UPDATE_GRACE_S, info["round"])
+            elif not ok:
+                acc["failed"] += 1
+                acc["notes"].append(f"learner {info['inv']} failed: {why}")
+            self.redis_call(lambda: self.deps.redis.delete(info["ref"]), "parcel delete")
+        for inv, (give_up, _) in list(self.expected.items()):
+            if now > give_up:
+                del self.expected[inv]
+                acc["failed"] += 1
+                acc["notes"].append(f"learner {inv} returned OK but its update never arrived")
+
+    # -- aggregation ------------------------------------------------------------------------
+    def _collect_updates(self, acc: dict) -> bool:
+        """Read every queued update, aggregate them once; True if anything was read."""
+        resp = self.redis_call(lambda: self.deps.redis.xread({self.stream: self.cursor}, count=64), "update read")
+        msgs = resp[0][1] if resp else []
+        if not msgs:
+            return False
+        records, ids = [], []
+        for entry_id, fields in msgs:
+            eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            self.cursor = eid
+            ids.append(eid)
+            try:
+                rec = decode_update(fields.get(b"payload", b""), self.deps.hmac_key, self.learner.n_params)
+            except codec.PayloadError as exc:
+                acc["rejected"] += 1
+                metrics.REJECTED_PAYLOADS.labels(exc.reason).inc()
+                log.warning("job %s: rejected learner update %s: %s", self.job.job_id, eid, exc)
+                continue
+            if rec.invocation_id in self.received:
+                acc["duplicates"] += 1  # a retried learner pushed again
+                continue
+            self.received.add(rec.invocation_id)
+            self.expected.pop(rec.invocation_id, None)
+            records.append(rec)
+        def delete():
+            pipe = self.deps.redis.pipeline(transaction=False)
+            pipe.xdel(self.stream, *ids)
+            pipe.expire(self.stream, 24 * 3600)
+            return pipe.execute()
+
+        self.redis_call(delete, "update delete")
+        if records:
+            self._aggregate(records, acc)
+        return True
+
+    def _aggregate(self, records: list, acc: dict) -> None:
+        st = self.st
+        agg = aggregate_queue([r.base_version for r in records], self.version, self.bound, st.staleness_weight,
+                              st.staleness_decay)
+        moved = self.learner.aggregate([r.update for r in records], agg, kls=[float(r.stats.get("kl", 0.0))
+                                                                              for r in records],
+                                       obs=self.pending_obs)
+        acc["produced"] += len(records)
+        acc["applied"] += agg.n_applied
+        acc["dropped"] += agg.n_dropped
+        acc["staleness"].extend(agg.staleness)
+        metrics.GRADIENTS_PRODUCED.inc(len(records))
+        metrics.GRADIENTS_APPLIED.inc(agg.n_applied)
+        for s, applied, r in zip(agg.staleness, agg.applied, records):
+            metrics.GRADIENT_STALENESS.observe(max(s, 0))
+            if not applied:
+                metrics.GRADIENTS_DROPPED.labels("stale" if s >= 0 else "future_base").inc()
+                continue
+            for name in ("policy_loss", "value_loss", "entropy", "kl", "rho_mean"):
+                acc["sums"][name] = acc["sums"].get(name, 0.0) + float(r.stats.get(name, 0.0))
+        if moved:
+            self.pending_obs = []
+            self.version += agg.n_applied
+            acc["aggregations"] += 1
+            self.publish()
+
+    # -- publishing and the detector --------------------------------------------------------
+    def publish(self) -> None:
+        blob = policy_to_blob(self.learner.policy, self.version, self.deps.hmac_key)
+        self.redis_call(lambda: self.policies.put(self.version, blob), "policy publish")
+        self.published.add(self.version)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Delete published versions nobody can still ask for: every aggregation publishes one."""
+        keep = set(sorted(self.published)[-(self.st.recent_versions + 2):])  # latest and the truncation window
+        keep |= {info["base"] for info in self.in_flight.values()}
+        keep |= self.actor_versions
+        stale = [v for v in self.published if v not in keep and v < self.version]
+        if stale:
+            from nitro.store import policy_key
+
+            self.redis_call(lambda: self.deps.redis.delete(*(policy_key(self.job.job_id, v) for v in stale)),
+                            "policy prune")
+            self.published.difference_update(stale)
+
+    def _detector_data(self, batches: list[dict]) -> dict | None:
+        """The round's samples with the fields the detector needs for this algorithm, at the current policy."""
+        if not batches:
+            return None
+        if self.spec.algo == "ppo":
+            return collate(batches, self.cfg.gamma, self.cfg.gae_lambda)
+        data, _ = prepare(self.learner.policy, batches, self.cfg, "impact", rho_bar=self.st.rho_bar)
+        return {"obs": data["obs"].numpy(), "actions": data["actions"].numpy(), "logp": data["logp"].numpy(),
+                "logp_target": data["logp_base"].numpy(), "is_weights": data["rho"].numpy(),
+                "advantages": data["advantages"].numpy()}
+
+    # -- reports ------------------------------------------------------------------------------
+    @staticmethod
+    def _means(acc: dict) -> dict:
+        n = max(acc["applied"], 1)
+        return {name: v / n for name, v in acc["sums"].items()}
+
+    def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback):
+        job = self.job
+        resp = rnd["resp"] or scaler_pb2.LaunchResponse()
+        cost = self.cost()
+        prev_total = job.reports[-1].total_cost_usd if job.reports else 0.0
+        rejected, duplicates = self.export_reader_counters()
+        notes = acc["notes"]
+        stal = acc["staleness"]
+        mean_stal = float(np.mean(stal)) if stal else 0.0
+        notes.append(f"stellaris: {acc['launched']} learner(s) launched, {acc['produced']} update(s) produced, "
+                     f"{acc['applied']} applied in {acc['aggregations']} aggregation(s), {acc['dropped']} dropped "
+                     f"(bound {acc['bound']}, staleness mean {mean_stal:.2f}, max {max(stal) if stal else 0}), "
+                     f"{acc['late']} late batch(es)")
+        round_seconds = time.time() - acc["t"]
+        metrics.ROUND_SECONDS.observe(round_seconds)
+        metrics.EVAL_RETURN.labels(job.job_id).set(eval_return)
+        metrics.BUDGET_LEFT_USD.labels(job.job_id).set(cost.budget_left_usd)
+        return training_pb2.RoundReport(
+            job_id=job.job_id, round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
+            actors_completed=len(rnd["covered"]), actors_failed=len(rnd["failed"] - rnd["covered"]),
+            env_steps=acc["steps"], total_env_steps=self.total_steps,
+            train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
+            eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
+            convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
+            round_cost_usd=max(0.0, cost.total_cost_usd - prev_total), total_cost_usd=cost.total_cost_usd,
+            serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
+            phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
+            round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
+            policy_loss=means.get("policy_loss", 0.0), value_loss=means.get("value_loss", 0.0),
+            entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=resp.retries,
+            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback > 0,
+            duplicates_dropped=duplicates + acc["duplicates"], rejected_batches=rejected + acc["rejected"],
+            gradients_produced=acc["produced"], gradients_applied=acc["applied"], gradients_dropped=acc["dropped"],
+            mean_staleness=mean_stal, staleness_bound=acc["bound"], learner_functions_launched=acc["launched"],
+            learner_functions_failed=acc["failed"])

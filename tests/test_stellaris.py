@@ -1,0 +1,413 @@
+"""Stellaris mode without the services: weights, bounds and aggregation on scripted version histories,
+the global importance-sampling truncation against a hand-computed example, the learner's update,
+the learner function handler on a real Redis, the parameter service's aggregation path, the scaler's
+kind "learner" Launch and its bill, and the spec."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from actor_fn import learner_handler
+from learner_svc.jobs import Job
+from learner_svc.rounds import LearnerDeps
+from learner_svc.stellaris import StellarisLoop
+from nitro import codec, cost
+from nitro.algos.ppo import PPOLearner
+from nitro.algos.stellaris import (
+    ParameterServer,
+    UpdateRecord,
+    aggregate_queue,
+    combined_update,
+    compute_update,
+    decode_update,
+    encode_update,
+    flat_parameters,
+    global_truncated_ratio,
+    make_parcel,
+    parcel_key,
+    staleness_bound,
+    staleness_weight,
+    update_stream_key,
+)
+from nitro.config import impact_config, ppo_config
+from nitro.envs import env_spaces
+from nitro.errors import ConfigError
+from nitro.inference import PolicyRunner
+from nitro.models import policy_to_blob, spec_for_spaces
+from nitro.rollout import Sampler
+from nitro.spec import InvalidSpec, TrainingSpec, from_proto, to_proto, validate
+from nitro.store import PolicyStore
+from nitro.v1 import scaler_pb2
+from scaler_svc.invoker import InvocationOutcome
+from scaler_svc.server import ScalerServicer
+
+ENV = "CartPole-v1"
+
+
+# -- staleness weights and the bound ----------------------------------------------------------------
+
+def test_staleness_weights():
+    assert [staleness_weight(s) for s in (0, 1, 3)] == [1.0, 0.5, 0.25]  # 1 / (1 + s)
+    assert staleness_weight(3, "inverse", 2.0) == pytest.approx(1 / 16)
+    assert [staleness_weight(s, "exp", 0.5) for s in (0, 2)] == [1.0, pytest.approx(math.exp(-1.0))]
+    assert {staleness_weight(s, "none") for s in (0, 5, 100)} == {1.0}
+    for kind in ("inverse", "exp"):
+        ws = [staleness_weight(s, kind, 0.7) for s in range(10)]
+        assert ws[0] == 1.0 and all(a > b for a, b in zip(ws, ws[1:]))
+    with pytest.raises(ValueError):
+        staleness_weight(-1)
+    with pytest.raises(ConfigError):
+        staleness_weight(1, "linear")
+
+
+def test_dynamic_bound_tightens_over_rounds():
+    assert [staleness_bound(k, 7, 8, 2, "linear") for k in range(7)] == [8, 7, 6, 5, 4, 3, 2]
+    # 1 + b = 16 (1/16)^(k/4): halves every round
+    assert [staleness_bound(k, 5, 15, 0, "geometric") for k in range(5)] == [15, 7, 3, 1, 0]
+    assert [staleness_bound(k, 4, 5, 1, "constant") for k in range(4)] == [5, 5, 5, 5]
+    assert [staleness_bound(k, 4, 3, 0, "linear") for k in range(4)] == [3, 2, 1, 0]
+    assert staleness_bound(0, 1, 6, 2) == 6  # a one-round job keeps the start bound
+    assert staleness_bound(99, 10, 6, 2) == 2  # rounds past the plan stay at the end bound
+    bounds = [staleness_bound(k, 50, 20, 3, "geometric") for k in range(50)]
+    assert bounds[0] == 20 and bounds[-1] == 3 and bounds == sorted(bounds, reverse=True)
+
+
+def test_scripted_version_history():
+    """A parameter service's clock (it counts applied updates) under a scripted arrival order."""
+    version, produced, applied, dropped = 0, 0, 0, 0
+    history = [  # (bases of the updates read together, in arrival order, bound)
+        ([0, 0], 2),  # two learners from v0: the first is fresh, the second one update late
+        ([0], 2),  # a third learner from v0: two updates late
+        ([2, 3, 0], 1),  # the bound tightened: 3 - 2 = 1, then 4 - 3 = 1, then 5 - 0 = 5 (dropped)
+        ([3], 1),  # 2 behind now: dropped, nothing moves
+        ([9], 1),  # a base from the future (another service's, or forged): dropped
+    ]
+    expect = [((0, 1), (1.0, 0.5), (True, True)), ((2,), (1 / 3,), (True,)),
+              ((1, 1, 5), (0.5, 0.5, 0.0), (True, True, False)), ((2,), (0.0,), (False,)),
+              ((-4,), (0.0,), (False,))]
+    versions = []
+    for (bases, bound), (stal, weights, ok) in zip(history, expect):
+        agg = aggregate_queue(bases, version, bound)
+        assert agg.staleness == stal and agg.applied == ok and agg.weights == pytest.approx(weights)
+        produced += len(bases)
+        applied += agg.n_applied
+        dropped += agg.n_dropped
+        version += agg.n_applied
+        versions.append(version)
+    assert versions == [2, 3, 5, 5, 5]
+    assert (produced, applied, dropped) == (8, 5, 3) and produced == applied + dropped
+    # The same arrivals read one poll at a time give the same decisions: polls do not matter.
+    flat = [b for bases, _ in history for b in bases]
+    bounds = [bound for bases, bound in history for _ in bases]
+    version, one_by_one = 0, []
+    for b, bound in zip(flat, bounds):
+        agg = aggregate_queue([b], version, bound)
+        one_by_one.append((agg.staleness[0], agg.applied[0]))
+        version += agg.n_applied
+    assert one_by_one == [(s, a) for st, _, ok in expect for s, a in zip(st, ok)] and version == 5
+
+
+# -- the weight really scales what is applied ---------------------------------------------------------
+
+def _spec_and_cfg(algo="ppo", **hp):
+    cfg = (ppo_config if algo == "ppo" else impact_config)("fast", hidden_sizes=(16, 16), **hp)
+    obs, act = env_spaces(ENV)
+    return spec_for_spaces(obs, act, hidden_sizes=cfg.hidden_sizes), cfg
+
+
+@pytest.mark.parametrize("kind,decay,stale,w", [("inverse", 1.0, 3, 0.25), ("exp", 0.5, 2, math.exp(-1.0)),
+                                                ("none", 1.0, 3, 1.0)])
+def test_staleness_weight_scales_the_applied_update(kind, decay, stale, w):
+    spec, cfg = _spec_and_cfg()
+    ps = ParameterServer(spec, cfg, seed=0)
+    g = np.random.default_rng(0).normal(size=ps.n_params).astype(np.float32)
+    before = flat_parameters(ps.policy)
+    assert ps.aggregate([g], aggregate_queue([0], stale, bound=10, kind=kind, decay=decay))
+    moved = before - flat_parameters(ps.policy)
+    assert torch.allclose(moved, torch.as_tensor(w * g), atol=1e-6)
+    # the same update, fresh, moves the policy by exactly g: the ratio is the weight
+    fresh = ParameterServer(spec, cfg, seed=0)
+    fresh.aggregate([g], aggregate_queue([0], 0, bound=10, kind=kind, decay=decay))
+    full = before - flat_parameters(fresh.policy)
+    assert float(moved.norm() / full.norm()) == pytest.approx(w, rel=1e-5)
+
+
+def test_each_queued_update_keeps_its_own_weight():
+    # No normalisation: by the sum of weights a lone stale update would count in full, by the queue
+    # length an update would count less whenever others happen to arrive in the same poll.
+    g1, g2 = np.ones(4, np.float32), np.full(4, 3.0, np.float32)
+    agg = aggregate_queue([5, 3], 5, bound=4)  # s = 0, then 6 - 3 = 3: w = 1 and 1/4
+    assert torch.allclose(combined_update([g1, g2], agg), torch.full((4,), 1.0 + 0.75))
+    lone = aggregate_queue([3], 5, bound=4)
+    assert torch.allclose(combined_update([g2], lone), torch.full((4,), 1.0))  # 3 * 1/3, not 3
+    assert combined_update([g1], aggregate_queue([0], 5, bound=4)) is None  # dropped: nothing to apply
+
+
+def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key, tmp_path):
+    """The stellaris loop's own path: signed updates on the stream -> decode -> aggregate -> publish."""
+    spec = validate(TrainingSpec(env_id=ENV, preset="fast", rounds=3, job_id="agg-job", learner_mode="stellaris"))
+    loop = StellarisLoop(Job(spec), LearnerDeps(redis=redis_client, hmac_key=hmac_key, detector=None, scaler=None,
+                                                data_dir=str(tmp_path)))
+    loop.publish()
+    loop.version, loop.bound = 3, 2  # three versions applied so far, bound 2 this round
+    n = loop.learner.n_params
+    rng = np.random.default_rng(1)
+    updates = [rng.normal(size=n).astype(np.float32) for _ in range(3)]
+    for i, (base, g) in enumerate(zip((2, 0, 3), updates)):  # s = 3-2 = 1 (w 1/2), 4-0 = 4 (dropped), 4-3 = 1
+        rec = UpdateRecord(f"agg-job-r0-g{i}", 0, base, 64, g, {"kl": 0.0})
+        redis_client.xadd(update_stream_key("agg-job"), {b"inv": rec.invocation_id.encode(),
+                                                          b"payload": encode_update(rec, hmac_key)})
+    dup = UpdateRecord("agg-job-r0-g2", 0, 3, 64, updates[2], {})  # a retried learner's second push
+    redis_client.xadd(update_stream_key("agg-job"), {b"payload": encode_update(dup, hmac_key)})
+    before = flat_parameters(loop.learner.policy)
+    acc = loop._new_acc(0)
+    loop.bound = 2  # as if this were a later round's bound
+    assert loop._collect_updates(acc)
+    expect = 0.5 * updates[0] + 0.5 * updates[2]
+    assert torch.allclose(before - flat_parameters(loop.learner.policy), torch.as_tensor(expect), atol=1e-5)
+    assert (acc["produced"], acc["applied"], acc["dropped"], acc["duplicates"]) == (3, 2, 1, 1)
+    assert acc["staleness"] == [1, 4, 1] and loop.version == 5  # the clock counts applied updates
+    assert PolicyStore(redis_client, "agg-job").latest() == 5  # the new version is published
+    assert redis_client.xlen(update_stream_key("agg-job")) == 0
+    assert not loop._collect_updates(acc)
+
+
+# -- global importance-sampling truncation ------------------------------------------------------------
+
+def test_global_truncation_hand_computed():
+    mu = torch.tensor([0.5, 0.2, 0.4, 0.1])  # behaviour pi_1(a_t|x_t)
+    pi2 = torch.tensor([0.6, 0.1, 0.8, 0.3])  # the learner's base pi_2
+    pi3 = torch.tensor([0.4, 0.3, 1.0, 0.25])  # the newest version pi_3
+    # pi_2/pi_1 = [1.2, 0.5, 2.0, 3.0], pi_3/pi_1 = [0.8, 1.5, 2.5, 2.5]
+    # rho = min(rho_bar=2.2, pi_2/pi_1, pi_3/pi_1) = [0.8, 0.5, 2.0, 2.2]
+    rho = global_truncated_ratio(pi2.log(), mu.log(), pi3.log()[None], rho_bar=2.2)
+    assert torch.allclose(rho, torch.tensor([0.8, 0.5, 2.0, 2.2]), atol=1e-6)
+    local = global_truncated_ratio(pi2.log(), mu.log(), None, rho_bar=2.2)  # no newer version: min(rho_bar, pi_2/mu)
+    assert torch.allclose(local, torch.tensor([1.2, 0.5, 2.0, 2.2]), atol=1e-6)
+    pi4 = torch.tensor([0.5, 0.05, 0.2, 0.5])  # a second recent version: the minimum over all of them
+    two = global_truncated_ratio(pi2.log(), mu.log(), torch.stack([pi3.log(), pi4.log()]), rho_bar=2.2)
+    assert torch.allclose(two, torch.tensor([0.8, 0.25, 0.5, 2.2]), atol=1e-6)
+    logp = pi2.log().clone().requires_grad_(True)
+    assert not global_truncated_ratio(logp, mu.log(), pi3.log()[None], 2.2).requires_grad  # data, no gradient
+    fresh = global_truncated_ratio(mu.log(), mu.log(), mu.log()[None], rho_bar=1.0)
+    assert torch.equal(fresh, torch.ones(4))
+
+
+# -- the learner's update -------------------------------------------------------------------------------
+
+def _batch(spec, policy, steps=256, seed=1):
+    s = Sampler(ENV, seed=seed)
+    try:
+        return s.sample(PolicyRunner(spec, policy.numpy_state(), 0), steps, np.random.default_rng(seed))
+    finally:
+        s.close()
+
+
+def test_fresh_update_is_the_central_ppo_update():
+    spec, cfg = _spec_and_cfg(epochs=3, minibatch_size=64)
+    central = PPOLearner(spec, cfg, seed=4)
+    base = copy.deepcopy(central.policy)
+    batch = _batch(spec, base)
+    g, stats = compute_update(base, [batch], cfg, "ppo", rho_bar=2.0, seed=4)
+    central.update([batch])
+    assert stats["sgd_steps"] == 12 and stats["rho_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert np.allclose(g, (flat_parameters(base) - flat_parameters(central.policy)).numpy(), atol=1e-6)
+    assert np.abs(g).max() > 1e-3  # and it did move
+
+
+def test_stale_data_is_truncated_by_the_newest_policy():
+    spec, cfg = _spec_and_cfg(epochs=1, minibatch_size=0)
+    ps = ParameterServer(spec, cfg, seed=2)
+    behaviour = copy.deepcopy(ps.policy)
+    batch = _batch(spec, behaviour)
+    rng = np.random.default_rng(3)
+    base, newest = copy.deepcopy(behaviour), copy.deepcopy(behaviour)
+    for p in (base, newest):  # two later versions that moved in different directions
+        with torch.no_grad():
+            for t in p.actor.parameters():
+                t.add_(torch.as_tensor(rng.normal(scale=0.3, size=t.shape), dtype=t.dtype))
+    _, local = compute_update(base, [batch], cfg, "ppo", rho_bar=1.5, recent=(), seed=0)
+    _, glob = compute_update(base, [batch], cfg, "ppo", rho_bar=1.5, recent=(newest,), seed=0)
+    assert glob["rho_mean"] < local["rho_mean"] and glob["truncated_fraction"] > local["truncated_fraction"]
+
+
+def test_impact_update_runs():
+    spec, cfg = _spec_and_cfg("impact")
+    ps = ParameterServer(spec, cfg, seed=0)
+    g, stats = compute_update(ps.policy, [_batch(spec, ps.policy, 128)], cfg, "impact", rho_bar=2.0)
+    assert g.shape == (ps.n_params,) and np.isfinite(g).all() and stats["samples"] == 128
+
+
+def test_update_wire_format_rejects_bad_records(hmac_key):
+    rec = UpdateRecord("j-r0-g1", 0, 2, 10, np.ones(5, np.float32), {"kl": 0.1})
+    back = decode_update(encode_update(rec, hmac_key), hmac_key, 5)
+    assert (back.invocation_id, back.base_version, back.stats) == ("j-r0-g1", 2, {"kl": 0.1})
+    with pytest.raises(codec.MalformedPayloadError):
+        decode_update(encode_update(rec, hmac_key), hmac_key, 6)  # another model's size
+    bad = UpdateRecord("j-r0-g1", 0, 2, 10, np.array([1.0, np.nan, 0, 0, 0], np.float32), {})
+    with pytest.raises(codec.MalformedPayloadError):
+        decode_update(encode_update(bad, hmac_key), hmac_key, 5)
+    with pytest.raises(codec.BadSignatureError):
+        decode_update(encode_update(rec, b"x" * 32), hmac_key, 5)
+
+
+# -- the learner function handler on a real Redis --------------------------------------------------------
+
+@pytest.fixture
+def handler_env(redis_server, redis_client, hmac_key, monkeypatch):
+    monkeypatch.setenv("NITRO_HMAC_KEY", hmac_key.hex())
+    monkeypatch.delenv("NITRO_HMAC_KEY_FILE", raising=False)
+    monkeypatch.setattr(learner_handler._Warm, "key", None)
+    monkeypatch.setattr(learner_handler._Warm, "policies", type(learner_handler._Warm.policies)())
+    return redis_server.url
+
+
+def test_handler_pushes_the_signed_update(handler_env, redis_client, hmac_key):
+    spec, cfg = _spec_and_cfg(epochs=2, minibatch_size=128)
+    ps = ParameterServer(spec, cfg, seed=0)
+    store = PolicyStore(redis_client, "lh-job")
+    store.put(3, policy_to_blob(ps.policy, 3, hmac_key))
+    newest = copy.deepcopy(ps.policy)
+    with torch.no_grad():
+        newest.actor.out.bias.add_(torch.tensor([0.5, -0.5]))
+    store.put(4, policy_to_blob(newest, 4, hmac_key))  # published after the learner's base
+    batch = _batch(spec, ps.policy)
+    inv = "lh-job-r1-g7"
+    parcel = make_parcel(job_id="lh-job", round_index=1, base_version=3, algo="ppo", config=cfg.to_dict(),
+                         kl_coeff=0.0, rho_bar=2.0, recent_versions=1, seed=11, batches=[batch],
+                         behaviour_versions=[2])
+    redis_client.set(parcel_key("lh-job", inv), codec.encode(parcel, hmac_key))
+    event = {"job_id": "lh-job", "round": 1, "policy_version": 3, "invocation_id": inv,
+             "payload_ref": parcel_key("lh-job", inv), "redis_url": handler_env}
+    out = learner_handler.handler(event)
+    assert out["ok"] and out["steps"] == 256 and out["recent_versions_used"] == 1 and out["policy_version"] == 3
+    (_, entries), = redis_client.xread({update_stream_key("lh-job"): "0-0"})
+    rec = decode_update(entries[0][1][b"payload"], hmac_key, ps.n_params)
+    assert (rec.invocation_id, rec.base_version, rec.round, rec.steps) == (inv, 3, 1, 256)
+    g, _ = compute_update(ps.policy, [batch], cfg, "ppo", rho_bar=2.0, recent=(newest,), seed=11)
+    assert np.allclose(rec.update, g, atol=1e-6)  # the handler runs exactly compute_update
+
+
+def test_handler_errors_are_clear(handler_env, redis_client, hmac_key):
+    base = {"job_id": "lh-job", "round": 0, "policy_version": 0, "invocation_id": "i", "redis_url": handler_env}
+    with pytest.raises(ConfigError, match="payload_ref"):
+        learner_handler.handler({**base, "payload_ref": "nitro:other-job:learn:parcel:i"})
+    with pytest.raises(ConfigError, match="policy_version"):
+        learner_handler.handler({**base, "policy_version": -1, "payload_ref": "nitro:lh-job:learn:parcel:i"})
+    with pytest.raises(learner_handler.ParcelNotFoundError):
+        learner_handler.handler({**base, "payload_ref": "nitro:lh-job:learn:parcel:gone"})
+    redis_client.set("nitro:lh-job:learn:parcel:forged", codec.encode({"format": 1}, b"y" * 32))
+    with pytest.raises(learner_handler.BadParcelError):
+        learner_handler.handler({**base, "payload_ref": "nitro:lh-job:learn:parcel:forged"})
+
+
+# -- the scaler: kind "learner" launches and bills like an actor -----------------------------------------
+
+class _Abort(Exception):
+    pass
+
+
+class _Context:
+    def abort(self, code, details):
+        raise _Abort(code, details)
+
+
+class _FakeInvoker:
+    def __init__(self):
+        self.calls = []
+
+    def invoke_all(self, function_name, invocations, deadline_s, on_done=None):
+        self.calls.append((function_name, [i.event for i in invocations]))
+        outs = [InvocationOutcome(i.invocation_id, ok=True, duration_ms=400.0, billed_ms=400, attempts=1,
+                                  billed_attempts_ms=400, requests=1) for i in invocations]
+        for o in outs:
+            on_done(o)
+        return outs, 0.001
+
+
+def test_scaler_launches_and_bills_learner_functions(redis_client):
+    inv = _FakeInvoker()
+    prices = cost.Prices()
+    svc = ScalerServicer(redis_client, inv, prices, "redis://127.0.0.1:1/0")
+    ref = "nitro:bill-job:learn:parcel:bill-job-r2-g5"
+    base = dict(job_id="bill-job", round=2, policy_version=7, actors=1, steps_per_actor=128, function_name="nitro-learner",
+                deadline_s=30.0, actor_memory_mb=2048, slots=[5])
+    resp = svc.Launch(scaler_pb2.LaunchRequest(kind="learner", payload_ref=ref, **base), _Context())
+    assert resp.succeeded == 1 and resp.invocations[0].invocation_id == "bill-job-r2-g5"
+    name, events = inv.calls[0]
+    assert name == "nitro-learner" and events == [{"job_id": "bill-job", "round": 2, "policy_version": 7,
+                                                   "invocation_id": "bill-job-r2-g5", "redis_url": "redis://127.0.0.1:1/0",
+                                                   "payload_ref": ref}]
+    svc.Launch(scaler_pb2.LaunchRequest(env_id=ENV, **{**base, "actor_memory_mb": 1024, "slots": [0]}), _Context())
+    assert "env_id" in inv.calls[1][1][0] and inv.calls[1][1][0]["invocation_id"] == "bill-job-r2-a0"
+    st = {k.decode(): v.decode() for k, v in redis_client.hgetall("nitro:bill-job:scaler").items()}
+    learner_usd = cost.lambda_cost(400, 1, 2048, prices)  # the same Lambda prices as an actor
+    assert float(st["learner_fn_cost_usd"]) == pytest.approx(learner_usd)
+    assert float(st["actor_cost_usd"]) == pytest.approx(cost.lambda_cost(400, 1, 1024, prices))
+    assert (st["learner_fn_invocations"], st["invocations"], st["steps_billed"]) == ("1", "1", "128")
+    redis_client.hset("nitro:bill-job:scaler", "budget_usd", 1.0)
+    c = svc.GetCost(scaler_pb2.GetCostRequest(job_id="bill-job"), _Context())
+    assert c.learner_function_cost_usd == pytest.approx(learner_usd) and c.learner_function_invocations == 1
+    assert c.total_cost_usd == pytest.approx(c.actor_cost_usd + c.learner_cost_usd + learner_usd)
+    assert c.budget_left_usd == pytest.approx(1.0 - c.total_cost_usd)
+
+
+@pytest.mark.parametrize("kind,ref,what", [("critic", "", "kind"), ("learner", "", "payload_ref"),
+                                           ("learner", "nitro:other:learn:parcel:x", "payload_ref"),
+                                           ("learner", "nitro:bad-job:policy:1", "payload_ref")])
+def test_scaler_rejects_bad_learner_launches(redis_client, kind, ref, what):
+    svc = ScalerServicer(redis_client, _FakeInvoker(), cost.Prices(), "redis://x")
+    with pytest.raises(_Abort) as err:
+        svc.Launch(scaler_pb2.LaunchRequest(job_id="bad-job", round=0, policy_version=0, actors=1, steps_per_actor=1,
+                                            function_name="nitro-learner", deadline_s=5.0, kind=kind,
+                                            payload_ref=ref), _Context())
+    assert err.value.args[0] == grpc.StatusCode.INVALID_ARGUMENT and what in err.value.args[1]
+
+
+# -- the spec ---------------------------------------------------------------------------------------------
+
+def test_spec_round_trip_and_defaults():
+    spec = validate(TrainingSpec(env_id=ENV, learner_mode="stellaris"))
+    assert spec.stellaris.learner_function == "nitro-learner" and validate(TrainingSpec(env_id=ENV)).learner_mode == "central"
+    spec.stellaris.bound_start, spec.stellaris.staleness_weight = 5, "exp"
+    back = from_proto(to_proto(spec))
+    assert back.learner_mode == "stellaris" and back.stellaris == spec.stellaris
+    assert TrainingSpec(**{**spec.to_dict(), "scaler": spec.scaler}).stellaris == spec.stellaris  # job.json
+
+
+@pytest.mark.parametrize("field,value", [("learner_function", "bad name"), ("learner_memory_mb", 64),
+                                         ("max_learners", 0), ("staleness_weight", "cosine"),
+                                         ("staleness_decay", float("nan")), ("bound_start", -1),
+                                         ("bound_end", 40), ("bound_schedule", "step"), ("rho_bar", 0.9),
+                                         ("recent_versions", 17)])
+def test_bad_stellaris_settings_name_the_field(field, value):
+    spec = TrainingSpec(env_id=ENV, learner_mode="stellaris")
+    setattr(spec.stellaris, field, value)
+    with pytest.raises(InvalidSpec) as err:
+        validate(spec)
+    assert err.value.field == f"stellaris.{field}"
+    with pytest.raises(InvalidSpec) as err:
+        validate(TrainingSpec(env_id=ENV, learner_mode="async"))
+    assert err.value.field == "learner_mode"
+
+
+def test_cli_flags_reach_the_stellaris_spec():
+    from nitro import cli, sdk
+
+    args = cli.build_parser().parse_args([
+        "train", "--env", ENV, "--learner-mode", "stellaris", "--learner-function", "fn", "--learner-memory", "512",
+        "--max-learners", "3", "--staleness-weight", "exp", "--staleness-decay", "0.3",
+        "--staleness-bound-start", "6", "--staleness-bound-end", "1", "--staleness-bound-schedule", "geometric",
+        "--rho-bar", "1.5", "--recent-versions", "2"])
+    msg = sdk.spec_to_proto(cli.build_spec(args))
+    st = from_proto(msg).stellaris
+    assert msg.learner_mode == "stellaris"
+    assert (st.learner_function, st.learner_memory_mb, st.max_learners, st.staleness_weight, st.staleness_decay,
+            st.bound_start, st.bound_end, st.bound_schedule, st.rho_bar, st.recent_versions) == (
+        "fn", 512, 3, "exp", pytest.approx(0.3), 6, 1, "geometric", 1.5, 2)
