@@ -144,7 +144,8 @@ def parse_args(argv=None):
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9102)
     p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads per request")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1: no worker threads to starve when cores are shared)")
     p.add_argument("--log-level", default="INFO")
     auth.add_server_args(p)
     return p.parse_args(argv)

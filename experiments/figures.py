@@ -182,7 +182,8 @@ def _minions_checkpoint() -> dict | None:
             res = pretrain(settings, client, redis_for_state_dir(state))
     finally:
         system.stop()
-    info = {"path": str(res.path), "episodes": settings.episodes, "wall_s": res.wall_s, "cost_usd": res.cost_usd}
+    info = {"path": str(res.path), "episodes": settings.episodes, "wall_s": res.wall_seconds,
+            "cost_usd": res.cost_usd}
     info_path.write_text(json.dumps(info, indent=2) + "\n")
     return info
 
