@@ -24,7 +24,7 @@ from concurrent.futures import Future
 import grpc
 import numpy as np
 
-from learner_svc.rounds import JobAborted, RoundLoop, slot_index
+from learner_svc.rounds import RoundLoop, slot_index
 from nitro import metrics
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
@@ -43,22 +43,8 @@ class OffPolicyLoop(RoundLoop):
         super().__init__(job, deps)
         self.replay = ReplayBuffer(self.cfg.replay_capacity, self.cfg.replay_max_reuse, seed=self.spec.seed)
 
-    def run(self, resume: bool = False) -> None:
-        job = self.job
-        job.set_state(training_pb2.JOB_STATE_RUNNING)
-        self.save_job_state("RUNNING")
-        try:
-            end_state, end_message = self._loop(resume)
-        except JobAborted as exc:
-            end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
-        finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
-        if resumable:
-            end_message += f"; resume with `nitro train --resume {job.job_id}`"
-        self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
-                            resumable=resumable)
-        job.set_state(end_state, end_message)
+    def train(self, resume: bool = False):
+        return self._loop(resume)
 
     # -- launching ----------------------------------------------------------------------
     def _launch_round(self, k: int, actors: int) -> dict:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from learner_svc.rounds import JobAborted, RoundLoop, invocation_id, slot_index
+from learner_svc.rounds import RoundLoop, invocation_id, slot_index
 from nitro import metrics
 from nitro.algos.ppo import PPOLearner
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
@@ -173,23 +173,9 @@ class OnPolicyLoop(RoundLoop):
         return slots[:int(max(0.0, cost.budget_left_usd) // per_actor)]
 
     # -- the loop ---------------------------------------------------------------------------
-    def run(self, resume: bool = False) -> None:
-        job = self.job
-        job.set_state(training_pb2.JOB_STATE_RUNNING)
-        self.save_job_state("RUNNING")
-        try:
-            plan, resumed = self._start(resume)
-            end_state, end_message = self._loop(plan, resumed)
-        except JobAborted as exc:
-            end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
-        finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
-        if resumable:
-            end_message += f"; resume with `nitro train --resume {job.job_id}`"
-        self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
-                            resumable=resumable)
-        job.set_state(end_state, end_message)
+    def train(self, resume: bool = False):
+        plan, resumed = self._start(resume)
+        return self._loop(plan, resumed)
 
     def _start(self, resume: bool):
         if resume:

@@ -114,6 +114,32 @@ class RoundLoop:
         self._exported_rejected: dict[str, int] = {}
         self._exported_duplicates = 0
 
+    # -- the job's life ---------------------------------------------------------------------
+    def run(self, resume: bool = False) -> None:
+        """Run the job to its end state; a drained job is left resumable."""
+        job = self.job
+        job.set_state(training_pb2.JOB_STATE_RUNNING)
+        self.save_job_state("RUNNING")
+        try:
+            end_state, end_message = self.train(resume)
+        except JobAborted as exc:
+            end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
+        finally:
+            self.shutdown()
+        resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
+        if resumable:
+            end_message += f"; resume with `nitro train --resume {job.job_id}`"
+        self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
+                            resumable=resumable)
+        job.set_state(end_state, end_message)
+
+    def train(self, resume: bool) -> tuple[int, str]:
+        """The loop proper: returns (end state, message). Subclasses implement it."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
     # -- resilience helpers ---------------------------------------------------------------
     def redis_call(self, fn: Callable, what: str):
         """Run a Redis operation, riding out a restart of the server for up to REDIS_PATIENCE_S."""

@@ -40,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from learner_svc.rounds import POLICY_TTL_S, JobAborted, RoundLoop, derived_seed, slot_index
+from learner_svc.rounds import POLICY_TTL_S, RoundLoop, derived_seed, slot_index
 from nitro import codec, metrics
 from nitro.algos.ppo import collate
 from nitro.algos.stellaris import (
@@ -90,23 +90,12 @@ class StellarisLoop(RoundLoop):
         self.actor_versions: set[int] = set()
 
     # -- the loop -------------------------------------------------------------------------
-    def run(self, resume: bool = False) -> None:
-        job = self.job
-        job.set_state(training_pb2.JOB_STATE_RUNNING)
-        self.save_job_state("RUNNING")
-        try:
-            end_state, end_message = self._loop(resume)
-        except JobAborted as exc:
-            end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
-        finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.learner_pool.shutdown(wait=False, cancel_futures=True)
-        resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
-        if resumable:
-            end_message += f"; resume with `nitro train --resume {job.job_id}`"
-        self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
-                            resumable=resumable)
-        job.set_state(end_state, end_message)
+    def train(self, resume: bool = False):
+        return self._loop(resume)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.learner_pool.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self, resume: bool):
         spec = self.spec

@@ -193,3 +193,19 @@ def test_scaling_policies_through_the_services(client, policy, expected):
     reports = list(client.watch(job.job_id))
     assert [r.actors_launched for r in reports] == expected
     assert all(r.scaler_reason.startswith(policy.split(":")[0]) for r in reports)
+
+
+def test_impact_asynchronous_three_rounds_through_the_services(client, system):
+    spec = {"env_id": "CartPole-v1", "algo": "impact", "preset": "fast", "rounds": 3, "steps_per_actor": 128,
+            "eval_episodes": 1, "budget_usd": 1.0, "seed": 2, "scaler": {"policy": "nitro", "i_min": 2, "i_max": 4}}
+    job = client.start_training(spec)
+    reports = list(client.watch(job.job_id))
+    status = client.get(job.job_id)
+    assert status.state_name == "SUCCEEDED", status.message
+    assert [r.round for r in reports] == [0, 1, 2]
+    assert sum(r.env_steps for r in reports) == status.total_env_steps > 0
+    assert all(math.isfinite(r.convexity_ratio) and 0.0 <= r.score <= 1.0 for r in reports)
+    assert any(r.lambda_max != 0.0 for r in reports), "the detector scored IMPACT's surrogate"
+    assert any("policy lag" in n for r in reports for n in r.notes)
+    learner = scrape(system.components["learner"].metrics_port)
+    assert sample_value(learner["nitro_policy_lag"], "nitro_policy_lag_count") > 0
