@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future
 
 import grpc
 import numpy as np
@@ -32,7 +31,6 @@ from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
 
-LOST_BATCH_GRACE_S = 5.0
 MAX_REPLAYS_PER_FRESH = 1  # replay updates allowed per fresh batch: keeps replay from dominating
 
 
@@ -53,32 +51,6 @@ class OffPolicyLoop(RoundLoop):
         return {"k": k, "actors": actors, "version": self.version, "start": time.perf_counter(),
                 "future": self.pool.submit(self.launch, k, list(range(actors)), wave), "resp": None,
                 "done_at": None, "covered": set(), "failed": set(), "steps": 0, "batches": 0}
-
-    def _poll_launch(self, rnd: dict, notes: list[str]) -> None:
-        fut: Future = rnd["future"]
-        if rnd["resp"] is not None or not fut.done():
-            return
-        rnd["done_at"] = time.perf_counter()
-        try:
-            rnd["resp"] = fut.result()
-        except grpc.RpcError as exc:
-            notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
-            rnd["resp"] = scaler_pb2.LaunchResponse()
-            rnd["failed"] = set(range(rnd["actors"]))
-        for r in rnd["resp"].invocations:
-            if not r.ok:
-                slot = slot_index(r.invocation_id, self.job.job_id, rnd["k"])
-                if slot is not None:
-                    rnd["failed"].add(slot)
-                notes.append(f"actor {r.invocation_id} failed after {r.attempts} attempt(s): {r.error_type}: "
-                             f"{r.error_message[:200]}")
-
-    def _round_closed(self, rnd: dict) -> bool:
-        if rnd["resp"] is None:
-            return time.perf_counter() - rnd["start"] > self.spec.round_deadline_s
-        waiting = set(range(rnd["actors"])) - rnd["covered"]
-        return not waiting or waiting <= rnd["failed"] or \
-            time.perf_counter() - rnd["done_at"] > LOST_BATCH_GRACE_S
 
     # -- learning while sampling -------------------------------------------------------------
     def _train_until_closed(self, rnd: dict, acc: dict, phases: dict) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from learner_svc.rounds import RoundLoop, invocation_id, slot_index
+from learner_svc.rounds import LOST_BATCH_GRACE_S, RoundLoop, invocation_id, slot_index
 from nitro import metrics
 from nitro.algos.ppo import PPOLearner
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 MAX_EMPTY_ROUNDS = 3
 MAX_WAVES = 3  # the planned launch plus up to two waves of replacements
-LOST_BATCH_GRACE_S = 5.0  # a "successful" invocation whose batch is still missing this long after Launch is lost
 
 
 @dataclass

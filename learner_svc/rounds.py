@@ -46,6 +46,7 @@ DETECTOR_SUBSET = 512
 REDIS_PATIENCE_S = 60.0  # how long a Redis outage (restart) is ridden out before the job fails
 RPC_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 CHECKPOINT_FORMAT = 2
+LOST_BATCH_GRACE_S = 5.0  # a launched actor whose batch is still missing this long after it returned is lost
 
 
 class JobAborted(RuntimeError):
@@ -186,6 +187,33 @@ class RoundLoop:
             metrics.DUPLICATE_BATCHES.inc(d_dup)
         self._exported_duplicates = self.reader.duplicates
         return d_rej, d_dup
+
+    # -- asynchronous rounds (off-policy and stellaris loops) ------------------------------
+    def _poll_launch(self, rnd: dict, notes: list[str]) -> None:
+        fut = rnd["future"]
+        if rnd["resp"] is not None or not fut.done():
+            return
+        rnd["done_at"] = time.perf_counter()
+        try:
+            rnd["resp"] = fut.result()
+        except grpc.RpcError as exc:
+            notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
+            rnd["resp"] = scaler_pb2.LaunchResponse()
+            rnd["failed"] = set(range(rnd["actors"]))
+        for r in rnd["resp"].invocations:
+            if not r.ok:
+                slot = slot_index(r.invocation_id, self.job.job_id, rnd["k"])
+                if slot is not None:
+                    rnd["failed"].add(slot)
+                notes.append(f"actor {r.invocation_id} failed after {r.attempts} attempt(s): {r.error_type}: "
+                             f"{r.error_message[:200]}")
+
+    def _round_closed(self, rnd: dict) -> bool:
+        if rnd["resp"] is None:
+            return time.perf_counter() - rnd["start"] > self.spec.round_deadline_s
+        waiting = set(range(rnd["actors"])) - rnd["covered"]
+        return not waiting or waiting <= rnd["failed"] or \
+            time.perf_counter() - rnd["done_at"] > LOST_BATCH_GRACE_S
 
     # -- scaler and detector ----------------------------------------------------------
     def scaler_spec(self) -> common_pb2.ScalerSpec:

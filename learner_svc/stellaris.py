@@ -58,7 +58,6 @@ from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
 
-LOST_BATCH_GRACE_S = 5.0  # an actor that said OK but whose batch is still missing this long after is lost
 LOST_UPDATE_GRACE_S = 5.0  # likewise for a learner function's update
 MAX_LEARNER_THREADS = 24  # one blocking Launch per learner in flight; the scaler serves 32 RPCs at once
 READ_BLOCK_MS = 20
@@ -184,31 +183,6 @@ class StellarisLoop(RoundLoop):
         return {"k": k, "actors": actors, "version": self.version, "start": time.perf_counter(),
                 "future": self.pool.submit(self.launch, k, list(range(actors)), wave), "resp": None,
                 "done_at": None, "covered": set(), "failed": set(), "batches": 0}
-
-    def _poll_launch(self, rnd: dict, notes: list[str]) -> None:
-        fut: Future = rnd["future"]
-        if rnd["resp"] is not None or not fut.done():
-            return
-        rnd["done_at"] = time.perf_counter()
-        try:
-            rnd["resp"] = fut.result()
-        except grpc.RpcError as exc:
-            notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
-            rnd["resp"] = scaler_pb2.LaunchResponse()
-            rnd["failed"] = set(range(rnd["actors"]))
-        for r in rnd["resp"].invocations:
-            if not r.ok:
-                slot = slot_index(r.invocation_id, self.job.job_id, rnd["k"])
-                if slot is not None:
-                    rnd["failed"].add(slot)
-                notes.append(f"actor {r.invocation_id} failed after {r.attempts} attempt(s): {r.error_type}: "
-                             f"{r.error_message[:200]}")
-
-    def _round_closed(self, rnd: dict) -> bool:
-        if rnd["resp"] is None:
-            return time.perf_counter() - rnd["start"] > self.spec.round_deadline_s
-        waiting = set(range(rnd["actors"])) - rnd["covered"]
-        return not waiting or waiting <= rnd["failed"] or time.perf_counter() - rnd["done_at"] > LOST_BATCH_GRACE_S
 
     # -- the event pump -------------------------------------------------------------------
     def _pump_until(self, done, rnd: dict | None, acc: dict, phases: dict) -> None:
