@@ -72,22 +72,41 @@ def wait_for_round(client, job_id, k):
             return
 
 
-def test_actor_worker_killed_mid_invocation(system):
-    long = 5 * STEPS  # about a second per invocation: the kill lands mid-invocation
-    with NitroClient(system.learner_address) as client:
-        job = client.start_training(spec(rounds=3, steps=long, scaler={"policy": "fixed", "fixed_actors": 2,
-                                                                        "i_min": 1, "i_max": 2}))
-        wait_for_round(client, job.job_id, 0)
-        time.sleep(0.4)  # round 1 is sampling: two workers hold an invocation
+def kill_a_busy_worker(system, timeout_s=60.0) -> bool:
+    """SIGKILL a worker seen running an invocation (clearly busy CPU over a short window).
+
+    Polls rather than sleeping a fixed time, so a slow machine still lands the kill while
+    an invocation is in flight instead of on an idle worker.
+    """
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
         workers = lambda_workers(system)
         for p in workers:
             p.cpu_percent(None)
-        time.sleep(0.2)
-        busy = [p for p in workers if p.cpu_percent(None) > 5]
-        (busy or workers)[0].send_signal(signal.SIGKILL)
+        time.sleep(0.25)
+        busy = []
+        for p in workers:
+            try:
+                if p.cpu_percent(None) > 20:  # idle workers sit near 0
+                    busy.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if busy:
+            busy[0].send_signal(signal.SIGKILL)
+            return True
+    return False
+
+
+def test_actor_worker_killed_mid_invocation(system):
+    long = 5 * STEPS  # a second or more per invocation: the kill lands mid-invocation
+    with NitroClient(system.learner_address) as client:
+        job = client.start_training(spec(rounds=4, steps=long, scaler={"policy": "fixed", "fixed_actors": 2,
+                                                                        "i_min": 1, "i_max": 2}))
+        wait_for_round(client, job.job_id, 0)
+        assert kill_a_busy_worker(system), "no worker was seen sampling"
         for _ in client.watch(job.job_id):
             pass
-        reports = check_accounting(system, client, job.job_id, 3, steps=long)
+        reports = check_accounting(system, client, job.job_id, 4, steps=long)
     hit = [r for r in reports if r.invocation_retries or r.actors_failed or r.actors_replaced]
     assert hit, "the killed invocation shows up as a retry, a failure or a replacement"
     assert any("Runtime.ExitError" in n or "replacement" in n for r in hit for n in r.notes) or hit[0].invocation_retries
