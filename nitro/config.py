@@ -11,12 +11,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Self
 
 from nitro.errors import ConfigError
 
 
+class _Overridable:
+    """`replace(**overrides)` by field name (unknown names are a ConfigError) and `to_dict()`."""
+
+    def replace(self, **overrides) -> Self:
+        return dataclasses.replace(self, **_known_fields(type(self), overrides))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 @dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(_Overridable):
     """Hyperparameters of PPO with a clipped surrogate and an adaptive KL penalty."""
 
     # Optimisation.
@@ -38,6 +49,10 @@ class PPOConfig:
     """GAE lambda: 1.0 gives Monte-Carlo advantages, 0.0 one-step TD."""
     normalize_advantages: bool = True
     """Standardise advantages per minibatch."""
+    reward_clip: float = 0.0
+    """Clip each training reward to [-reward_clip, reward_clip] before advantages are computed
+    (the Atari convention: with ALE's integer rewards, 1.0 is the reward's sign); 0 disables.
+    Reported train and eval returns stay the environment's unclipped returns."""
 
     # Loss terms.
     clip: float = 0.2
@@ -68,29 +83,9 @@ class PPOConfig:
     """Initial log standard deviation of the Gaussian policy (Box actions)."""
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0 and math.isfinite(self.lr), "lr", "a finite number > 0")
-        _check(self.adam_eps > 0, "adam_eps", "> 0")
-        _check(self.epochs >= 1, "epochs", "an integer >= 1")
-        _check(self.minibatch_size >= 0, "minibatch_size", "an integer >= 0 (0 = full batch)")
-        _check(self.max_grad_norm >= 0, "max_grad_norm", ">= 0")
-        _check(0.0 <= self.gamma <= 1.0, "gamma", "a number in [0, 1]")
+        _check_shared(self)
         _check(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", "a number in [0, 1]")
-        _check(0.0 < self.clip < 1.0, "clip", "a number in (0, 1)")
-        _check(self.kl_coeff >= 0, "kl_coeff", ">= 0")
-        _check(self.kl_target > 0, "kl_target", "> 0")
-        _check(self.entropy_coeff >= 0, "entropy_coeff", ">= 0")
-        _check(self.value_coeff >= 0, "value_coeff", ">= 0")
         _check(self.value_clip >= 0, "value_clip", ">= 0")
-        _check(self.batch_size >= 1, "batch_size", "an integer >= 1")
-        _check(len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes),
-               "hidden_sizes", "one or more positive layer widths")
-        _check(self.activation in ACTIVATIONS, "activation", f"one of {sorted(ACTIVATIONS)}")
-
-    def replace(self, **overrides) -> "PPOConfig":
-        return dataclasses.replace(self, **_known_fields(type(self), overrides))
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 ACTIVATIONS = {"tanh", "relu"}
@@ -99,6 +94,26 @@ ACTIVATIONS = {"tanh", "relu"}
 def _check(ok: bool, name: str, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"invalid value for {name}: must be {allowed}")
+
+
+def _check_shared(cfg) -> None:
+    """The fields PPOConfig and IMPACTConfig have in common, checked the same way."""
+    _check(cfg.lr > 0 and math.isfinite(cfg.lr), "lr", "a finite number > 0")
+    _check(cfg.adam_eps > 0, "adam_eps", "> 0")
+    _check(cfg.epochs >= 1, "epochs", "an integer >= 1")
+    _check(cfg.minibatch_size >= 0, "minibatch_size", "an integer >= 0 (0 = full batch)")
+    _check(cfg.max_grad_norm >= 0, "max_grad_norm", ">= 0")
+    _check(0.0 <= cfg.gamma <= 1.0, "gamma", "a number in [0, 1]")
+    _check(cfg.reward_clip >= 0 and math.isfinite(cfg.reward_clip), "reward_clip", "a finite number >= 0 (0 = off)")
+    _check(0.0 < cfg.clip < 1.0, "clip", "a number in (0, 1)")
+    _check(cfg.kl_coeff >= 0, "kl_coeff", ">= 0")
+    _check(cfg.kl_target > 0, "kl_target", "> 0")
+    _check(cfg.entropy_coeff >= 0, "entropy_coeff", ">= 0")
+    _check(cfg.value_coeff >= 0, "value_coeff", ">= 0")
+    _check(cfg.batch_size >= 1, "batch_size", "an integer >= 1")
+    _check(len(cfg.hidden_sizes) >= 1 and all(h >= 1 for h in cfg.hidden_sizes),
+           "hidden_sizes", "one or more positive layer widths")
+    _check(cfg.activation in ACTIVATIONS, "activation", f"one of {sorted(ACTIVATIONS)}")
 
 
 def _known_fields(cls, overrides: dict) -> dict:
@@ -114,7 +129,7 @@ def _known_fields(cls, overrides: dict) -> dict:
 
 # Paper, Table 1 (PPO column). What the table leaves open follows RLlib's PPO defaults,
 # which the paper says it used: lambda 1.0, 30 SGD epochs, minibatch 128, no grad clip,
-# no advantage normalisation, value clip 10.
+# no advantage normalisation, value clip 10, and for Atari rewards clipped to their sign.
 PPO_PRESETS: dict[str, PPOConfig] = {
     "paper": PPOConfig(
         lr=5e-5, gamma=0.99, gae_lambda=1.0, clip=0.3, kl_coeff=0.2, kl_target=0.01,
@@ -124,7 +139,7 @@ PPO_PRESETS: dict[str, PPOConfig] = {
     "paper-atari": PPOConfig(
         lr=5e-5, gamma=0.99, gae_lambda=1.0, clip=0.3, kl_coeff=0.2, kl_target=0.01,
         entropy_coeff=0.0, value_coeff=1.0, batch_size=256, epochs=30, minibatch_size=128,
-        max_grad_norm=0.0, normalize_advantages=False, value_clip=10.0,
+        max_grad_norm=0.0, normalize_advantages=False, value_clip=10.0, reward_clip=1.0,
     ),
     # Stable-Baselines3-like settings that visibly learn MuJoCo within a few hundred
     # thousand steps on a laptop-class CPU; the demo default.
@@ -143,7 +158,7 @@ PPO_PRESETS: dict[str, PPOConfig] = {
 
 
 @dataclass(frozen=True)
-class IMPACTConfig:
+class IMPACTConfig(_Overridable):
     """Hyperparameters of IMPACT (Luo et al. 2020): V-trace, a clipped surrogate against a
     target network, truncated importance weights, and an adaptive KL(target || current) penalty."""
 
@@ -170,6 +185,10 @@ class IMPACTConfig:
     """Truncation of the importance weight inside the policy-gradient advantages."""
     normalize_advantages: bool = False
     """Standardise advantages per minibatch."""
+    reward_clip: float = 0.0
+    """Clip each training reward to [-reward_clip, reward_clip] before advantages are computed
+    (the Atari convention: with ALE's integer rewards, 1.0 is the reward's sign); 0 disables.
+    Reported train and eval returns stay the environment's unclipped returns."""
 
     # Loss terms.
     clip: float = 0.4
@@ -208,40 +227,21 @@ class IMPACTConfig:
     """Initial log standard deviation of the Gaussian policy (Box actions)."""
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0 and math.isfinite(self.lr), "lr", "a finite number > 0")
-        _check(self.adam_eps > 0, "adam_eps", "> 0")
-        _check(self.epochs >= 1, "epochs", "an integer >= 1")
-        _check(self.minibatch_size >= 0, "minibatch_size", "an integer >= 0 (0 = full batch)")
-        _check(self.max_grad_norm >= 0, "max_grad_norm", ">= 0")
-        _check(0.0 <= self.gamma <= 1.0, "gamma", "a number in [0, 1]")
+        _check_shared(self)
         for name in ("rho_bar", "c_bar", "pg_rho_bar", "is_ratio_clip"):
             value = getattr(self, name)
             _check(value > 0 and math.isfinite(value), name, "a finite number > 0")
-        _check(0.0 < self.clip < 1.0, "clip", "a number in (0, 1)")
-        _check(self.kl_coeff >= 0, "kl_coeff", ">= 0")
-        _check(self.kl_target > 0, "kl_target", "> 0")
-        _check(self.entropy_coeff >= 0, "entropy_coeff", ">= 0")
-        _check(self.value_coeff >= 0, "value_coeff", ">= 0")
         _check(self.target_update_freq >= 1, "target_update_freq", "an integer >= 1")
         _check(self.replay_capacity >= 0, "replay_capacity", "an integer >= 0 (0 = no replay)")
         _check(self.replay_max_reuse >= 1, "replay_max_reuse", "an integer >= 1")
-        _check(self.batch_size >= 1, "batch_size", "an integer >= 1")
-        _check(len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes),
-               "hidden_sizes", "one or more positive layer widths")
-        _check(self.activation in ACTIVATIONS, "activation", f"one of {sorted(ACTIVATIONS)}")
-
-    def replace(self, **overrides) -> "IMPACTConfig":
-        return dataclasses.replace(self, **_known_fields(type(self), overrides))
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 # Paper, Table 1 (IMPACT column): lr 5e-4, gamma 0.99, clip 0.4, KL coeff 1.0, KL target 0.01,
 # entropy 0.01, value coeff 1.0, batch 4096 (MuJoCo) / 256 (Atari), target update every update.
 # What the table leaves open follows RLlib's APPO/IMPALA defaults, which the paper says it used:
 # one SGD pass over the whole batch, grad clip 40, V-trace rho-bar = c-bar = pg-rho-bar = 1,
-# the target/behaviour weight clamped at 2, no advantage normalisation, Adam eps 1e-8.
+# the target/behaviour weight clamped at 2, no advantage normalisation, Adam eps 1e-8, and for
+# Atari rewards clipped to their sign.
 _IMPACT_PAPER = IMPACTConfig(
     lr=5e-4, gamma=0.99, clip=0.4, kl_coeff=1.0, kl_target=0.01, entropy_coeff=0.01, value_coeff=1.0,
     batch_size=4096, target_update_freq=1, rho_bar=1.0, c_bar=1.0,
@@ -249,7 +249,7 @@ _IMPACT_PAPER = IMPACTConfig(
 )
 IMPACT_PRESETS: dict[str, IMPACTConfig] = {
     "paper": _IMPACT_PAPER,
-    "paper-atari": _IMPACT_PAPER.replace(batch_size=256),
+    "paper-atari": _IMPACT_PAPER.replace(batch_size=256, reward_clip=1.0),
     # Settings that learn MuJoCo at the demo's scale: several minibatch epochs per batch (the
     # target network keeps each update proximal), observation normalisation, PPO-like clip.
     "tuned": IMPACTConfig(

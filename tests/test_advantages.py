@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from nitro.algos.advantages import batch_gae, gae, next_values
+from nitro.algos.advantages import batch_gae, clip_rewards, gae, next_values
 
 R = np.array([1.0, 1.0, 1.0], dtype=np.float32)
 V = np.array([0.5, 0.4, 0.3], dtype=np.float32)
@@ -52,3 +52,14 @@ def test_batch_gae_uses_rollout_fields():
              "terminated": NO, "truncated": NO}
     adv, _ = batch_gae(batch, 0.9, 0.8)
     assert adv[0] == pytest.approx(1.942592, rel=1e-5)
+
+
+def test_reward_clip_bounds_training_rewards_only_when_asked():
+    r = np.array([-7.0, -0.5, 0.0, 0.25, 30.0])
+    np.testing.assert_array_equal(clip_rewards(r, 1.0), [-1.0, -0.5, 0.0, 0.25, 1.0])
+    np.testing.assert_array_equal(clip_rewards(r, 0.0), r)
+    big = {"rewards": np.array([100.0, 0.0, 25.0], np.float32), "values": V, "final_values": np.zeros(3, np.float32),
+           "bootstrap_value": 0.2, "terminated": NO, "truncated": NO}
+    unit = dict(big, rewards=np.array([1.0, 0.0, 1.0], np.float32))
+    np.testing.assert_allclose(batch_gae(big, 0.9, 0.8, reward_clip=1.0)[0], batch_gae(unit, 0.9, 0.8)[0])
+    assert not np.allclose(batch_gae(big, 0.9, 0.8)[0], batch_gae(unit, 0.9, 0.8)[0])

@@ -68,13 +68,15 @@ def test_paper_preset_is_table_1():
         5e-4, 0.99, 0.4, 1.0, 0.01, 0.01, 1.0)
     assert (p.batch_size, p.target_update_freq, p.rho_bar, p.c_bar) == (4096, 1, 1.0, 1.0)
     assert impact_config("paper-atari").batch_size == 256
+    assert (impact_config("paper").reward_clip, impact_config("paper-atari").reward_clip) == (0.0, 1.0)
     assert set(IMPACT_PRESETS) == {"paper", "paper-atari", "tuned", "fast"}
     assert isinstance(make_config("impact", "fast"), IMPACTConfig)
 
 
 @pytest.mark.parametrize("field,value", [("clip", 1.0), ("rho_bar", 0.0), ("c_bar", -1.0),
                                          ("target_update_freq", 0), ("replay_max_reuse", 0),
-                                         ("is_ratio_clip", float("inf")), ("lr", 0.0)])
+                                         ("is_ratio_clip", float("inf")), ("lr", 0.0),
+                                         ("reward_clip", -1.0), ("reward_clip", float("nan"))])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         impact_config("paper", **{field: value})
@@ -108,6 +110,18 @@ def params_of(p: Policy) -> list[torch.Tensor]:
 
 def same(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_reward_clip_changes_vtrace_targets_not_the_batch():
+    learner = IMPACTLearner(SPEC, impact_config("fast"), seed=0)
+    batches = cartpole_batches(learner.policy)
+    scaled = [dict(b, rewards=b["rewards"] * 10.0) for b in batches]
+    clipped = IMPACTLearner(SPEC, impact_config("fast", reward_clip=1.0), seed=0)
+    data_plain, _ = learner.prepare(batches)
+    data_clipped, _ = clipped.prepare(scaled)
+    np.testing.assert_allclose(data_clipped["vs"], data_plain["vs"], rtol=1e-5)  # CartPole rewards are all 1
+    assert not np.allclose(learner.prepare(scaled)[0]["vs"], data_plain["vs"])
+    assert all(np.all(b["rewards"] == 10.0) for b in scaled)  # the batch itself is untouched
 
 
 def test_update_stats_and_detector_data():

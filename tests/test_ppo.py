@@ -50,6 +50,7 @@ def test_paper_preset_matches_table_1():
     assert (p.lr, p.gamma, p.clip, p.kl_coeff, p.kl_target, p.entropy_coeff, p.value_coeff, p.batch_size) == \
         (5e-5, 0.99, 0.3, 0.2, 0.01, 0.0, 1.0, 4096)
     assert ppo_config("paper-atari").batch_size == 256
+    assert (ppo_config("paper").reward_clip, ppo_config("paper-atari").reward_clip) == (0.0, 1.0)
 
 
 def test_config_errors_name_the_field():

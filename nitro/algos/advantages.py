@@ -53,8 +53,15 @@ def gae(rewards: np.ndarray, values: np.ndarray, next_vals: np.ndarray, terminat
     return adv.astype(np.float32), (adv + v).astype(np.float32)
 
 
-def batch_gae(batch: dict, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """GAE for one actor batch in the rollout format (see nitro.rollout)."""
+def clip_rewards(rewards: np.ndarray, bound: float) -> np.ndarray:
+    """Rewards clipped to [-bound, bound]; bound 0 returns them unchanged."""
+    r = np.asarray(rewards)
+    return np.clip(r, -bound, bound) if bound > 0 else r
+
+
+def batch_gae(batch: dict, gamma: float, lam: float, reward_clip: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """GAE for one actor batch in the rollout format (see nitro.rollout); rewards clipped first if asked."""
     nv = next_values(batch["values"], batch["final_values"], batch["bootstrap_value"],
                      batch["terminated"], batch["truncated"])
-    return gae(batch["rewards"], batch["values"], nv, batch["terminated"], batch["truncated"], gamma, lam)
+    return gae(clip_rewards(batch["rewards"], reward_clip), batch["values"], nv, batch["terminated"],
+               batch["truncated"], gamma, lam)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, normalize
-from nitro.algos.vtrace import batch_vtrace
+from nitro.algos.vtrace import vtrace_batches
 from nitro.config import IMPACTConfig
 from nitro.models import ModelSpec, Policy
 
@@ -129,19 +129,11 @@ class IMPACTLearner:
         actions = torch.as_tensor(np.concatenate([b["actions"] for b in batches]), device=self.device)
         logp_t, values_t, target_dist = self._target_outputs(obs, actions)
         logp_target, values = logp_t.cpu().numpy(), values_t.cpu().numpy()
-        vs, adv, start = [], [], 0
-        for b in batches:
-            end = start + len(b["rewards"])
-            v, a = batch_vtrace(b, logp_target[start:end], values[start:end], gamma=cfg.gamma, rho_bar=cfg.rho_bar,
-                                c_bar=cfg.c_bar, pg_rho_bar=cfg.pg_rho_bar)
-            vs.append(v)
-            adv.append(a)
-            start = end
+        vs, adv = vtrace_batches(batches, logp_target, values, cfg)
         logp = np.concatenate([b["logp"] for b in batches]).astype(np.float32)
         weights = np.minimum(cfg.is_ratio_clip, np.exp(logp_target.astype(np.float64) - logp)).astype(np.float32)
         data = {"obs": obs, "actions": actions, "logp": logp, "logp_target": logp_target.astype(np.float32),
-                "is_weights": weights, "values": values.astype(np.float32), "vs": np.concatenate(vs),
-                "advantages": np.concatenate(adv)}
+                "is_weights": weights, "values": values.astype(np.float32), "vs": vs, "advantages": adv}
         return data, target_dist
 
     def update(self, batches: list[dict]) -> IMPACTUpdateStats:

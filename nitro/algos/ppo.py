@@ -80,9 +80,9 @@ class UpdateStats:
     gradient_noise_scale: float = 0.0  # B_simple from the first epoch's minibatch gradients; 0 = undefined
 
 
-def collate(batches: list[dict], gamma: float, lam: float) -> dict[str, np.ndarray]:
+def collate(batches: list[dict], gamma: float, lam: float, reward_clip: float = 0.0) -> dict[str, np.ndarray]:
     """Concatenate actor batches after computing advantages per batch (each is contiguous)."""
-    advs, rets = zip(*(batch_gae(b, gamma, lam) for b in batches))
+    advs, rets = zip(*(batch_gae(b, gamma, lam, reward_clip) for b in batches))
     return {
         "obs": np.concatenate([b["obs"] for b in batches]),
         "actions": np.concatenate([b["actions"] for b in batches]),
@@ -110,7 +110,7 @@ class PPOLearner:
     def update(self, batches: list[dict]) -> UpdateStats:
         cfg = self.config
         t0 = time.perf_counter()
-        data = collate(batches, cfg.gamma, cfg.gae_lambda)
+        data = collate(batches, cfg.gamma, cfg.gae_lambda, cfg.reward_clip)
         self.last_data = data  # kept for the boosting detector's sample subset
         dev = self.device
         obs = torch.as_tensor(data["obs"], device=dev)

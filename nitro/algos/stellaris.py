@@ -67,7 +67,7 @@ import torch
 
 from nitro.algos.impact import _kl, impact_surrogate
 from nitro.algos.ppo import collate, normalize, value_loss
-from nitro.algos.vtrace import batch_vtrace
+from nitro.algos.vtrace import vtrace_batches
 from nitro.errors import ConfigError
 from nitro.models import Policy
 from nitro.spec import BOUND_SCHEDULES
@@ -241,19 +241,12 @@ def prepare(base: Policy, batches: list[dict], config, algo: str, *, rho_bar: fl
     logp_recent = torch.stack([_logp_values(p, obs, actions)[0] for p in recent]) if recent else None
     rho = global_truncated_ratio(logp_base, logp_mu, logp_recent, rho_bar)
     if algo == "ppo":
-        data = collate(batches, config.gamma, config.gae_lambda)
+        data = collate(batches, config.gamma, config.gae_lambda, config.reward_clip)
         adv, targets, v_old = data["advantages"], data["returns"], data["values"]
     elif algo == "impact":
-        vs, adv_parts, start = [], [], 0
-        lp, vb = logp_base.numpy(), values_base.numpy()
-        for b in batches:
-            end = start + len(b["rewards"])
-            v, a = batch_vtrace(b, lp[start:end], vb[start:end], gamma=config.gamma, rho_bar=config.rho_bar,
-                                c_bar=config.c_bar, pg_rho_bar=config.pg_rho_bar)
-            vs.append(v)
-            adv_parts.append(a)
-            start = end
-        adv, targets, v_old = np.concatenate(adv_parts), np.concatenate(vs), vb
+        vb = values_base.numpy()
+        targets, adv = vtrace_batches(batches, logp_base.numpy(), vb, config)
+        v_old = vb
     else:
         raise ConfigError(f"unknown algo {algo!r}; allowed: ['impact', 'ppo']")
     return {"obs": obs, "actions": actions, "logp": logp_mu, "logp_base": logp_base, "rho": rho,

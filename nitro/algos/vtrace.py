@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nitro.algos.advantages import next_values
+from nitro.algos.advantages import clip_rewards, next_values
 
 
 def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_vals: np.ndarray,
@@ -58,8 +58,9 @@ def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_v
 
 
 def batch_vtrace(batch: dict, target_logp: np.ndarray, values: np.ndarray, *, gamma: float, rho_bar: float = 1.0,
-                 c_bar: float = 1.0, pg_rho_bar: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """V-trace for one actor batch in the rollout format (see nitro.rollout).
+                 c_bar: float = 1.0, pg_rho_bar: float | None = None,
+                 reward_clip: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """V-trace for one actor batch in the rollout format (see nitro.rollout); rewards clipped first if asked.
 
     target_logp and values come from the learner's target network on batch["obs"];
     the behaviour log-probs are batch["logp"]. The values after a truncation and after
@@ -69,5 +70,22 @@ def batch_vtrace(batch: dict, target_logp: np.ndarray, values: np.ndarray, *, ga
     nv = next_values(values, batch["final_values"], batch["bootstrap_value"], batch["terminated"],
                      batch["truncated"])
     log_rhos = np.asarray(target_logp, dtype=np.float64) - np.asarray(batch["logp"], dtype=np.float64)
-    return vtrace(log_rhos, batch["rewards"], values, nv, batch["terminated"], batch["truncated"], gamma=gamma,
+    return vtrace(log_rhos, clip_rewards(batch["rewards"], reward_clip), values, nv, batch["terminated"], batch["truncated"], gamma=gamma,
                   rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar)
+
+
+def vtrace_batches(batches: list[dict], target_logp: np.ndarray, values: np.ndarray, config) -> tuple[np.ndarray, np.ndarray]:
+    """V-trace over consecutive actor batches (each contiguous in time), concatenated.
+
+    target_logp and values cover all batches in order; `config` supplies gamma, rho_bar,
+    c_bar, pg_rho_bar and reward_clip (an IMPACTConfig). Returns (v_s, advantages).
+    """
+    vs, adv, start = [], [], 0
+    for b in batches:
+        end = start + len(b["rewards"])
+        v, a = batch_vtrace(b, target_logp[start:end], values[start:end], gamma=config.gamma, rho_bar=config.rho_bar,
+                            c_bar=config.c_bar, pg_rho_bar=config.pg_rho_bar, reward_clip=config.reward_clip)
+        vs.append(v)
+        adv.append(a)
+        start = end
+    return np.concatenate(vs), np.concatenate(adv)
