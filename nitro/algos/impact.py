@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, normalize
+from nitro.algos.sgd import kl_per_sample, minibatch_sgd
 from nitro.algos.vtrace import vtrace_batches
 from nitro.config import IMPACTConfig
 from nitro.models import ModelSpec, Policy
@@ -68,15 +69,6 @@ def impact_loss(logp_new: torch.Tensor, logp_target: torch.Tensor, is_weights: t
 class IMPACTUpdateStats(UpdateStats):
     is_weight_mean: float = 0.0  # mean truncated pi_target / mu: how off-policy the update's data was
     target_refreshed: bool = False  # the target network was refreshed at the start of this update
-
-
-def _kl(old_dist, new_dist, idx) -> torch.Tensor:
-    """KL(old[idx] || new) per sample, summed over action dimensions for Box actions."""
-    if isinstance(old_dist, torch.distributions.Normal):
-        old = torch.distributions.Normal(old_dist.loc[idx], old_dist.scale[idx])
-        return torch.distributions.kl_divergence(old, new_dist).sum(-1)
-    old = torch.distributions.Categorical(logits=old_dist.logits[idx])
-    return torch.distributions.kl_divergence(old, new_dist)
 
 
 class IMPACTLearner:
@@ -150,55 +142,36 @@ class IMPACTLearner:
         adv_all = torch.as_tensor(data["advantages"], device=dev)
         vs = torch.as_tensor(data["vs"], device=dev)
         n = obs.shape[0]
-        mb = n if cfg.minibatch_size <= 0 else min(cfg.minibatch_size, n)
-        sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "grad_norm", "loss"), 0.0)
-        steps = 0
-        small_sq: list[float] = []  # first epoch: per-minibatch squared gradient norms (noise scale)
-        grad_sum: torch.Tensor | None = None
-        for epoch in range(cfg.epochs):
-            perm = torch.randperm(n, generator=self.generator).to(dev)
-            for start in range(0, n - mb + 1, mb):
-                idx = perm[start:start + mb]
-                dist = self.policy.distribution(obs[idx])
-                adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
-                loss, parts = impact_loss(
-                    self.policy.log_prob(dist, actions[idx]), logp_target[idx], weights[idx], adv,
-                    self.policy.value(obs[idx]), vs[idx], self.policy.entropy(dist), _kl(target_dist, dist, idx),
-                    clip=cfg.clip, kl_coeff=self.kl_coeff, value_coeff=cfg.value_coeff,
-                    entropy_coeff=cfg.entropy_coeff)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if epoch == 0 and n > mb:
-                    flat = torch.cat([p.grad.reshape(-1) for p in self.policy.parameters() if p.grad is not None])
-                    small_sq.append(float(flat.pow(2).sum()))
-                    grad_sum = flat.clone() if grad_sum is None else grad_sum.add_(flat)
-                if cfg.max_grad_norm > 0:
-                    gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                else:
-                    gn = torch.sqrt(sum(p.grad.pow(2).sum() for p in self.policy.parameters() if p.grad is not None))
-                self.optimizer.step()
-                for k, v in parts.items():
-                    sums[k] += float(v.detach())
-                sums["grad_norm"] += float(gn)
-                sums["loss"] += float(loss.detach())
-                steps += 1
-        means = {k: v / max(steps, 1) for k, v in sums.items()}
+
+        def loss_fn(idx):
+            dist = self.policy.distribution(obs[idx])
+            adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
+            return impact_loss(
+                self.policy.log_prob(dist, actions[idx]), logp_target[idx], weights[idx], adv,
+                self.policy.value(obs[idx]), vs[idx], self.policy.entropy(dist),
+                kl_per_sample(target_dist, dist, idx), clip=cfg.clip, kl_coeff=self.kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff)
+
+        sgd = minibatch_sgd(list(self.policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
+                            minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
+                            loss_fn=loss_fn)
+        means = sgd.means
         with torch.no_grad():
             final_kl = float(torch.cat([
-                _kl(target_dist, self.policy.distribution(obs[i:i + FORWARD_CHUNK]), slice(i, i + FORWARD_CHUNK))
+                kl_per_sample(target_dist, self.policy.distribution(obs[i:i + FORWARD_CHUNK]),
+                              slice(i, i + FORWARD_CHUNK))
                 for i in range(0, n, FORWARD_CHUNK)]).mean())
         if cfg.kl_coeff > 0:
             self.kl_coeff = adapt_kl_coeff(self.kl_coeff, final_kl, cfg.kl_target)
         self.updates += 1
         self.last_data = {"obs": obs.cpu().numpy(), "actions": actions.cpu().numpy(),
                           **{k: data[k] for k in ("logp", "logp_target", "is_weights", "advantages", "vs", "values")}}
-        gns = _noise_scale(small_sq, grad_sum, mb)
         var = float(np.var(data["vs"]))
         ev = float(1.0 - np.var(data["vs"] - data["values"]) / var) if var > 1e-12 else 0.0
         return IMPACTUpdateStats(
             samples=n, policy_loss=means["policy_loss"], value_loss=means["value_loss"], entropy=means["entropy"],
             kl=final_kl, clip_frac=means["clip_frac"], kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"],
-            explained_variance=ev, seconds=time.perf_counter() - t0, loss=means["loss"], gradient_noise_scale=gns,
+            explained_variance=ev, seconds=time.perf_counter() - t0, loss=means["loss"],
+            gradient_noise_scale=sgd.noise_scale,
             is_weight_mean=float(data["is_weights"].mean()), target_refreshed=refreshed)
 
     # -- checkpointing -----------------------------------------------------------------
@@ -215,14 +188,3 @@ class IMPACTLearner:
         self.updates = state["updates"]
         self.target_refreshes = state["target_refreshes"]
         self.generator.set_state(state["generator"])
-
-
-def _noise_scale(small_sq: list[float], grad_sum: torch.Tensor | None, mb: int) -> float:
-    """B_simple (McCandlish et al. 2018) from the first epoch's minibatch gradients, as PPOLearner; 0 = undefined."""
-    if len(small_sq) < 2 or grad_sum is None:
-        return 0.0
-    from nitro.scaling.noise import noise_scale_estimates
-
-    big = float((grad_sum / len(small_sq)).pow(2).sum())
-    est = noise_scale_estimates(small_sq, big, mb, mb * len(small_sq)).b_simple
-    return float(est) if est is not None else 0.0

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from nitro.algos.advantages import batch_gae
+from nitro.algos.sgd import kl_per_sample, minibatch_sgd
 from nitro.config import PPOConfig
 from nitro.models import ModelSpec, Policy
 
@@ -122,69 +123,33 @@ class PPOLearner:
         n = obs.shape[0]
         with torch.no_grad():  # behaviour distribution = the policy before this update (on-policy)
             old_dist = self.policy.distribution(obs)
-        mb = n if cfg.minibatch_size <= 0 else min(cfg.minibatch_size, n)
-        sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_frac": 0.0,
-                "grad_norm": 0.0, "loss": 0.0}
-        steps = 0
         kl_coeff = self.kl_coeff
-        small_sq: list[float] = []  # first epoch: per-minibatch squared gradient norms (noise scale)
-        grad_sum: torch.Tensor | None = None
-        for epoch in range(cfg.epochs):
-            perm = torch.randperm(n, generator=self.generator).to(dev)
-            for start in range(0, n - mb + 1, mb):
-                idx = perm[start:start + mb]
-                dist = self.policy.distribution(obs[idx])
-                logp = self.policy.log_prob(dist, actions[idx])
-                kl = self._kl(old_dist, dist, idx)
-                adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
-                loss, parts = ppo_loss(
-                    logp, logp_old[idx], adv, self.policy.value(obs[idx]), v_old[idx], returns[idx],
-                    self.policy.entropy(dist), kl, clip=cfg.clip, kl_coeff=kl_coeff,
-                    value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff, value_clip=cfg.value_clip)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if epoch == 0 and n > mb:
-                    flat = torch.cat([p.grad.reshape(-1) for p in self.policy.parameters() if p.grad is not None])
-                    small_sq.append(float(flat.pow(2).sum()))
-                    grad_sum = flat.clone() if grad_sum is None else grad_sum.add_(flat)
-                if cfg.max_grad_norm > 0:
-                    gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                else:
-                    gn = torch.sqrt(sum(p.grad.pow(2).sum() for p in self.policy.parameters() if p.grad is not None))
-                self.optimizer.step()
-                for k, v in parts.items():
-                    sums[k] += float(v.detach())
-                sums["grad_norm"] += float(gn)
-                sums["loss"] += float(loss.detach())
-                steps += 1
-        means = {k: v / max(steps, 1) for k, v in sums.items()}
+
+        def loss_fn(idx):
+            dist = self.policy.distribution(obs[idx])
+            adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
+            return ppo_loss(
+                self.policy.log_prob(dist, actions[idx]), logp_old[idx], adv, self.policy.value(obs[idx]),
+                v_old[idx], returns[idx], self.policy.entropy(dist), kl_per_sample(old_dist, dist, idx),
+                clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff,
+                value_clip=cfg.value_clip)
+
+        sgd = minibatch_sgd(list(self.policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
+                            minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
+                            loss_fn=loss_fn)
+        means = sgd.means
         with torch.no_grad():
-            final_kl = float(self._kl(old_dist, self.policy.distribution(obs), slice(None)).mean())
+            final_kl = float(kl_per_sample(old_dist, self.policy.distribution(obs), slice(None)).mean())
         if cfg.kl_coeff > 0:
             self.kl_coeff = adapt_kl_coeff(self.kl_coeff, final_kl, cfg.kl_target)
         self.updates += 1
-        gns = 0.0
-        if len(small_sq) >= 2:
-            # McCandlish et al. 2018 (app. A) with the epoch's mean gradient as the big batch; the
-            # parameters drift within the epoch, so this is an estimate for scaling, not an exact value.
-            from nitro.scaling.noise import noise_scale_estimates
-
-            big = float((grad_sum / len(small_sq)).pow(2).sum())
-            est = noise_scale_estimates(small_sq, big, mb, mb * len(small_sq)).b_simple
-            gns = float(est) if est is not None else 0.0
         var = float(np.var(data["returns"]))
         ev = float(1.0 - np.var(data["returns"] - data["values"]) / var) if var > 1e-12 else 0.0
         return UpdateStats(samples=n, policy_loss=means["policy_loss"], value_loss=means["value_loss"],
                            entropy=means["entropy"], kl=final_kl, clip_frac=means["clip_frac"],
                            kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"], explained_variance=ev,
-                           seconds=time.perf_counter() - t0, loss=means["loss"], gradient_noise_scale=gns)
-
-    def _kl(self, old_dist, new_dist, idx) -> torch.Tensor:
-        if isinstance(old_dist, torch.distributions.Normal):
-            old = torch.distributions.Normal(old_dist.loc[idx], old_dist.scale[idx])
-            return torch.distributions.kl_divergence(old, new_dist).sum(-1)
-        old = torch.distributions.Categorical(logits=old_dist.logits[idx])
-        return torch.distributions.kl_divergence(old, new_dist)
+                           seconds=time.perf_counter() - t0, loss=means["loss"],
+                           gradient_noise_scale=sgd.noise_scale)
 
     # -- checkpointing -----------------------------------------------------------------
     def state(self) -> dict:

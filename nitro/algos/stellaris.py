@@ -65,8 +65,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nitro.algos.impact import _kl, impact_surrogate
+from nitro.algos.impact import impact_surrogate
 from nitro.algos.ppo import collate, normalize, value_loss
+from nitro.algos.sgd import kl_per_sample, minibatch_sgd
 from nitro.algos.vtrace import vtrace_batches
 from nitro.errors import ConfigError
 from nitro.models import Policy
@@ -272,34 +273,24 @@ def compute_update(base: Policy, batches: list[dict], config, algo: str = "ppo",
     generator = torch.Generator().manual_seed(seed)
     obs, actions = data["obs"], data["actions"]
     n = obs.shape[0]
-    mb = n if cfg.minibatch_size <= 0 else min(cfg.minibatch_size, n)
-    sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "kl"), 0.0)
-    steps = 0
-    for _ in range(cfg.epochs):
-        perm = torch.randperm(n, generator=generator)
-        for start in range(0, n - mb + 1, mb):
-            idx = perm[start:start + mb]
-            dist = policy.distribution(obs[idx])
-            adv = normalize(data["advantages"][idx]) if cfg.normalize_advantages else data["advantages"][idx]
-            loss, parts = stellaris_loss(
-                policy.log_prob(dist, actions[idx]), data["logp_base"][idx], data["rho"][idx], adv,
-                policy.value(obs[idx]), data["values"][idx], data["returns"][idx], policy.entropy(dist),
-                _kl(base_dist, dist, idx), clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff,
-                entropy_coeff=cfg.entropy_coeff, value_clip=getattr(cfg, "value_clip", 0.0))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            for k, v in parts.items():
-                sums[k] += float(v.detach())
-            steps += 1
+    def loss_fn(idx):
+        dist = policy.distribution(obs[idx])
+        adv = normalize(data["advantages"][idx]) if cfg.normalize_advantages else data["advantages"][idx]
+        return stellaris_loss(
+            policy.log_prob(dist, actions[idx]), data["logp_base"][idx], data["rho"][idx], adv,
+            policy.value(obs[idx]), data["values"][idx], data["returns"][idx], policy.entropy(dist),
+            kl_per_sample(base_dist, dist, idx), clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff,
+            entropy_coeff=cfg.entropy_coeff, value_clip=getattr(cfg, "value_clip", 0.0))
+
+    sgd = minibatch_sgd(list(policy.parameters()), optimizer, generator, n, epochs=cfg.epochs,
+                        minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,
+                        device=torch.device("cpu"), loss_fn=loss_fn, estimate_noise=False)
     with torch.no_grad():
-        final_kl = float(_kl(base_dist, policy.distribution(obs), slice(None)).mean())
+        final_kl = float(kl_per_sample(base_dist, policy.distribution(obs), slice(None)).mean())
     g = (flat_parameters(base) - flat_parameters(policy)).numpy().astype(np.float32)
     rho = data["rho"]
-    stats = {**{k: v / max(steps, 1) for k, v in sums.items()}, "kl": final_kl, "samples": int(n),
-             "sgd_steps": steps, "rho_mean": float(rho.mean()),
+    stats = {**{k: sgd.means[k] for k in ("policy_loss", "value_loss", "entropy")}, "kl": final_kl,
+             "samples": int(n), "sgd_steps": sgd.steps, "rho_mean": float(rho.mean()),
              "truncated_fraction": float((rho < torch.exp(data["logp_base"] - data["logp"]) - 1e-6).float().mean()),
              "update_norm": float(np.linalg.norm(g))}
     return g, stats

@@ -1,0 +1,54 @@
+"""The shared minibatch loop: step counts, remainder handling, clipping, noise scale."""
+
+import torch
+
+from nitro.algos.sgd import minibatch_sgd
+
+
+def quadratic_problem(n=10):
+    w = torch.nn.Parameter(torch.zeros(3))
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
+    y = x @ torch.tensor([1.0, -2.0, 0.5])
+    seen: list[int] = []
+
+    def loss_fn(idx):
+        seen.extend(idx.tolist())
+        loss = (x[idx] @ w - y[idx]).pow(2).mean()
+        return loss, {"value_loss": loss}
+
+    return w, loss_fn, seen
+
+
+def run(n, mb, epochs=2, clip=0.0, lr=0.1):
+    w, loss_fn, seen = quadratic_problem(n)
+    opt = torch.optim.SGD([w], lr=lr)
+    res = minibatch_sgd([w], opt, torch.Generator().manual_seed(1), n, epochs=epochs, minibatch_size=mb,
+                        max_grad_norm=clip, device=torch.device("cpu"), loss_fn=loss_fn)
+    return res, seen, w
+
+
+def test_steps_skip_the_short_remainder_and_each_sample_appears_at_most_once_per_epoch():
+    res, seen, _ = run(10, 4)
+    assert (res.steps, res.minibatch_size) == (4, 4)  # 2 full minibatches per epoch, 2 samples left out
+    assert len(seen) == 16 and len(set(seen[:8])) == 8 and len(set(seen[8:])) == 8
+
+
+def test_zero_minibatch_means_full_batch_and_no_noise_estimate():
+    res, seen, _ = run(10, 0, epochs=3)
+    assert (res.steps, res.minibatch_size, res.noise_scale) == (3, 10, 0.0)
+    assert sorted(seen[:10]) == list(range(10))
+
+
+def test_loss_decreases_and_means_are_reported():
+    res_short, _, _ = run(64, 16, epochs=1)
+    res_long, _, _ = run(64, 16, epochs=20)
+    assert res_long.means["value_loss"] < res_short.means["value_loss"]
+    assert set(res_long.means) >= {"value_loss", "grad_norm", "loss"}
+    assert res_short.noise_scale != 0.0  # four first-epoch minibatches: defined
+
+
+def test_gradient_clip_bounds_each_step():
+    _, _, w_clipped = run(64, 64, epochs=1, clip=1e-3, lr=1.0)
+    assert float(w_clipped.detach().norm()) <= 1e-3 + 1e-6
+    _, _, w_free = run(64, 64, epochs=1, clip=0.0, lr=1.0)
+    assert float(w_free.detach().norm()) > 1e-2
