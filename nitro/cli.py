@@ -473,11 +473,6 @@ def _aws_backend(args) -> dict:
             raise CliError(f"--backend aws --local needs {name} (or {name}_FILE): the same value the function "
                            f"was deployed with (nitro deploy-lambda --env {name}=...)", exit_code=2)
         secrets[kwarg] = value
-    import inspect
-
-    if "lambda_backend" not in inspect.signature(ls.LocalSystem).parameters:
-        raise CliError("--backend aws --local: this version's local system cannot run without its local Lambda "
-                       "endpoint yet; start the services yourself (docs/deploy.md) and use --target", exit_code=2)
     return {"lambda_backend": "aws", "actor_redis_url": args.actor_redis_url, "aws_region": session.region_name,
             "redis_bind": "0.0.0.0", "redis_port": url.port or 6379, **secrets}
 

@@ -39,6 +39,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from urllib.parse import quote, urlparse, urlunparse
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -237,6 +238,14 @@ def probe(name: str, comp: dict, state_dir: str | os.PathLike) -> str:
     return grpc_health(comp["address"])
 
 
+def _with_user(url: str, user: str) -> str:
+    """url with `user@` as its user name (kept if it already names one; never a password)."""
+    parsed = urlparse(url)
+    if parsed.username:
+        return url
+    return urlunparse(parsed._replace(netloc=f"{quote(user, safe='')}@{parsed.netloc}"))
+
+
 # --- the system ---------------------------------------------------------------------------
 
 
@@ -245,7 +254,25 @@ class LocalSystem:
 
     def __init__(self, state_dir: str | os.PathLike = ".nitro", ports: dict[str, int] | None = None, *,
                  concurrency: int = 64, actor_timeout_s: float = 60.0, actor_memory_mb: int = 1024,
-                 startup_timeout_s: float = 180.0, python: str = sys.executable):
+                 startup_timeout_s: float = 180.0, python: str = sys.executable,
+                 lambda_backend: str = "local", actor_redis_url: str | None = None, aws_region: str | None = None,
+                 hmac_key: str | None = None, redis_password: str | None = None, redis_bind: str = "127.0.0.1"):
+        """lambda_backend "aws": no local endpoint; the scaler invokes the deployed functions through
+        boto3's standard endpoint and credentials. The functions reach Redis at actor_redis_url (no
+        password in it) as the restricted actor user with redis_password (their NITRO_REDIS_PASSWORD),
+        and sign with hmac_key (their NITRO_HMAC_KEY); redis_bind opens Redis beyond loopback."""
+        if lambda_backend not in ("local", "aws"):
+            raise LocalSystemError(f"lambda_backend must be 'local' or 'aws', got {lambda_backend!r}")
+        if lambda_backend == "aws":
+            missing = [n for n, v in (("actor_redis_url", actor_redis_url), ("hmac_key", hmac_key),
+                                      ("redis_password", redis_password)) if not v]
+            if missing:
+                raise LocalSystemError(f"lambda_backend 'aws' needs {', '.join(missing)}: the values the deployed "
+                                       f"function uses")
+        self.lambda_backend = lambda_backend
+        self._aws = {"actor_redis_url": actor_redis_url, "region": aws_region, "hmac_key": hmac_key,
+                     "redis_password": redis_password} if lambda_backend == "aws" else None
+        self.redis_bind = redis_bind
         self.state_dir = Path(state_dir).resolve()
         self.logs_dir = self.state_dir / "logs"
         self.data_dir = self.state_dir / "data"
@@ -295,7 +322,7 @@ class LocalSystem:
         env = dict(os.environ)
         # Credentials from the caller's environment must not leak into the components.
         for var in ("NITRO_HMAC_KEY_FILE", "NITRO_TOKEN_FILE", "NITRO_REDIS_PASSWORD", "NITRO_REDIS_PASSWORD_FILE",
-                    "NITRO_REDIS_USERNAME", "NITRO_REDIS_URL"):
+                    "NITRO_REDIS_USERNAME", "NITRO_REDIS_URL", "NITRO_LAMBDA_ENDPOINT", "NITRO_ACTOR_REDIS_URL"):
             env.pop(var, None)
         env["NITRO_HMAC_KEY"] = self.hmac_key
         env["NITRO_TOKEN"] = self.token
@@ -355,17 +382,23 @@ class LocalSystem:
     def _start_all(self) -> None:
         for d in (self.state_dir, self.logs_dir, self.data_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self.hmac_key = generate_hmac_key()
+        aws = self._aws or {}
+        self.hmac_key = aws.get("hmac_key") or generate_hmac_key()
         write_secret(self.state_dir / HMAC_KEY_FILE, self.hmac_key)
         self.token = auth.generate_token()
         write_secret(self.state_dir / TOKEN_FILE, self.token)
         self._redis_password = secrets.token_urlsafe(24)
         write_secret(self.state_dir / REDIS_PASSWORD_FILE, self._redis_password)
-        self._actor_password = secrets.token_urlsafe(24)
+        # Deployed functions log in as the actor user with the password they were given.
+        self._actor_password = aws.get("redis_password") or secrets.token_urlsafe(24)
         write_secret(self.state_dir / REDIS_ACTOR_PASSWORD_FILE, self._actor_password)
 
         self._start_redis()
         self._write_state()
+        if self._aws:
+            self._start_services(lambda_args=["--actor-redis-url", _with_user(aws["actor_redis_url"], ACTOR_USER),
+                                              *(["--region", aws["region"]] if aws["region"] else [])])
+            return
         actor_redis_url = self._redis.url_without_password
 
         def start_lambda() -> None:
@@ -378,12 +411,13 @@ class LocalSystem:
 
         self._launch("lambda", start_lambda)
         self._wait_healthy(["lambda"])
-        lambda_url = self.components["lambda"].url
+        self._start_services(lambda_args=["--lambda-endpoint", self.components["lambda"].url,
+                                          "--actor-redis-url", actor_redis_url])
 
+    def _start_services(self, lambda_args: list[str]) -> None:
         # The detector and scaler do not depend on each other: start both, then wait.
         self._launch("detector", lambda: self._spawn_service("detector", []))
-        self._launch("scaler", lambda: self._spawn_service("scaler", [
-            "--lambda-endpoint", lambda_url, "--actor-redis-url", actor_redis_url]))
+        self._launch("scaler", lambda: self._spawn_service("scaler", lambda_args))
         self._wait_healthy(["detector", "scaler"])
         self._launch("learner", lambda: self._spawn_service("learner", [
             "--detector", self.components["detector"].address,
@@ -424,9 +458,12 @@ class LocalSystem:
                            + shlex.quote(find_redis_server_binary()) + ' "$@"\n')
         wrapper.chmod(0o700)
         # AOF with fsync every second in a directory we own: a Redis restart loses at most ~1 s of writes.
-        self._redis = LocalRedis(data_dir=self.state_dir / "redis", port=self.ports.get("redis"),
-                                 users=nitro_users(self._redis_password, self._actor_password), appendonly=True,
-                                 binary=str(wrapper))
+        try:
+            self._redis = LocalRedis(data_dir=self.state_dir / "redis", port=self.ports.get("redis"),
+                                     users=nitro_users(self._redis_password, self._actor_password), appendonly=True,
+                                     binary=str(wrapper), bind=self.redis_bind)
+        except ValueError as exc:  # a given password or bind address Redis cannot take
+            raise LocalSystemError(f"cannot configure Redis: {exc}") from None
         self._redis.start()
         pid = self._redis.pid
         self.components["redis"] = Component(
@@ -563,6 +600,7 @@ class LocalSystem:
             "learner": comps.get("learner", {}).get("address", ""),
             "redis_url": comps.get("redis", {}).get("url", ""),
             "lambda_endpoint": comps.get("lambda", {}).get("url", ""),
+            "lambda_backend": self.lambda_backend,
             "hmac_key_file": str(self.state_dir / HMAC_KEY_FILE),
             "redis_user": SERVICE_USER,
             "redis_password_file": str(self.state_dir / REDIS_PASSWORD_FILE),

@@ -131,11 +131,17 @@ class LocalRedis:
         appendonly: bool = False,
         binary: str | None = None,
         startup_timeout_s: float = 10.0,
+        bind: str = "127.0.0.1",
     ):
         if password is not None and not _PASSWORD_RE.fullmatch(password):
             raise ValueError("password must be 1-512 chars of [A-Za-z0-9._~+/=-]")
         if password is not None and users:
             raise ValueError("give either password (the default user) or ACL users, not both")
+        if not re.fullmatch(r"[0-9A-Fa-f.:* -]{1,200}", bind):
+            raise ValueError(f"bind must be space-separated IP addresses, got {bind!r}")
+        if bind.strip() not in ("127.0.0.1", "::1", "127.0.0.1 ::1") and password is None and not users:
+            raise ValueError("a Redis reachable beyond loopback needs a password or ACL users")
+        self._bind = bind.strip()
         self._users = {u.name: u for u in users}
         # With ACL users, `url` logs in as the first; the default user is disabled.
         self._principal = users[0] if users else None
@@ -227,7 +233,7 @@ class LocalRedis:
     def _config_text(self) -> str:
         lines = [
             f"port {self._port}",
-            "bind 127.0.0.1",
+            f"bind {self._bind}",
             "protected-mode yes",
             "daemonize no",
             f'dir "{self.data_dir}"',

@@ -108,3 +108,11 @@ def test_connect_options(redis_server):
     assert client.get("nope") is None
     client.set("b", "x")
     assert client.get("b") == b"x"  # bytes, not decoded
+
+
+def test_bind_beyond_loopback_needs_credentials_and_a_valid_address():
+    with pytest.raises(ValueError, match="needs a password"):
+        LocalRedis(bind="0.0.0.0")
+    with pytest.raises(ValueError, match="bind must be"):
+        LocalRedis(bind="0.0.0.0\nrequirepass x", password="pw")
+    assert LocalRedis(bind="0.0.0.0", password="pw")._bind == "0.0.0.0"
