@@ -61,6 +61,7 @@ class LearnerDeps:
     scaler: object  # ActorScalerStub
     data_dir: str
     call_metadata: tuple = ()  # e.g. the bearer token for detector/scaler calls
+    device: str = "cpu"  # torch device of the learner's model and updates (nitro.devices.resolve_device)
 
 
 def sample_key(job_id: str, round_index: int) -> str:
@@ -91,15 +92,17 @@ class RoundLoop:
     """Base of the on- and off-policy loops; subclasses build `self.learner` and run rounds."""
 
     learner_class: type = None  # set by subclasses
+    cpu_only = False  # True where the model stays on the CPU whatever the learner's device
 
     def __init__(self, job: Job, deps: LearnerDeps):
         self.job, self.deps, self.spec = job, deps, job.spec
+        self.device = "cpu" if self.cpu_only else deps.device
         self.cfg = algo_config(self.spec)
         obs_space, act_space = env_spaces(self.spec.env_id)
         self.model_spec = spec_for_spaces(obs_space, act_space, hidden_sizes=self.cfg.hidden_sizes,
                                           activation=self.cfg.activation, obs_norm=self.cfg.obs_norm,
                                           init_log_std=self.cfg.init_log_std)
-        self.learner = self.learner_class(self.model_spec, self.cfg, seed=self.spec.seed)
+        self.learner = self.learner_class(self.model_spec, self.cfg, seed=self.spec.seed, device=self.device)
         self.policies = PolicyStore(deps.redis, job.job_id, ttl_s=POLICY_TTL_S)
         self.reader = TrajectoryReader(deps.redis, job.job_id, deps.hmac_key, consumer=f"learner-{job.job_id}")
         self.version = 0
@@ -324,7 +327,8 @@ class RoundLoop:
         path = os.path.join(self.dir, "checkpoint.pt")
         if not os.path.exists(path):
             return None
-        ck = torch.load(path, weights_only=False)  # our own file in our own data dir
+        # Our own file in our own data dir; map_location: a GPU checkpoint resumes on a CPU learner too.
+        ck = torch.load(path, weights_only=False, map_location=self.device)
         if ck.get("format") != CHECKPOINT_FORMAT:
             raise JobAborted(f"checkpoint {path} has format {ck.get('format')}, expected {CHECKPOINT_FORMAT}")
         self.learner.load_state(ck["learner"])

@@ -15,6 +15,7 @@ from learner_svc.onpolicy import OnPolicyLoop
 from learner_svc.rounds import LearnerDeps, job_dir, load_reports
 from learner_svc.stellaris import StellarisLoop
 from nitro import auth, codec
+from nitro.devices import resolve_device
 from nitro.errors import ConfigError
 from nitro.grpc_util import Service, configure_logging, make_channel
 from nitro.metrics import serve_metrics
@@ -146,6 +147,7 @@ def _spec_from_dict(d: dict) -> TrainingSpec:
 
 
 def build(args) -> tuple[Service, TrainingServicer]:
+    device = resolve_device(args.device)  # before anything connects: a wrong device is a startup error
     security = auth.server_security(args, "learner")
     key = codec.load_hmac_key()
     client = connect(args.redis_url, socket_timeout=30.0)
@@ -155,7 +157,7 @@ def build(args) -> tuple[Service, TrainingServicer]:
                        detector=detector_pb2_grpc.BoostingDetectorStub(
                            make_channel(args.detector, creds, token=security.token)),
                        scaler=scaler_pb2_grpc.ActorScalerStub(make_channel(args.scaler, creds, token=security.token)),
-                       data_dir=args.data_dir)
+                       data_dir=args.data_dir, device=device)
     servicer = TrainingServicer(deps, args.redis_url)
     service = Service("learner", args.host, args.port, interceptors=security.interceptors,
                       server_credentials=security.credentials)
@@ -177,6 +179,9 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=os.environ.get("NITRO_DATA_DIR", ".nitro/learner"))
     p.add_argument("--torch-threads", type=int, default=int(os.environ.get("NITRO_TORCH_THREADS", "1")),
                    help="intra-op threads for updates (default 1; raise on a dedicated learner machine)")
+    p.add_argument("--device", default=os.environ.get("NITRO_DEVICE", "cpu"),
+                   help="torch device for updates: cpu, cuda, cuda:N, or auto (a GPU if torch sees one) "
+                        "(default: %(default)s; Stellaris mode always applies updates on the CPU)")
     p.add_argument("--resume-jobs", action=argparse.BooleanOptionalAction,
                    default=os.environ.get("NITRO_RESUME_JOBS", "1") != "0",
                    help="on start, resume jobs a previous learner left running (default: yes)")
@@ -196,6 +201,7 @@ def main(argv=None) -> None:
     try:
         args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         service, servicer = build(args)
+        logging.getLogger("nitro.learner").info("learner: updates on %s", servicer.deps.device)
     except ConfigError as exc:
         raise SystemExit(f"learner_svc: {exc}") from None
     warn_if_not_persistent(servicer.deps.redis, args.redis_url, "learner")

@@ -70,6 +70,7 @@ def learner_invocation_id(job_id: str, round_index: int, slot: int) -> str:
 
 class StellarisLoop(RoundLoop):
     learner_class = ParameterServer
+    cpu_only = True  # gradients are computed by learner functions; applying them is cheap vector arithmetic
 
     def __init__(self, job, deps):
         super().__init__(job, deps)

@@ -191,7 +191,7 @@ class Policy(nn.Module):
         """Merge a batch of raw observations into the running mean/variance (parallel algorithm)."""
         if not self.spec.obs_norm or len(obs) == 0:
             return
-        x = torch.as_tensor(np.asarray(obs, dtype=np.float64).reshape(len(obs), -1))
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float64).reshape(len(obs), -1), device=self.obs_mean.device)
         b_mean, b_var, b_n = x.mean(0), x.var(0, unbiased=False), float(len(obs))
         n = float(self.obs_count)
         delta = b_mean - self.obs_mean

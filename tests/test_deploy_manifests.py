@@ -80,7 +80,7 @@ def base_documents() -> list[dict]:
 
 
 def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
-    """The subset of RFC 6902 the overlays use (add, replace)."""
+    """The subset of RFC 6902 the overlays use (add, replace; "-" appends to a list)."""
     doc = copy.deepcopy(doc)
     for op in ops:
         assert op["op"] in ("add", "replace"), op
@@ -88,7 +88,13 @@ def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
         node = doc
         for p in parts[:-1]:
             node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
-        node[parts[-1]] = op["value"]
+        if isinstance(node, list) and parts[-1] == "-":
+            assert op["op"] == "add", op
+            node.append(op["value"])
+        elif isinstance(node, list):
+            node[int(parts[-1])] = op["value"]
+        else:
+            node[parts[-1]] = op["value"]
     return doc
 
 
@@ -127,7 +133,9 @@ def test_rendered_kustomizations_validate(overlay):
         kv.validate(doc, K8S_VERSIONS[0], strict=True)
     if overlay == "gpu":
         learner = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "nitro-learner")
-        assert learner["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+        container = learner["spec"]["template"]["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert service_parser("learner")(container["args"]).device == "cuda"  # the GPU is used, not just reserved
     if overlay == "eks":
         sa = next(d for d in docs if d["kind"] == "ServiceAccount")
         assert "eks.amazonaws.com/role-arn" in sa["metadata"]["annotations"]
