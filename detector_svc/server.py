@@ -22,7 +22,7 @@ from nitro.detector.core import ALGOS as DETECTOR_ALGOS
 from nitro.detector.core import detect
 from nitro.detector.score import boosting_score
 from nitro.errors import ConfigError
-from nitro.grpc_util import Service, configure_logging
+from nitro.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
 from nitro.metrics import serve_metrics
 from nitro.models import Policy, blob_to_doc
 from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
@@ -165,7 +165,8 @@ def main(argv=None) -> None:
     warn_if_not_persistent(client, args.redis_url, "detector")
     servicer = DetectorServicer(client, key, args.redis_url)
     service = Service("detector", args.host, args.port, max_workers=4, interceptors=security.interceptors,
-                      server_credentials=security.credentials)
+                      server_credentials=security.credentials,
+                      max_connection_age_s=REPLICA_CONNECTION_AGE_S)
     service.add("nitro.v1.BoostingDetector",
                 lambda s: detector_pb2_grpc.add_BoostingDetectorServicer_to_server(servicer, s))
     serve_metrics(args.metrics_port, args.metrics_host)

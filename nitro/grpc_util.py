@@ -3,9 +3,9 @@
 Servers: health service, reflection, graceful stop on SIGTERM (health goes
 NOT_SERVING first, then the service drains), a 4 MB request limit
 (RESOURCE_EXHAUSTED above it), INVALID_ARGUMENT for request bytes that do
-not parse, and error messages bounded to 1 KB. Clients: a retry policy for UNAVAILABLE in the channel's service
-config, a deadline on every call, optionally TLS and a bearer token
-(nitro.auth).
+not parse, and error messages bounded to 1 KB. Clients: a retry policy for UNAVAILABLE and
+round-robin load balancing in the channel's service config, a deadline on every call,
+optionally TLS and a bearer token (nitro.auth).
 """
 
 from __future__ import annotations
@@ -37,12 +37,24 @@ DEADLINES = {
 }
 
 
+# Replicated services close connections older than this, so clients re-resolve DNS and spread
+# onto replicas added by an autoscaler; calls in flight get the grace (the longest deadline, Launch).
+REPLICA_CONNECTION_AGE_S = 60.0
+REPLICA_CONNECTION_GRACE_S = DEADLINES["Launch"]
+
+
 def service_config(retry_attempts: int = 5) -> str:
     policy = {
         "maxAttempts": retry_attempts, "initialBackoff": "0.2s", "maxBackoff": "5s",
         "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"],
     }
-    return json.dumps({"methodConfig": [{"name": [{"service": s} for s in SERVICES], "retryPolicy": policy}]})
+    # round_robin: with a headless Kubernetes Service (or any name resolving to several
+    # addresses) calls spread over every replica of the detector or scaler; the default
+    # pick_first would pin the learner's one HTTP/2 connection to a single pod and leave the
+    # replicas an autoscaler adds idle. Both services keep their state in Redis, so any
+    # replica can answer any call.
+    return json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
+                       "methodConfig": [{"name": [{"service": s} for s in SERVICES], "retryPolicy": policy}]})
 
 
 def channel_options() -> list[tuple[str, object]]:
@@ -146,15 +158,22 @@ class Service:
 
     def __init__(self, name: str, host: str, port: int, *, max_workers: int = 16,
                  interceptors: Iterable[grpc.ServerInterceptor] = (),
-                 server_credentials: grpc.ServerCredentials | None = None):
+                 server_credentials: grpc.ServerCredentials | None = None,
+                 max_connection_age_s: float | None = None):
+        """max_connection_age_s: close client connections after that age (in-flight calls get up to
+        REPLICA_CONNECTION_GRACE_S to finish) so clients re-resolve the name and find replicas an
+        autoscaler added since; for the stateless, replicated detector and scaler."""
         self.name = name
+        age = ([("grpc.max_connection_age_ms", int(max_connection_age_s * 1000)),
+                ("grpc.max_connection_age_grace_ms", int(REPLICA_CONNECTION_GRACE_S * 1000))]
+               if max_connection_age_s else [])
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
             # Authentication (in `interceptors`) first: an unauthenticated request is never parsed.
             interceptors=[*interceptors, RequestGuardInterceptor()],
             options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)])
+                     ("grpc.so_reuseport", 0), *age])
         self.health = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{host}:{port}"

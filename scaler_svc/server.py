@@ -21,7 +21,7 @@ import grpc
 
 from nitro import auth, cost, metrics
 from nitro.errors import ConfigError
-from nitro.grpc_util import Service, configure_logging
+from nitro.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
 from nitro.metrics import serve_metrics
 from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
 from nitro.scaling.base import RoundInputs
@@ -329,7 +329,8 @@ def main(argv=None) -> None:
     warn_if_not_persistent(redis_client, args.redis_url, "scaler")
     servicer = ScalerServicer(redis_client, Invoker(client, max_concurrency=args.max_concurrency), prices, actor_url)
     service = Service("scaler", args.host, args.port, max_workers=32, interceptors=security.interceptors,
-                      server_credentials=security.credentials)
+                      server_credentials=security.credentials,
+                      max_connection_age_s=REPLICA_CONNECTION_AGE_S)
     service.add("nitro.v1.ActorScaler", lambda s: scaler_pb2_grpc.add_ActorScalerServicer_to_server(servicer, s))
     serve_metrics(args.metrics_port, args.metrics_host)
     service.install_signal_handlers()
