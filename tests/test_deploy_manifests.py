@@ -251,7 +251,16 @@ def test_hpas_scale_detector_and_scaler_independently_and_services_select_pods()
             assert p["targetPort"] in port_names, (svc["metadata"]["name"], p)
     redis = next(d for d in docs if d["kind"] == "StatefulSet")
     assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
-    assert "--requirepass" in " ".join(redis["spec"]["template"]["spec"]["containers"][0]["command"])
+    container = redis["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["sh", "/etc/redis/redis-start.sh", "/etc/redis/redis.conf"]
+    secret_keys = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"]}
+    assert secret_keys["NITRO_REDIS_PASSWORD"] == "redis-password"
+    assert secret_keys["NITRO_REDIS_ACTOR_PASSWORD"] == "redis-actor-password"
+    example = yaml.safe_load_all((K8S / "secrets.example.yaml").read_text())
+    assert {"redis-password", "redis-actor-password"} <= set(next(example)["stringData"])
+    for name in ("nitro-learner", "nitro-detector", "nitro-scaler"):  # the services log in as nitro-service
+        env = {e["name"]: e.get("value") for e in pods[name]["spec"]["containers"][0]["env"]}
+        assert env["NITRO_REDIS_URL"].startswith("redis://nitro-service:$(NITRO_REDIS_PASSWORD)@"), name
 
 
 def test_config_files_are_what_the_code_accepts():
@@ -441,7 +450,18 @@ def test_compose_commands_are_the_services_own_flags(compose):
     aws_cmd = interpolate(aws["services"]["scaler"]["command"])
     assert parses(service_parser("scaler"), aws_cmd) and "--lambda-endpoint" not in aws_cmd
     redis = compose["services"]["redis"]
-    assert "--requirepass" in " ".join(redis["command"]) and "redis.conf" in " ".join(redis["command"])
+    assert redis["command"][:2] == ["sh", "/usr/local/etc/redis/redis-start.sh"]
+    assert {"NITRO_REDIS_PASSWORD", "NITRO_REDIS_ACTOR_PASSWORD"} <= set(redis["environment"])
+    # Actors get the restricted user's password only; the services log in as nitro-service.
+    assert actors["environment"]["NITRO_REDIS_USERNAME"] == "nitro-actor"
+    assert "NITRO_REDIS_ACTOR_PASSWORD" in actors["environment"]["NITRO_REDIS_PASSWORD"]
+    assert interpolate(compose["services"]["learner"]["environment"]["NITRO_REDIS_URL"]).startswith(
+        "redis://nitro-service:")
+    # Every secret compose requires is one gen-secrets.sh writes.
+    code = "\n".join(ln for ln in (DOCKER / "compose.yaml").read_text().splitlines() if not ln.lstrip().startswith("#"))
+    required = set(re.findall(r"\$\{(\w+):\?", code))
+    written = set(re.findall(r'echo "(\w+)=', (DOCKER / "gen-secrets.sh").read_text()))
+    assert required <= written, required - written
 
 
 # --- Prometheus and Grafana ---------------------------------------------------------------------

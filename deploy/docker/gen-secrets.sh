@@ -1,6 +1,7 @@
 #!/bin/sh
 # Write deploy/docker/.env for compose.yaml: fresh random secrets, mode 0600, never overwritten.
-# The actor function needs the same NITRO_HMAC_KEY and NITRO_REDIS_PASSWORD (nitro deploy-lambda --env).
+# An AWS actor function needs the same NITRO_HMAC_KEY, and NITRO_REDIS_ACTOR_PASSWORD as its
+# NITRO_REDIS_PASSWORD (nitro deploy-lambda --env); never the services' NITRO_REDIS_PASSWORD.
 set -eu
 cd "$(dirname "$0")"
 if [ -e .env ]; then
@@ -14,6 +15,7 @@ umask 077
     echo "NITRO_HMAC_KEY=$(rand)"
     echo "NITRO_TOKEN=$(rand)"
     echo "NITRO_REDIS_PASSWORD=$(rand)"
+    echo "NITRO_REDIS_ACTOR_PASSWORD=$(rand)"
     echo "GRAFANA_ADMIN_PASSWORD=$(rand)"
 } > .env
 echo "wrote deploy/docker/.env (mode 0600)"
