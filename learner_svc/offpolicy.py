@@ -27,7 +27,7 @@ from learner_svc.rounds import RoundLoop, slot_index
 from nitro import metrics
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
-from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
+from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
 
@@ -193,31 +193,19 @@ class OffPolicyLoop(RoundLoop):
 
     def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback, rejected,
                 duplicates) -> training_pb2.RoundReport:
-        job = self.job
         resp = rnd["resp"] or scaler_pb2.LaunchResponse()
-        cost = self.cost()
-        prev_total = job.reports[-1].total_cost_usd if job.reports else 0.0
         notes = acc["notes"]
         if acc["lags"]:
             notes.append(f"policy lag: mean {np.mean(acc['lags']):.1f}, max {max(acc['lags'])} versions; "
                          f"{acc['updates']} updates ({acc['replays']} replayed), {acc['late']} late batches")
-        round_seconds = time.time() - acc["t"]
-        metrics.ROUND_SECONDS.observe(round_seconds)
-        metrics.EVAL_RETURN.labels(job.job_id).set(eval_return)
-        metrics.BUDGET_LEFT_USD.labels(job.job_id).set(cost.budget_left_usd)
         return training_pb2.RoundReport(
-            job_id=job.job_id, round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
+            round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
             actors_completed=len(rnd["covered"]), actors_failed=len(rnd["failed"] - rnd["covered"]),
             env_steps=acc["steps"], total_env_steps=self.total_steps,
-            train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
-            eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
-            convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
-            round_cost_usd=max(0.0, cost.total_cost_usd - prev_total), total_cost_usd=cost.total_cost_usd,
-            serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
-            phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
-            round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
             policy_loss=means.get("policy_loss", 0.0), value_loss=means.get("value_loss", 0.0),
             entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=resp.retries,
-            notes=notes[:50], detector_seconds=score_resp.seconds,
-            gradient_noise_scale=means.get("gradient_noise_scale", 0.0), fallback_plan=fallback > 0,
-            duplicates_dropped=duplicates, rejected_batches=rejected)
+            gradient_noise_scale=means.get("gradient_noise_scale", 0.0),
+            duplicates_dropped=duplicates, rejected_batches=rejected,
+            **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
+                                         phases=phases, round_seconds=time.time() - acc["t"], notes=notes,
+                                         fallback=fallback))

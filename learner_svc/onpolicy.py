@@ -33,7 +33,7 @@ import numpy as np
 from learner_svc.rounds import LOST_BATCH_GRACE_S, RoundLoop, invocation_id, slot_index
 from nitro import metrics
 from nitro.algos.ppo import PPOLearner
-from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
+from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
 
@@ -298,27 +298,17 @@ class OnPolicyLoop(RoundLoop):
                     "kl": pending["kl"], "update_seconds": phases.get("update", 0.0),
                     "actor_seconds": phases.get("sample", 0.0), "round_seconds": time.time() - pending["t_round"]}
             next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last)
-        cost = self.cost()
-        prev_total = job.reports[-1].total_cost_usd if job.reports else 0.0
         round_seconds = max(time.time() - pending["t_round"], sum(phases.values()))
-        metrics.ROUND_SECONDS.observe(round_seconds)
-        metrics.EVAL_RETURN.labels(job.job_id).set(eval_return)
-        metrics.BUDGET_LEFT_USD.labels(job.job_id).set(cost.budget_left_usd)
         keep = {key: pending[key] for key in (
             "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "actors_replaced",
             "env_steps", "total_env_steps", "invocation_retries", "duplicates_dropped", "rejected_batches",
             "stale_batches_dropped", "policy_loss", "value_loss", "entropy", "kl", "gradient_noise_scale")}
         report = training_pb2.RoundReport(
-            job_id=job.job_id, **keep,
-            train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
-            eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
-            convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
-            round_cost_usd=max(0.0, cost.total_cost_usd - prev_total), total_cost_usd=cost.total_cost_usd,
-            serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
-            phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
-            round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
-            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback > 0, resumed=resumed)
+            **keep, resumed=resumed,
+            **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
+                                         phases=phases, round_seconds=round_seconds, notes=notes,
+                                         fallback=fallback))
         log.info("job %s round %d: actors %d steps %d eval %.1f score %.3f cost $%.4f (%.2fs)%s", job.job_id, k,
                  report.actors_launched, report.env_steps, eval_return if not math.isnan(eval_return) else -1,
-                 score_resp.score, cost.total_cost_usd, round_seconds, f" notes: {notes}" if notes else "")
+                 score_resp.score, report.total_cost_usd, round_seconds, f" notes: {notes}" if notes else "")
         return report, next_plan

@@ -262,6 +262,25 @@ class RoundLoop:
         return self.rpc(self.deps.scaler.GetCost, scaler_pb2.GetCostRequest(job_id=self.job.job_id),
                         timeout=DEADLINES["GetCost"], patience=30.0, what="GetCost")
 
+    def closing_report_fields(self, *, eval_return: float, score_resp, next_plan, phases: dict[str, float],
+                              round_seconds: float, notes: list[str], fallback: int) -> dict:
+        """RoundReport fields every loop fills alike when a round closes; exports the round's gauges too."""
+        cost = self.cost()
+        prev_total = self.job.reports[-1].total_cost_usd if self.job.reports else 0.0
+        metrics.ROUND_SECONDS.observe(round_seconds)
+        metrics.EVAL_RETURN.labels(self.job.job_id).set(eval_return)
+        metrics.BUDGET_LEFT_USD.labels(self.job.job_id).set(cost.budget_left_usd)
+        return dict(
+            job_id=self.job.job_id,
+            train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
+            eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
+            convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
+            round_cost_usd=max(0.0, cost.total_cost_usd - prev_total), total_cost_usd=cost.total_cost_usd,
+            serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
+            phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
+            round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
+            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback > 0)
+
     def score(self, round_index: int, ref: str, algo: str = "ppo") -> detector_pb2.ScoreResponse:
         sc = self.spec.scaler
         return self.deps.detector.Score(detector_pb2.ScoreRequest(

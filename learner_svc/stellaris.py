@@ -54,7 +54,7 @@ from nitro.algos.stellaris import (
     update_stream_key,
 )
 from nitro.models import policy_to_blob
-from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
+from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +397,7 @@ class StellarisLoop(RoundLoop):
         if not batches:
             return None
         if self.spec.algo == "ppo":
-            return collate(batches, self.cfg.gamma, self.cfg.gae_lambda)
+            return collate(batches, self.cfg.gamma, self.cfg.gae_lambda, self.cfg.reward_clip)
         data, _ = prepare(self.learner.policy, batches, self.cfg, "impact", rho_bar=self.st.rho_bar)
         return {"obs": data["obs"].numpy(), "actions": data["actions"].numpy(), "logp": data["logp"].numpy(),
                 "logp_target": data["logp_base"].numpy(), "is_weights": data["rho"].numpy(),
@@ -410,10 +410,7 @@ class StellarisLoop(RoundLoop):
         return {name: v / n for name, v in acc["sums"].items()}
 
     def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback):
-        job = self.job
         resp = rnd["resp"] or scaler_pb2.LaunchResponse()
-        cost = self.cost()
-        prev_total = job.reports[-1].total_cost_usd if job.reports else 0.0
         rejected, duplicates = self.export_reader_counters()
         notes = acc["notes"]
         stal = acc["staleness"]
@@ -422,25 +419,16 @@ class StellarisLoop(RoundLoop):
                      f"{acc['applied']} applied in {acc['aggregations']} aggregation(s), {acc['dropped']} dropped "
                      f"(bound {acc['bound']}, staleness mean {mean_stal:.2f}, max {max(stal) if stal else 0}), "
                      f"{acc['late']} late batch(es)")
-        round_seconds = time.time() - acc["t"]
-        metrics.ROUND_SECONDS.observe(round_seconds)
-        metrics.EVAL_RETURN.labels(job.job_id).set(eval_return)
-        metrics.BUDGET_LEFT_USD.labels(job.job_id).set(cost.budget_left_usd)
         return training_pb2.RoundReport(
-            job_id=job.job_id, round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
+            round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
             actors_completed=len(rnd["covered"]), actors_failed=len(rnd["failed"] - rnd["covered"]),
             env_steps=acc["steps"], total_env_steps=self.total_steps,
-            train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
-            eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
-            convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
-            round_cost_usd=max(0.0, cost.total_cost_usd - prev_total), total_cost_usd=cost.total_cost_usd,
-            serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
-            phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
-            round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
             policy_loss=means.get("policy_loss", 0.0), value_loss=means.get("value_loss", 0.0),
             entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=resp.retries,
-            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback > 0,
             duplicates_dropped=duplicates + acc["duplicates"], rejected_batches=rejected + acc["rejected"],
             gradients_produced=acc["produced"], gradients_applied=acc["applied"], gradients_dropped=acc["dropped"],
             mean_staleness=mean_stal, staleness_bound=acc["bound"], learner_functions_launched=acc["launched"],
-            learner_functions_failed=acc["failed"])
+            learner_functions_failed=acc["failed"],
+            **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
+                                         phases=phases, round_seconds=time.time() - acc["t"], notes=notes,
+                                         fallback=fallback))
