@@ -15,6 +15,8 @@ Event (JSON):
                         such as Atari frames, off otherwise
   max_entry_bytes int   optional; largest stream entry; a bigger batch is split into contiguous parts
                         (default NITRO_MAX_ENTRY_BYTES, else 32 MiB; see nitro.store)
+  reset_episodes  bool  optional; start fresh episodes from `seed` instead of continuing the warm
+                        environment's episode, so the batch depends on the event only (reproducible runs)
 
 The HMAC key comes from NITRO_HMAC_KEY or NITRO_HMAC_KEY_FILE. A warm execution
 environment keeps its Redis connection, its environment (episodes continue
@@ -34,7 +36,7 @@ import numpy as np
 from nitro import codec
 from nitro.errors import ConfigError
 from nitro.inference import PolicyRunner
-from nitro.models import blob_to_doc
+from nitro.model_spec import blob_to_doc
 from nitro.rollout import Sampler
 from nitro.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
 
@@ -70,6 +72,8 @@ def _validate(event: dict) -> None:
             raise ConfigError(f"event field {name!r} must be an integer, got {value!r}")
         if typ is str and (not isinstance(value, str) or not value):
             raise ConfigError(f"event field {name!r} must be a non-empty string")
+    if not isinstance(event.get("reset_episodes", False), bool):
+        raise ConfigError("event field 'reset_episodes' must be true or false")
     if not 1 <= event["num_steps"] <= MAX_STEPS:
         raise ConfigError(f"event field 'num_steps' must be in [1, {MAX_STEPS}], got {event['num_steps']}")
 
@@ -160,6 +164,8 @@ def handler(event: dict, context=None) -> dict:
     max_entry_bytes = _max_entry_bytes(event)
 
     sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"])
+    if event.get("reset_episodes"):  # reproducible runs: what this invocation samples depends on its seed only
+        sampler.reseed(event["seed"])
     client = _client(_redis_url(event))
     runner = _runner(client, event["job_id"], event["policy_version"], key)
     t_loaded = time.perf_counter()

@@ -254,7 +254,7 @@ class RoundLoop:
             steps_per_actor=self.spec.steps_per_actor, env_id=self.spec.env_id,
             seed=derived_seed(self.spec.seed, round_index, wave), function_name=self.spec.function_name,
             deadline_s=self.spec.round_deadline_s, actor_memory_mb=self.spec.actor_memory_mb, wait=True,
-            slots=slots, wave=wave)
+            slots=slots, wave=wave, reset_episodes=self.spec.reproducible)
         return self.rpc(self.deps.scaler.Launch, req, timeout=self.spec.round_deadline_s + 30.0,
                         patience=self.spec.round_deadline_s, what="Launch")
 

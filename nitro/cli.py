@@ -316,6 +316,9 @@ def _add_train(sub) -> None:
         spec.add_argument(flag, dest=_dest(field), type=typ, default=None, metavar=metavar, help=text + shown)
     spec.add_argument("--scaler", type=parse_scaler, default=None, metavar="POLICY",
                       help=f"scaling policy: {SCALER_POLICIES} [{_SCALER_DEFAULTS.policy}]")
+    spec.add_argument("--reproducible", action="store_const", const=True, default=None,
+                      help="actors start fresh episodes from their seeds, so the same seed gives the same run "
+                           "(PPO, central learner; docs/algorithms.md)")
     spec.add_argument("--hp", type=parse_hp, action="append", default=[], metavar="NAME=VALUE",
                       help="override a numeric hyperparameter of the preset; repeatable")
     run = p.add_argument_group("running")
@@ -360,6 +363,8 @@ def build_spec(args) -> dict:
                 raise InvalidSpec("scaler.fixed_actors",
                                   f"--scaler fixed:{count} and --fixed-actors {scaler['fixed_actors']} disagree")
             scaler["fixed_actors"] = count
+    if getattr(args, "reproducible", None):
+        spec["reproducible"] = True
     if args.hp:
         spec["hyperparameters"] = dict(args.hp)
     scheduler = spec.get("scaler", {}).get("scheduler")

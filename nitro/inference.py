@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from nitro.models import LOG_STD_MAX, LOG_STD_MIN, OBS_CLIP, ModelSpec, _same_pad
+from nitro.model_spec import LOG_STD_MAX, LOG_STD_MIN, OBS_CLIP, ModelSpec, _same_pad
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

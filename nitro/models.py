@@ -9,11 +9,8 @@ always normalise identically.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -22,57 +19,18 @@ from torch.nn import functional as F
 
 from nitro.errors import ConfigError
 
-OBS_CLIP = 10.0  # normalised observations are clipped to +-OBS_CLIP standard deviations
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything needed to rebuild a policy's architecture (weights travel separately)."""
-
-    obs_shape: tuple[int, ...]
-    action_kind: str  # "box" or "discrete"
-    action_dim: int  # Box: number of dimensions; Discrete: number of actions
-    action_low: tuple[float, ...] | None = None
-    action_high: tuple[float, ...] | None = None
-    arch: str = "mlp"  # "mlp" or "cnn"
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    activation: str = "tanh"
-    obs_norm: bool = False
-    init_log_std: float = 0.0
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelSpec":
-        d = dict(d)
-        for k in ("obs_shape", "hidden_sizes", "action_low", "action_high"):
-            if d.get(k) is not None:
-                d[k] = tuple(d[k])
-        return cls(**d)
-
-
-def spec_for_spaces(observation_space: gym.Space, action_space: gym.Space, *, hidden_sizes=(256, 256),
-                    activation="tanh", obs_norm=False, init_log_std=0.0, arch: str | None = None) -> ModelSpec:
-    """Derive a ModelSpec from an environment's spaces."""
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise ConfigError(f"unsupported observation space {observation_space}: only Box observations are supported")
-    obs_shape = tuple(int(s) for s in observation_space.shape)
-    if arch is None:
-        arch = "cnn" if len(obs_shape) == 3 else "mlp"
-    if arch == "cnn":
-        obs_norm = False  # the CNN scales uint8 pixels by 1/255; per-pixel running statistics add nothing
-    if isinstance(action_space, gym.spaces.Box):
-        if len(action_space.shape) != 1:
-            raise ConfigError(f"unsupported action space {action_space}: Box actions must be 1-D")
-        return ModelSpec(obs_shape, "box", int(action_space.shape[0]),
-                         tuple(float(x) for x in action_space.low), tuple(float(x) for x in action_space.high),
-                         arch, tuple(hidden_sizes), activation, obs_norm, init_log_std)
-    if isinstance(action_space, gym.spaces.Discrete):
-        return ModelSpec(obs_shape, "discrete", int(action_space.n), None, None, arch, tuple(hidden_sizes),
-                         activation, obs_norm, init_log_std)
-    raise ConfigError(f"unsupported action space {action_space}: use Box or Discrete")
+# Torch-free pieces live in nitro.model_spec so actors can load policies without importing torch.
+from nitro.model_spec import (  # noqa: F401  (re-exported)
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    OBS_CLIP,
+    POLICY_FORMAT,
+    ModelSpec,
+    _same_pad,
+    atari_geometry,
+    blob_to_doc,
+    spec_for_spaces,
+)
 
 
 def _activation(name: str) -> type[nn.Module]:
@@ -99,23 +57,6 @@ class MLP(nn.Module):
         for layer in self.layers:
             x = self.act(layer(x))
         return self.out(x)
-
-
-def _same_pad(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
-    """(left, right, out): TensorFlow/RLlib "same" padding, so the output is ceil(size / stride)."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + kernel - size, 0)
-    return total // 2, total - total // 2, out
-
-
-def atari_geometry(obs_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, int]]:
-    """AtariCNN's F.pad arguments (left, right, top, bottom) of layers 1 and 2, and the map size layer 3 sees."""
-    _, h, w = obs_shape
-    lh1, rh1, h1 = _same_pad(h, 8, 4)
-    lw1, rw1, w1 = _same_pad(w, 8, 4)
-    lh2, rh2, h2 = _same_pad(h1, 4, 2)
-    lw2, rw2, w2 = _same_pad(w1, 4, 2)
-    return (lw1, rw1, lh1, rh1), (lw2, rw2, lh2, rh2), (h2, w2)
 
 
 def atari_cnn_forward(x: torch.Tensor, p: dict[str, torch.Tensor], geometry) -> torch.Tensor:
@@ -239,9 +180,6 @@ class Policy(nn.Module):
         return params
 
 
-POLICY_FORMAT = 1
-
-
 def policy_to_blob(policy: Policy, version: int, key: bytes) -> bytes:
     """Serialise a policy version as a signed envelope of builtins and numpy arrays."""
     from nitro import codec
@@ -249,18 +187,6 @@ def policy_to_blob(policy: Policy, version: int, key: bytes) -> bytes:
     doc = {"format": POLICY_FORMAT, "version": int(version), "spec": policy.spec.to_dict(),
            "state": policy.numpy_state()}
     return codec.encode(doc, key)
-
-
-def blob_to_doc(blob: bytes, key: bytes) -> dict:
-    """Verify and decode a policy blob into {'version', 'spec' (ModelSpec), 'state'}."""
-    from nitro import codec
-
-    doc = codec.decode(blob, key)
-    if not isinstance(doc, dict) or doc.get("format") != POLICY_FORMAT:
-        raise ConfigError(f"unsupported policy blob format {doc.get('format') if isinstance(doc, dict) else None!r}; "
-                          f"expected {POLICY_FORMAT}")
-    doc["spec"] = ModelSpec.from_dict(doc["spec"])
-    return doc
 
 
 def policy_from_blob(blob: bytes, key: bytes) -> tuple[Policy, int]:

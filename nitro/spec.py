@@ -85,6 +85,9 @@ class TrainingSpec:
     detector_timeout_s: float = 30.0
     learner_mode: str = "central"
     stellaris: StellarisSettings = field(default_factory=StellarisSettings)
+    # Every actor invocation starts fresh episodes from its own seed instead of continuing the
+    # warm environment's episode, so the same seed gives the same run (docs/algorithms.md).
+    reproducible: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stellaris, dict):  # from a saved job.json or checkpoint
@@ -109,6 +112,12 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     from nitro.envs import resolve_env_id
 
     apply_env_preset(spec)
+    if spec.reproducible and (spec.algo != "ppo" or spec.learner_mode != "central"):
+        raise InvalidSpec("reproducible", "is allowed only with algo 'ppo' and learner_mode 'central': the "
+                                          "asynchronous loops train on batches in the order they arrive")
+    if spec.reproducible and spec.scaler.policy == "minions":
+        raise InvalidSpec("reproducible", "is not allowed with scaler 'minions': its decisions read measured "
+                                          "round times")
     if not spec.env_id:
         raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1'")
     try:
@@ -317,7 +326,7 @@ def apply_env_preset(spec: TrainingSpec, explicit: set[str] | None = None) -> Tr
 # -- wire conversion -----------------------------------------------------------------
 
 _SCALAR_FIELDS = ("rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s",
-                  "actor_memory_mb", "target_return", "min_sample_fraction", "detector_timeout_s")
+                  "actor_memory_mb", "target_return", "min_sample_fraction", "detector_timeout_s", "reproducible")
 _SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period")
 _STELLARIS_OPTIONAL = ("learner_memory_mb", "max_learners", "staleness_decay", "bound_start", "bound_end", "rho_bar",
                        "recent_versions")

@@ -225,6 +225,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                      "invocation_id": inv_id, "redis_url": self.actor_redis_url}
             if kind == "actor":
                 event.update(env_id=request.env_id, num_steps=request.steps_per_actor, seed=(request.seed + i) % (2**62))
+                if request.reset_episodes:
+                    event["reset_episodes"] = True
             else:
                 event["payload_ref"] = request.payload_ref
             invocations.append(Invocation(inv_id, event))

@@ -129,3 +129,31 @@ def test_direct_call_signs_batch_with_deployment_key(redis_client, redis_server,
     wrong = TrajectoryReader(redis_client, JOB, b"x" * 32, consumer="other")
     assert wrong.read(count=5, block_ms=200) == [] and sum(wrong.rejected.values()) == 1
     np.testing.assert_equal(out["steps"], 20)
+
+
+def test_reset_episodes_makes_a_batch_depend_on_its_event_only(redis_client, redis_server, monkeypatch):
+    """A warm actor continues its episode across invocations (which warm worker serves which
+    invocation is a matter of timing); with reset_episodes the same event gives the same batch."""
+    from actor_fn import handler as actor
+
+    key = b"r" * 32
+    monkeypatch.setenv("NITRO_HMAC_KEY", key.hex())
+    monkeypatch.setattr(actor._Warm, "key", None)
+    publish_policy(redis_client, key)
+    reader = TrajectoryReader(redis_client, JOB, key, consumer="reset-test")
+
+    def batch(inv, **kw):
+        assert actor.handler(event(redis_server, invocation_id=inv, num_steps=40, **{"seed": 11, **kw}))["ok"]
+        (entry,) = reader.read(count=5, block_ms=1000)
+        reader.ack([entry])
+        return entry.batch
+
+    first = batch("reset-a", reset_episodes=True)
+    batch("warm-up", seed=5)  # moves the warm environment on
+    again = batch("reset-b", reset_episodes=True)
+    continued = batch("cont", seed=11)
+    np.testing.assert_array_equal(first["obs"], again["obs"])
+    np.testing.assert_array_equal(first["actions"], again["actions"])
+    assert not np.array_equal(first["obs"], continued["obs"])  # without the flag the episode carries on
+    with pytest.raises(Exception, match="reset_episodes"):
+        actor.handler(event(redis_server, invocation_id="bad", reset_episodes="yes"))

@@ -60,3 +60,32 @@ def test_deterministic_evaluation_is_repeatable():
     sampler = Sampler("CartPole-v1", seed=0)
     runner = _runner(sampler)
     assert evaluate(runner, "CartPole-v1", 2, seed=3) == evaluate(runner, "CartPole-v1", 2, seed=3)
+
+
+def test_actors_sample_mlp_policies_without_importing_torch(tmp_path):
+    """Cold starts: importing torch costs an actor ~1 s of CPU, more than a short invocation's sampling."""
+    import pickle
+    import subprocess
+    import sys
+
+    from nitro.envs import env_spaces
+    from nitro.models import Policy, spec_for_spaces
+
+    spec = spec_for_spaces(*env_spaces("Hopper-v5"), obs_norm=True)
+    (tmp_path / "policy.pkl").write_bytes(pickle.dumps((spec.to_dict(), Policy(spec).numpy_state())))
+    code = f"""
+import pickle, sys
+import numpy as np
+import actor_fn.handler  # everything the actor function imports at cold start
+from nitro.inference import PolicyRunner
+from nitro.model_spec import ModelSpec
+from nitro.rollout import Sampler
+spec, state = pickle.loads(open({str(tmp_path / "policy.pkl")!r}, "rb").read())
+runner = PolicyRunner(ModelSpec.from_dict(spec), state, 0)
+batch = Sampler("Hopper-v5", seed=0).sample(runner, 64, np.random.default_rng(0))
+assert len(batch["rewards"]) == 64 and np.isfinite(batch["values"]).all()
+print("torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False", "an MLP actor imported torch"

@@ -41,11 +41,22 @@ def test_only_given_flags_are_set():
 
 
 def test_every_spec_field_has_a_flag():
-    covered = {f for _, f, _, _ in cli.TRAIN_FIELDS} | {"scaler.policy", "hyperparameters"}
+    covered = {f for _, f, _, _ in cli.TRAIN_FIELDS} | {"scaler.policy", "hyperparameters", "reproducible"}
     wanted = {f.name for f in dataclasses.fields(TrainingSpec) if f.name not in ("scaler", "stellaris")}
     wanted |= {f"scaler.{f.name}" for f in dataclasses.fields(ScalerSettings)}
     wanted |= {f"stellaris.{f.name}" for f in dataclasses.fields(StellarisSettings)}
     assert covered == wanted
+
+
+def test_reproducible_flag_reaches_the_proto_and_back():
+    from nitro.spec import from_proto, to_proto
+
+    assert "reproducible" not in spec_of("--env", "CartPole-v1")
+    msg = sdk.spec_to_proto(spec_of("--env", "CartPole-v1", "--reproducible"))
+    assert msg.HasField("reproducible") and msg.reproducible
+    spec = from_proto(msg)
+    assert spec.reproducible and to_proto(spec).reproducible
+    assert not from_proto(sdk.spec_to_proto({"env_id": "CartPole-v1"})).reproducible
 
 
 def test_all_flags_reach_the_proto():

@@ -112,6 +112,8 @@ BAD_SPECS = [
     ({"env_id": "CartPole-v1", "budget_usd": float("nan")}, "budget_usd"),
     ({"env_id": "CartPole-v1", "preset": "nope"}, "preset"),
     ({"env_id": "CartPole-v1", "hyperparameters": {"lr": -1.0}}, "hyperparameters"),
+    ({"env_id": "CartPole-v1", "algo": "impact", "reproducible": True}, "reproducible"),
+    ({"env_id": "CartPole-v1", "scaler": {"policy": "minions"}, "reproducible": True}, "reproducible"),
 ]
 
 
@@ -209,3 +211,16 @@ def test_impact_asynchronous_three_rounds_through_the_services(client, system):
     assert any("policy lag" in n for r in reports for n in r.notes)
     learner = scrape(system.components["learner"].metrics_port)
     assert sample_value(learner["nitro_policy_lag"], "nitro_policy_lag_count") > 0
+
+
+def test_reproducible_runs_repeat_exactly(client):
+    """Same seed, reproducible: the same actors, samples, updates and evaluations, round for round."""
+    def run() -> list[tuple]:
+        job = client.start_training({"env_id": "CartPole-v1", "preset": "fast", "rounds": 3, "steps_per_actor": 128,
+                                     "eval_episodes": 2, "budget_usd": 1.0, "seed": 21, "reproducible": True,
+                                     "scaler": {"policy": "nitro", "i_min": 1, "i_max": 3}})
+        return [(r.actors_completed, r.env_steps, r.eval_return, r.train_return, r.policy_loss, r.score)
+                for r in client.watch(job.job_id)]
+
+    first, second = run(), run()
+    assert len(first) == 3 and first == second
