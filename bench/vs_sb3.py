@@ -3,10 +3,11 @@
 Both: 2x256 Tanh actor and critic, 4,096 env steps per update (ours: fixed:16
 actors x 256 steps), 10 epochs, minibatch 256, lr 3e-4, gamma 0.99, GAE 0.95,
 clip 0.2, value coeff 0.5, grad clip 0.5, no observation normalisation (SB3's
-default), the same number of env steps, the same torch thread count
-(NITRO_BENCH_THREADS, default 1). Ours runs through the full local system
-(Redis, Lambda endpoint, three services) and its wall time includes the
-per-round detector, planning and one evaluation episode per round. Final return:
+default), the same number of env steps. Torch threads: each side's default
+(ours 1, SB3 one per core) unless NITRO_BENCH_THREADS=N sets both to N. Ours
+runs through the full local system (Redis, Lambda endpoint, three services) and
+its wall time includes the per-round detector, planning and one evaluation
+episode per round. Final return:
 5 deterministic episodes of each final policy. Figure: ratio of env steps/s
 (ours / SB3); target >= 1.5.
 """
@@ -25,9 +26,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ENV, ACTORS, STEPS, ROUNDS, TARGET = "Hopper-v5", 16, 256, 24, 1.5
-# Torch intra-op threads for both sides (SB3's updates and batch-1 inference, our learner). One is
-# the learner's default and the faster setting for 2x256 MLPs on this 2-core machine for both.
-THREADS = int(__import__("os").environ.get("NITRO_BENCH_THREADS", "1"))
+# Torch intra-op threads. Unset: each side with its own default, as a user would run it (our
+# learner: 1; SB3: torch's default, one per core). NITRO_BENCH_THREADS=N gives both sides N.
+_SET = __import__("os").environ.get("NITRO_BENCH_THREADS")
+SB3_THREADS = int(_SET) if _SET else torch.get_num_threads()
+OUR_THREADS = int(_SET) if _SET else 1  # learner_svc --torch-threads default
 TOTAL = ACTORS * STEPS * ROUNDS
 
 
@@ -35,7 +38,7 @@ def run_sb3() -> dict:
     import gymnasium as gym
     from stable_baselines3 import PPO
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(SB3_THREADS)
     env = gym.make(ENV)
     model = PPO("MlpPolicy", env, n_steps=ACTORS * STEPS, batch_size=256, n_epochs=10, learning_rate=3e-4,
                 gamma=0.99, gae_lambda=0.95, clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
@@ -61,7 +64,7 @@ def run_sb3() -> dict:
 def run_ours() -> dict:
     import os
 
-    os.environ["NITRO_TORCH_THREADS"] = str(THREADS)  # the same threads SB3 gets
+    os.environ["NITRO_TORCH_THREADS"] = str(OUR_THREADS)
     from nitro.inference import PolicyRunner
     from nitro.local_system import LocalSystem
     from nitro.models import ModelSpec, Policy
@@ -97,7 +100,8 @@ def main() -> None:
     sb3 = run_sb3()
     ours_sps, sb3_sps = ours["steps"] / ours["wall_s"], sb3["steps"] / sb3["wall_s"]
     ratio = ours_sps / sb3_sps
-    print(f"{ENV}, {TOTAL:,} env steps, 2x256 tanh, 10 epochs, minibatch 256, {THREADS} torch thread(s) each")
+    print(f"{ENV}, {TOTAL:,} env steps, 2x256 tanh, 10 epochs, minibatch 256, "
+          f"torch threads: ours {OUR_THREADS}, SB3 {SB3_THREADS}")
     print(f"  nitro fixed:16  {ours['wall_s']:7.1f} s  {ours_sps:8.0f} steps/s  final return {ours['eval_return']:.1f}")
     print(f"  SB3 PPO         {sb3['wall_s']:7.1f} s  {sb3_sps:8.0f} steps/s  final return {sb3['eval_return']:.1f}")
     print(f"  ratio of env steps/s: {ratio:.2f} (target >= {TARGET})")
@@ -105,7 +109,8 @@ def main() -> None:
                       "reference_sb3_steps_per_s": round(sb3_sps, 1), "ratio": round(ratio, 3),
                       "wall_s": round(ours["wall_s"], 1), "sb3_wall_s": round(sb3["wall_s"], 1),
                       "final_return": round(ours["eval_return"], 1), "sb3_final_return": round(sb3["eval_return"], 1),
-                      "torch_threads": THREADS, "target_ratio": TARGET, "meets_target": ratio >= TARGET}))
+                      "torch_threads": OUR_THREADS, "sb3_torch_threads": SB3_THREADS, "target_ratio": TARGET,
+                      "meets_target": ratio >= TARGET}))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, normalize
-from nitro.algos.sgd import kl_per_sample, minibatch_sgd
+from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
 from nitro.algos.vtrace import vtrace_batches
 from nitro.config import IMPACTConfig
 from nitro.models import ModelSpec, Policy
@@ -88,7 +88,7 @@ class IMPACTLearner:
         self.target = Policy(spec).to(self.device)
         self.target.load_state_dict(self.policy.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.adam_eps)
+        self.optimizer = adam(self.policy.parameters(), config.lr, config.adam_eps)
         self.kl_coeff = config.kl_coeff
         self.generator = torch.Generator().manual_seed(seed)
         self.updates = 0
@@ -149,7 +149,8 @@ class IMPACTLearner:
             return impact_loss(
                 self.policy.log_prob(dist, actions[idx]), logp_target[idx], weights[idx], adv,
                 self.policy.value(obs[idx]), vs[idx], self.policy.entropy(dist),
-                kl_per_sample(target_dist, dist, idx), clip=cfg.clip, kl_coeff=self.kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff)
+                kl_term(target_dist, dist, idx, self.kl_coeff), clip=cfg.clip, kl_coeff=self.kl_coeff,
+                value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff)
 
         sgd = minibatch_sgd(list(self.policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,

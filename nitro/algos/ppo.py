@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from nitro.algos.advantages import batch_gae
-from nitro.algos.sgd import kl_per_sample, minibatch_sgd
+from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
 from nitro.config import PPOConfig
 from nitro.models import ModelSpec, Policy
 
@@ -102,7 +102,7 @@ class PPOLearner:
         self.config = config
         self.device = torch.device(device)
         self.policy = Policy(spec).to(self.device)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.adam_eps)
+        self.optimizer = adam(self.policy.parameters(), config.lr, config.adam_eps)
         self.kl_coeff = config.kl_coeff
         self.generator = torch.Generator().manual_seed(seed)
         self.updates = 0
@@ -130,7 +130,7 @@ class PPOLearner:
             adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
             return ppo_loss(
                 self.policy.log_prob(dist, actions[idx]), logp_old[idx], adv, self.policy.value(obs[idx]),
-                v_old[idx], returns[idx], self.policy.entropy(dist), kl_per_sample(old_dist, dist, idx),
+                v_old[idx], returns[idx], self.policy.entropy(dist), kl_term(old_dist, dist, idx, kl_coeff),
                 clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff,
                 value_clip=cfg.value_clip)
 

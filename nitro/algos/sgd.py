@@ -33,6 +33,21 @@ def kl_per_sample(old_dist, new_dist, idx) -> torch.Tensor:
     return torch.distributions.kl_divergence(old, new_dist)
 
 
+def kl_term(old_dist, new_dist, idx, coeff: float) -> torch.Tensor:
+    """kl_per_sample for a loss's KL penalty; with coeff 0 it is only reported, so no graph is built
+    (its backward would cost a tenth of the update for a term multiplied by zero)."""
+    if coeff > 0:
+        return kl_per_sample(old_dist, new_dist, idx)
+    with torch.no_grad():
+        return kl_per_sample(old_dist, new_dist, idx)
+
+
+def adam(params, lr: float, eps: float) -> torch.optim.Adam:
+    """Adam as every learner here uses it: the fused kernel (one pass over all parameters per step,
+    ~10% of a PPO update on CPU for 2x256 MLPs; the same algorithm as the per-tensor loop)."""
+    return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+
+
 def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, generator: torch.Generator,
                   n: int, *, epochs: int, minibatch_size: int, max_grad_norm: float, device: torch.device,
                   loss_fn: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],

@@ -67,7 +67,7 @@ import torch
 
 from nitro.algos.impact import impact_surrogate
 from nitro.algos.ppo import collate, normalize, value_loss
-from nitro.algos.sgd import kl_per_sample, minibatch_sgd
+from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
 from nitro.algos.vtrace import vtrace_batches
 from nitro.errors import ConfigError
 from nitro.models import Policy
@@ -269,7 +269,7 @@ def compute_update(base: Policy, batches: list[dict], config, algo: str = "ppo",
     data, base_dist = prepare(base, batches, cfg, algo, rho_bar=rho_bar, recent=recent)
     policy = copy.deepcopy(base)
     policy.requires_grad_(True)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+    optimizer = adam(policy.parameters(), cfg.lr, cfg.adam_eps)
     generator = torch.Generator().manual_seed(seed)
     obs, actions = data["obs"], data["actions"]
     n = obs.shape[0]
@@ -279,7 +279,7 @@ def compute_update(base: Policy, batches: list[dict], config, algo: str = "ppo",
         return stellaris_loss(
             policy.log_prob(dist, actions[idx]), data["logp_base"][idx], data["rho"][idx], adv,
             policy.value(obs[idx]), data["values"][idx], data["returns"][idx], policy.entropy(dist),
-            kl_per_sample(base_dist, dist, idx), clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff,
+            kl_term(base_dist, dist, idx, kl_coeff), clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff,
             entropy_coeff=cfg.entropy_coeff, value_clip=getattr(cfg, "value_clip", 0.0))
 
     sgd = minibatch_sgd(list(policy.parameters()), optimizer, generator, n, epochs=cfg.epochs,
