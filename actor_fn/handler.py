@@ -61,17 +61,24 @@ class _Warm:
     invocations = 0
 
 
-def _validate(event: dict) -> None:
+def check_fields(event: dict, required: dict[str, type], *, non_negative: bool = False) -> None:
+    """ConfigError naming the field unless `event` is an object with every required field of its type
+    (integers, not booleans; non-empty strings)."""
     if not isinstance(event, dict):
         raise ConfigError(f"event must be a JSON object, got {type(event).__name__}")
-    for name, typ in REQUIRED.items():
+    for name, typ in required.items():
         if name not in event:
             raise ConfigError(f"event is missing required field {name!r}")
         value = event[name]
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"event field {name!r} must be an integer, got {value!r}")
+        if typ is int and (isinstance(value, bool) or not isinstance(value, int) or (non_negative and value < 0)):
+            kind = "a non-negative integer" if non_negative else "an integer"
+            raise ConfigError(f"event field {name!r} must be {kind}, got {value!r}")
         if typ is str and (not isinstance(value, str) or not value):
             raise ConfigError(f"event field {name!r} must be a non-empty string")
+
+
+def _validate(event: dict) -> None:
+    check_fields(event, REQUIRED)
     if not isinstance(event.get("reset_episodes", False), bool):
         raise ConfigError("event field 'reset_episodes' must be true or false")
     if not 1 <= event["num_steps"] <= MAX_STEPS:

@@ -29,6 +29,7 @@ import os
 import time
 from collections import OrderedDict
 
+from actor_fn.handler import check_fields
 from nitro import codec
 from nitro.errors import ConfigError
 
@@ -53,16 +54,7 @@ class _Warm:
 
 
 def _validate(event: dict) -> None:
-    if not isinstance(event, dict):
-        raise ConfigError(f"event must be a JSON object, got {type(event).__name__}")
-    for name, typ in REQUIRED.items():
-        if name not in event:
-            raise ConfigError(f"event is missing required field {name!r}")
-        value = event[name]
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ConfigError(f"event field {name!r} must be a non-negative integer, got {value!r}")
-        if typ is str and (not isinstance(value, str) or not value):
-            raise ConfigError(f"event field {name!r} must be a non-empty string")
+    check_fields(event, REQUIRED, non_negative=True)
     if not event["payload_ref"].startswith(f"nitro:{event['job_id']}:learn:"):
         raise ConfigError(f"event field 'payload_ref' must name a key under nitro:{event['job_id']}:learn:")
 

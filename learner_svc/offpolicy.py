@@ -20,14 +20,13 @@ from __future__ import annotations
 import logging
 import time
 
-import grpc
 import numpy as np
 
 from learner_svc.rounds import RoundLoop, slot_index
 from nitro import metrics
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
-from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
+from nitro.v1 import scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +127,10 @@ class OffPolicyLoop(RoundLoop):
 
     def _loop(self, resume: bool):
         spec = self.spec
-        if resume:
-            self.restore()  # off-policy rounds are reported before the next checkpoint: nothing pending
-        self.publish()
-        plan = self.plan(self.next_round, self.job.reports[-1].score if self.job.reports else 0.0, 0.0)
-        if plan.budget_exhausted:
-            return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {plan.reason}"
+        rnd = self.open_async(resume)
+        if isinstance(rnd, tuple):
+            return rnd
         k = self.next_round
-        rnd = self._launch_round(k, plan.actors)
         empty_rounds = 0
         while True:
             phases: dict[str, float] = {}
@@ -156,19 +151,11 @@ class OffPolicyLoop(RoundLoop):
             with metrics.timed("publish", phases):
                 self.publish()
                 ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
-            score_resp, fallback = detector_pb2.ScoreResponse(), 0
             with metrics.timed("detect", phases):
-                try:
-                    score_resp = self.score(k, ref, algo="impact")
-                except grpc.RpcError as exc:
-                    fallback = self.fallback_actors()
-                    acc["notes"].append(f"detector unavailable ({exc.code().name}); fallback plan of {fallback}")
+                score_resp, fallback = self.score_or_fallback(k, ref, "impact", acc["notes"])
             n = max(acc["updates"], 1)
             means = {name: v / n for name, v in acc["sums"].items()}
-            last = {"loss": means.get("policy_loss", 0.0) + means.get("value_loss", 0.0),
-                    "kl": means.get("kl", 0.0), "update_seconds": phases.get("update", 0.0),
-                    "actor_seconds": phases.get("sample", 0.0), "round_seconds": time.time() - acc["t"],
-                    "eval_return": self.job.reports[-1].eval_return if self.job.reports else 0.0}
+            last = self.async_plan_inputs(means, phases, acc["t"])
             with metrics.timed("plan", phases):
                 next_plan = self.plan(k + 1, score_resp.score, means.get("gradient_noise_scale", 0.0), fallback, last)
             last_round = k + 1 >= spec.rounds or next_plan.budget_exhausted

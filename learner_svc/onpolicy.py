@@ -186,13 +186,9 @@ class OnPolicyLoop(RoundLoop):
                 self.append_report(report)
                 return plan, False
             self.publish()
-            return self.plan(self.next_round, self._last_score(), 0.0), True
+            return self.plan(self.next_round, self.last_score(), 0.0), True
         self.publish()
         return self.plan(0, 0.0, 0.0), False
-
-    def _last_score(self) -> float:
-        reports = self.job.reports
-        return reports[-1].score if reports else 0.0
 
     def _loop(self, plan: scaler_pb2.PlanResponse, resumed: bool):
         job, spec = self.job, self.spec

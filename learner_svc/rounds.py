@@ -305,6 +305,38 @@ class RoundLoop:
     def fallback_actors(self) -> int:
         return self.spec.scaler.i_min if self.spec.detector_fallback == "i_min" else self.last_actors
 
+    def last_score(self) -> float:
+        return self.job.reports[-1].score if self.job.reports else 0.0
+
+    # -- what the asynchronous loops (IMPACT, Stellaris) share --------------------------------
+    def open_async(self, resume: bool) -> dict | tuple:
+        """Restore, publish and launch the first round; the launched round, or (state, message) to end."""
+        if resume:
+            self.restore()  # asynchronous rounds are reported before the next checkpoint: nothing pending
+        self.publish()
+        plan = self.plan(self.next_round, self.last_score(), 0.0)
+        if plan.budget_exhausted:
+            return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {plan.reason}"
+        return self._launch_round(self.next_round, plan.actors)
+
+    def score_or_fallback(self, k: int, ref: str, algo: str, notes: list[str]):
+        """(ScoreResponse, fallback actors): the score, or the configured fallback when the detector fails."""
+        if not ref:
+            return detector_pb2.ScoreResponse(), 0
+        try:
+            return self.score(k, ref, algo=algo), 0
+        except grpc.RpcError as exc:
+            fallback = self.fallback_actors()
+            notes.append(f"detector unavailable ({exc.code().name}); fallback plan of {fallback}")
+            return detector_pb2.ScoreResponse(), fallback
+
+    def async_plan_inputs(self, means: dict, phases: dict, t_round: float) -> dict:
+        """The last round's inputs for a learned scheduler, from an asynchronous round's accumulators."""
+        return {"loss": means.get("policy_loss", 0.0) + means.get("value_loss", 0.0), "kl": means.get("kl", 0.0),
+                "update_seconds": phases.get("update", 0.0), "actor_seconds": phases.get("sample", 0.0),
+                "round_seconds": time.time() - t_round,
+                "eval_return": self.job.reports[-1].eval_return if self.job.reports else 0.0}
+
     # -- data plane ---------------------------------------------------------------------
     def publish(self) -> None:
         blob = policy_to_blob(self.learner.policy, self.version, self.deps.hmac_key)

@@ -218,33 +218,27 @@ def spec_to_proto(spec) -> training_pb2.TrainingSpec:
 
 
 def _set_scaler(msg, value) -> None:
-    if isinstance(value, str):
-        value = {"policy": value}
-    if dataclasses.is_dataclass(value):
-        value = dataclasses.asdict(value)
-    if not isinstance(value, Mapping):
-        raise InvalidSpec("scaler", "must be a policy name or a dict of scaler settings")
-    unknown = sorted(set(value) - _SCALER_FIELDS)
-    if unknown:
-        raise InvalidSpec(f"scaler.{unknown[0]}", f"unknown field; allowed: {sorted(_SCALER_FIELDS)}")
-    for name, v in value.items():
-        if v is not None:
-            _set(msg, name, v, f"scaler.{name}")
-    msg.SetInParent()  # an empty scaler dict still marks the field as given
+    _set_nested(msg, {"policy": value} if isinstance(value, str) else value, "scaler", _SCALER_FIELDS,
+                "must be a policy name or a dict of scaler settings")
 
 
 def _set_stellaris(msg, value) -> None:
+    _set_nested(msg, value, "stellaris", _STELLARIS_FIELDS, "must be a dict of stellaris settings")
+
+
+def _set_nested(msg, value, group: str, fields: set[str], what: str) -> None:
+    """Fill a nested message (ScalerSpec, StellarisSpec) from a dict or dataclass, naming bad fields."""
     if dataclasses.is_dataclass(value):
         value = dataclasses.asdict(value)
     if not isinstance(value, Mapping):
-        raise InvalidSpec("stellaris", "must be a dict of stellaris settings")
-    unknown = sorted(set(value) - _STELLARIS_FIELDS)
+        raise InvalidSpec(group, what)
+    unknown = sorted(set(value) - fields)
     if unknown:
-        raise InvalidSpec(f"stellaris.{unknown[0]}", f"unknown field; allowed: {sorted(_STELLARIS_FIELDS)}")
+        raise InvalidSpec(f"{group}.{unknown[0]}", f"unknown field; allowed: {sorted(fields)}")
     for name, v in value.items():
         if v is not None:
-            _set(msg, name, v, f"stellaris.{name}")
-    msg.SetInParent()
+            _set(msg, name, v, f"{group}.{name}")
+    msg.SetInParent()  # an empty dict still marks the field as given
 
 
 def _set(target, name: str, value, label: str) -> None:

@@ -7,6 +7,7 @@ import secrets
 import pytest
 
 from nitro.redis_server import LocalRedis, connect
+from nitro.sdk import NitroClient
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +30,10 @@ def redis_client(redis_server):
 @pytest.fixture
 def hmac_key() -> bytes:
     return secrets.token_bytes(32)
+
+
+@pytest.fixture(scope="module")
+def client(system):
+    """An SDK client of the module's `system` (tests.system.module_system)."""
+    with NitroClient(system.learner_address) as c:
+        yield c

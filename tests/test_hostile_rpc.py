@@ -40,7 +40,7 @@ from nitro.v1 import (
     training_pb2,
     training_pb2_grpc,
 )
-from tests.system import start_system
+from tests.system import module_system
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,11 +57,7 @@ HYP = dict(deadline=None, derandomize=True, database=None,
 # --- the system ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory):
-    sysm = start_system(tmp_path_factory.mktemp("hostile"), concurrency=4)
-    yield sysm
-    sysm.stop()
+system = module_system("hostile", concurrency=4)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from nitro.errors import ConfigError
 from nitro.scaling import RoundInputs, make_policy
 from nitro.scaling import minions as m
 from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec, validate
+from tests.system import module_system
 
 LN_3601 = math.log(3601.0)
 LN_1001 = math.log(1001.0)
@@ -228,21 +229,8 @@ JOB = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 3, "steps_per_actor"
        "budget_usd": 0.5}
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory):
-    from tests.system import start_system
+system = module_system("minions-state", concurrency=4)
 
-    sysm = start_system(tmp_path_factory.mktemp("minions-state"), concurrency=4)
-    yield sysm
-    sysm.stop()
-
-
-@pytest.fixture(scope="module")
-def client(system):
-    from nitro.sdk import NitroClient
-
-    with NitroClient(system.learner_address) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

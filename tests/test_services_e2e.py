@@ -17,22 +17,13 @@ from nitro import results
 from nitro.grpc_util import check_health
 from nitro.metrics import PHASES
 from nitro.sdk import InvalidArgumentError, NitroClient, NotFoundError, UnavailableError
-from tests.system import sample_value, scrape, start_system
+from tests.system import module_system, sample_value, scrape
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory):
-    sysm = start_system(tmp_path_factory.mktemp("nitro-state"))
-    yield sysm
-    sysm.stop()
+system = module_system("nitro-state")
 
-
-@pytest.fixture(scope="module")
-def client(system):
-    with NitroClient(system.learner_address) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -14,26 +14,17 @@ import pytest
 
 from nitro.algos.stellaris import staleness_bound
 from nitro.redis_server import connect
-from nitro.sdk import InvalidArgumentError, NitroClient
+from nitro.sdk import InvalidArgumentError
 from nitro.v1 import scaler_pb2
-from tests.system import sample_value, scrape, start_system
+from tests.system import module_system, sample_value, scrape
 
 pytestmark = pytest.mark.timeout(400)
 
 ROUNDS, STEPS = 4, 128
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory):
-    sysm = start_system(tmp_path_factory.mktemp("nitro-stellaris"), concurrency=4)
-    yield sysm
-    sysm.stop()
+system = module_system("nitro-stellaris", concurrency=4)
 
-
-@pytest.fixture(scope="module")
-def client(system):
-    with NitroClient(system.learner_address) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
