@@ -27,6 +27,7 @@ platform reports them as function errors with a clear errorType/errorMessage.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from urllib.parse import quote, urlparse, urlunparse
@@ -34,6 +35,7 @@ from urllib.parse import quote, urlparse, urlunparse
 import numpy as np
 
 from nitro import codec
+from nitro.clock import InvocationClock
 from nitro.errors import ConfigError
 from nitro.inference import PolicyRunner
 from nitro.model_spec import blob_to_doc
@@ -120,7 +122,7 @@ def _redis_url(event: dict) -> str:
     return url
 
 
-def _client(url: str):
+def _client(url: str, clock: InvocationClock | None = None):
     client = _Warm.clients.get(url)
     if client is None:
         import redis
@@ -129,7 +131,8 @@ def _client(url: str):
 
         client = connect(url, socket_connect_timeout=2.0, socket_timeout=10.0)
         try:
-            client.ping()
+            with clock.io() if clock else contextlib.nullcontext():
+                client.ping()
         except redis.exceptions.ConnectionError as exc:
             safe = urlparse(url)._replace(netloc=f"{urlparse(url).hostname}:{urlparse(url).port}")
             raise RedisUnavailableError(f"cannot reach Redis at {urlunparse(safe)}: {exc}") from exc
@@ -137,10 +140,11 @@ def _client(url: str):
     return client
 
 
-def _runner(client, job_id: str, version: int, key: bytes) -> PolicyRunner:
+def _runner(client, job_id: str, version: int, key: bytes, clock: InvocationClock) -> PolicyRunner:
     rk = (job_id, version)
     if _Warm.runner_key != rk:
-        blob = PolicyStore(client, job_id).get(version)  # raises PolicyNotFoundError naming job and version
+        with clock.io():
+            blob = PolicyStore(client, job_id).get(version)  # raises PolicyNotFoundError naming job and version
         _Warm.runner = PolicyRunner.from_doc(blob_to_doc(blob, key))
         _Warm.runner_key = rk
     return _Warm.runner
@@ -158,6 +162,7 @@ def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int) -> Sampler:
 
 
 def handler(event: dict, context=None) -> dict:
+    clock = InvocationClock()
     t0 = time.perf_counter()
     _validate(event)
     cold = _Warm.invocations == 0
@@ -173,15 +178,15 @@ def handler(event: dict, context=None) -> dict:
     sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"])
     if event.get("reset_episodes"):  # reproducible runs: what this invocation samples depends on its seed only
         sampler.reseed(event["seed"])
-    client = _client(_redis_url(event))
-    runner = _runner(client, event["job_id"], event["policy_version"], key)
+    client = _client(_redis_url(event), clock)
+    runner = _runner(client, event["job_id"], event["policy_version"], key, clock)
     t_loaded = time.perf_counter()
 
     batch = sampler.sample(runner, event["num_steps"], np.random.default_rng(event["seed"]))
     t_sampled = time.perf_counter()
     batch["policy_version"] = event["policy_version"]
     batch["invocation_id"] = event["invocation_id"]
-    writer = TrajectoryWriter(client, event["job_id"], key, max_entry_bytes=max_entry_bytes)
+    writer = TrajectoryWriter(client, event["job_id"], key, max_entry_bytes=max_entry_bytes, io=clock.io)
     compress = event.get("compress")
     entry_ids = writer.append_batch(invocation_id=event["invocation_id"], round=event["round"],
                                     policy_version=event["policy_version"], batch=batch,
@@ -204,4 +209,5 @@ def handler(event: dict, context=None) -> dict:
         "sample_ms": round((t_sampled - t_loaded) * 1e3, 3),
         "push_ms": round((t_pushed - t_sampled) * 1e3, 3),
         "duration_ms": round((t_pushed - t0) * 1e3, 3),
+        "clock": clock.report(cold),  # the cloud clock's measurements (docs/cost.md)
     }

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from nitro import auth, codec, metrics
+from nitro.clock import critical_path_cpu_seconds
 from nitro.detector.core import ALGOS as DETECTOR_ALGOS
 from nitro.detector.core import detect
 from nitro.detector.score import boosting_score
@@ -67,7 +68,7 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
                 self._policy_cache.pop(next(iter(self._policy_cache)))
 
     def Score(self, request, context):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         p = {k: getattr(request, k) or v for k, v in DEFAULTS.items()}
         if not JOB_ID_RE.match(request.job_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -130,7 +131,8 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
         return detector_pb2.ScoreResponse(
             lambda_max=_finite(res.lambda_max), lambda_min=_finite(res.lambda_min), convexity_ratio=res.ratio,
             score=score, converged=res.converged, convergence_delta=_finite(res.convergence_delta),
-            samples_used=res.samples_used, seconds=seconds, window=window)
+            samples_used=res.samples_used, seconds=seconds, window=window,
+            cpu_seconds=max(0.0, critical_path_cpu_seconds() - cpu0))
 
 
 def _finite(x: float) -> float:

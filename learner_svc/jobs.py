@@ -84,7 +84,8 @@ class Job:
             msg = training_pb2.TrainingStatus(
                 job_id=self.job_id, state=self.state, spec=to_proto(self.spec), rounds_done=len(self.reports),
                 message=self.message, total_cost_usd=self.total_cost_usd, total_env_steps=self.total_env_steps,
-                checkpoint_path=self.checkpoint_path, created_unix=self.created, finished_unix=self.finished)
+                checkpoint_path=self.checkpoint_path, created_unix=self.created, finished_unix=self.finished,
+                cloud_total_cost_usd=self.reports[-1].cloud_total_cost_usd if self.reports else 0.0)
             if self.reports:
                 msg.last_report.CopyFrom(self.reports[-1])
         return msg

@@ -24,6 +24,8 @@ import numpy as np
 
 from learner_svc.rounds import RoundLoop, slot_index
 from nitro import metrics
+from nitro.clock import critical_path_cpu_seconds
+from nitro.cost import cloud_round_seconds
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
 from nitro.v1 import scaler_pb2, training_pb2
@@ -52,11 +54,14 @@ class OffPolicyLoop(RoundLoop):
                 "done_at": None, "covered": set(), "failed": set(), "steps": 0, "batches": 0}
 
     # -- learning while sampling -------------------------------------------------------------
-    def _train_until_closed(self, rnd: dict, acc: dict, phases: dict) -> None:
-        """Update on every arriving batch of this job, replay when idle, until `rnd` closes."""
+    def _train_until_closed(self, rnd: dict, acc: dict, phases: dict, cloud: dict) -> None:
+        """Update on every arriving batch of this job, replay when idle, until `rnd` closes.
+
+        On the cloud clock the round's actors and the learner run in parallel: the learner's CPU
+        time is "update", and "sample" is only what the slowest actor takes beyond it."""
         notes = acc["notes"]
         processed_before, ack_seconds = self.reader.processing_seconds, 0.0
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         update_s = 0.0
         while not self._round_closed(rnd) and not self.job.stop_requested.is_set():
             self._poll_launch(rnd, notes)
@@ -101,6 +106,11 @@ class OffPolicyLoop(RoundLoop):
         metrics.observe_phase("update", update_s, phases)
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("sample", max(0.0, wall - update_s - ingest), phases)
+        busy = max(0.0, critical_path_cpu_seconds() - cpu0)
+        sampling = rnd["resp"].cloud_seconds if rnd["resp"] is not None else 0.0
+        busy += cloud.pop("carried", 0.0)  # the previous round's checkpoint and evaluation ran meanwhile
+        cloud["update"] = busy
+        cloud["sample"] = max(0.0, sampling - busy)
 
     def _update(self, batches: list[dict], acc: dict, replay: bool = False) -> None:
         stats = self.learner.update(batches)
@@ -132,11 +142,13 @@ class OffPolicyLoop(RoundLoop):
             return rnd
         k = self.next_round
         empty_rounds = 0
+        carried: dict[str, float] = {}  # learner CPU of the last checkpoint + evaluation (cloud clock)
         while True:
             phases: dict[str, float] = {}
+            cloud = {"carried": sum(carried.values())}  # the same phases on the cloud clock (docs/cost.md)
             acc = self._new_acc()
             metrics.CURRENT_ROUND.labels(self.job.job_id).set(k)
-            self._train_until_closed(rnd, acc, phases)
+            self._train_until_closed(rnd, acc, phases, cloud)
             rejected, duplicates = self.export_reader_counters()
             if self.job.stop_requested.is_set():
                 return training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}"
@@ -148,26 +160,31 @@ class OffPolicyLoop(RoundLoop):
                 continue
             empty_rounds = 0
             # Close round k: publish and score the latest policy, plan and launch k+1 at once.
-            with metrics.timed("publish", phases):
+            with metrics.timed("publish", phases, cloud):
                 self.publish()
                 ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
             with metrics.timed("detect", phases):
                 score_resp, fallback = self.score_or_fallback(k, ref, "impact", acc["notes"])
+            cloud["detect"] = score_resp.cpu_seconds
             n = max(acc["updates"], 1)
             means = {name: v / n for name, v in acc["sums"].items()}
             last = self.async_plan_inputs(means, phases, acc["t"])
             with metrics.timed("plan", phases):
-                next_plan = self.plan(k + 1, score_resp.score, means.get("gradient_noise_scale", 0.0), fallback, last)
+                next_plan = self.plan(k + 1, score_resp.score, means.get("gradient_noise_scale", 0.0), fallback, last,
+                                      cloud_seconds=cloud_round_seconds(cloud))
             last_round = k + 1 >= spec.rounds or next_plan.budget_exhausted
             if not last_round:
                 with metrics.timed("invoke", phases):
                     next_rnd = self._launch_round(k + 1, next_plan.actors)
-            with metrics.timed("publish", phases):
+            # Checkpoint and evaluation overlap the next round's sampling: on the cloud clock they are
+            # learner CPU of the next round ("update"), not of this one.
+            carried = {}
+            with metrics.timed("publish", phases, carried):
                 self.checkpoint(k, pending={})
-            with metrics.timed("evaluate", phases):  # overlaps the next round's sampling
+            with metrics.timed("evaluate", phases, carried):
                 eval_return = self.evaluate_policy(k)
             report = self._report(k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback,
-                                  rejected, duplicates)
+                                  rejected, duplicates, cloud)
             self.append_report(report)
             self.next_round = k + 1
             if next_plan.budget_exhausted:
@@ -179,7 +196,7 @@ class OffPolicyLoop(RoundLoop):
             k, rnd = k + 1, next_rnd
 
     def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback, rejected,
-                duplicates) -> training_pb2.RoundReport:
+                duplicates, cloud) -> training_pb2.RoundReport:
         resp = rnd["resp"] or scaler_pb2.LaunchResponse()
         notes = acc["notes"]
         if acc["lags"]:
@@ -195,4 +212,4 @@ class OffPolicyLoop(RoundLoop):
             duplicates_dropped=duplicates, rejected_batches=rejected,
             **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
                                          phases=phases, round_seconds=time.time() - acc["t"], notes=notes,
-                                         fallback=fallback))
+                                         fallback=fallback, cloud_phases=cloud))

@@ -32,6 +32,8 @@ import numpy as np
 
 from learner_svc.rounds import LOST_BATCH_GRACE_S, RoundLoop, invocation_id, slot_index
 from nitro import metrics
+from nitro.clock import critical_path_cpu_seconds
+from nitro.cost import cloud_detect_wait, cloud_round_seconds
 from nitro.algos.ppo import PPOLearner
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
@@ -53,6 +55,7 @@ class Collected:
     stale_steps: int = 0
     duplicates: int = 0
     waves: int = 0
+    cloud_seconds: float = 0.0  # modelled sampling time: each wave's slowest invocation, waves in sequence
     entries: list = field(default_factory=list)  # kept stream entries, acked after the checkpoint
     notes: list[str] = field(default_factory=list)
 
@@ -61,8 +64,9 @@ class OnPolicyLoop(RoundLoop):
     learner_class = PPOLearner
 
     # -- sampling ---------------------------------------------------------------------------
-    def _collect(self, k: int, actors: int, phases: dict) -> Collected:
-        """Launch the round's actors and ingest their batches; replace failures while below the minimum."""
+    def _collect(self, k: int, actors: int, phases: dict, cloud: dict) -> Collected:
+        """Launch the round's actors and ingest their batches; replace failures while below the minimum.
+        `cloud` gets the modelled sampling time (the waves' slowest invocations) and the learner's CPU."""
         out = Collected(batches=[], launched=actors)
         spec = self.spec
         expected_steps = actors * spec.steps_per_actor
@@ -71,7 +75,7 @@ class OnPolicyLoop(RoundLoop):
         parts_seen: dict[str, set[int]] = {}
         parts_total: dict[str, int] = {}
         covered: set[int] = set()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ack_seconds, dispatch = self.reader.processing_seconds, 0.0, 0.0
         slots, failed_total = list(range(actors)), set()
         for _ in range(MAX_WAVES):
@@ -93,6 +97,7 @@ class OnPolicyLoop(RoundLoop):
                         failed = set(slots)
                     dispatch += resp.dispatch_seconds
                     out.retries += resp.retries
+                    out.cloud_seconds += resp.cloud_seconds
                     for r in resp.invocations:
                         if not r.ok:
                             failed.add(slot_of[r.invocation_id])
@@ -133,6 +138,7 @@ class OnPolicyLoop(RoundLoop):
                     resp = fut.result(timeout=2.0)
                     dispatch += resp.dispatch_seconds
                     out.retries += resp.retries
+                    out.cloud_seconds += resp.cloud_seconds
                 except Exception:  # noqa: BLE001 - bookkeeping only; the data is already here
                     pass
             elif resp is None and not self.job.stop_requested.is_set():
@@ -156,6 +162,8 @@ class OnPolicyLoop(RoundLoop):
         metrics.observe_phase("invoke", invoke, phases)
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("sample", max(0.0, wall - ingest - invoke), phases)
+        cloud["sample"] = cloud.get("sample", 0.0) + out.cloud_seconds
+        cloud["ingest"] = cloud.get("ingest", 0.0) + max(0.0, critical_path_cpu_seconds() - cpu0)
         out.batches = [batches[i] for i in sorted(batches)]
         out.completed = sum(1 for inv, seen in parts_seen.items() if len(seen) == parts_total[inv])
         return out
@@ -166,7 +174,8 @@ class OnPolicyLoop(RoundLoop):
             cost = self.cost()
         except grpc.RpcError:
             return []
-        per_actor = cost.actor_cost_usd / cost.invocations if cost.invocations else 0.0
+        spent = cost.cloud_actor_cost_usd if cost.budget_clock == "cloud" else cost.actor_cost_usd
+        per_actor = spent / cost.invocations if cost.invocations else 0.0
         if per_actor <= 0:
             return slots
         return slots[:int(max(0.0, cost.budget_left_usd) // per_actor)]
@@ -219,10 +228,11 @@ class OnPolicyLoop(RoundLoop):
     def _round(self, k: int, plan: scaler_pb2.PlanResponse, resumed: bool):
         job, spec = self.job, self.spec
         phases: dict[str, float] = {}
+        cloud: dict[str, float] = {}  # the same phases on the cloud clock (docs/cost.md)
         t_round = time.perf_counter()
         actors = plan.actors
         metrics.ACTORS_PER_ROUND.labels(job.job_id).set(actors)
-        got = self._collect(k, actors, phases)
+        got = self._collect(k, actors, phases, cloud)
         rejected, duplicates = self.export_reader_counters()
         if job.stop_requested.is_set() and len(got.batches) < actors:
             return None, plan  # abandoned mid-sampling; the last checkpoint is the previous round
@@ -241,7 +251,7 @@ class OnPolicyLoop(RoundLoop):
             self.recent_returns.extend(b["episode_returns"])
         self.recent_returns = self.recent_returns[-20:]
 
-        with metrics.timed("update", phases):
+        with metrics.timed("update", phases, cloud):
             stats = self.learner.update(got.batches)
             self.learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in got.batches]))
         self.total_steps += steps
@@ -254,7 +264,8 @@ class OnPolicyLoop(RoundLoop):
             "duplicates_dropped": duplicates + got.duplicates, "rejected_batches": rejected, "stale_batches_dropped": got.stale,
             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss, "entropy": stats.entropy,
             "kl": stats.kl, "gradient_noise_scale": stats.gradient_noise_scale, "notes": got.notes[:50],
-            "phases": dict(phases), "t_round": time.time() - (time.perf_counter() - t_round),
+            "phases": dict(phases), "cloud_phases": dict(cloud),
+            "t_round": time.time() - (time.perf_counter() - t_round),
         }
         report, next_plan = self._finish_round(k, pending, resumed=resumed, to_ack=got.entries)
         return report, next_plan
@@ -263,18 +274,19 @@ class OnPolicyLoop(RoundLoop):
         """Publish, checkpoint, score + evaluate, plan the next round, build the report."""
         job = self.job
         phases = dict(pending["phases"])
+        cloud = dict(pending.get("cloud_phases", {}))
         notes = list(pending["notes"])
         if resumed:
             notes.append("learner resumed from checkpoint")
-        with metrics.timed("publish", phases):
+        with metrics.timed("publish", phases, cloud):
             self.publish()
             ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
             # The detector scores and the checkpoint is written while the learner evaluates.
             score_future = self.pool.submit(self.score, k, ref) if ref else None
             checkpoint_future = self.pool.submit(self.checkpoint, k, pending)
-        with metrics.timed("evaluate", phases):
+        with metrics.timed("evaluate", phases, cloud):
             eval_return = self.evaluate_policy(k)
-        with metrics.timed("publish", phases):
+        with metrics.timed("publish", phases, cloud):
             checkpoint_future.result()  # a round is reported only once it can be resumed from
             if to_ack:
                 self.redis_call(lambda: self.reader.ack(to_ack), "stream ack")
@@ -289,11 +301,14 @@ class OnPolicyLoop(RoundLoop):
                 fallback = self.fallback_actors()
                 notes.append(f"detector unavailable ({detail}); fallback plan of {fallback} actors "
                              f"({self.spec.detector_fallback})")
+        # On the cloud the detector scores on the learner server while the learner evaluates.
+        cloud["detect"] = cloud_detect_wait(score_resp.cpu_seconds, cloud.get("evaluate", 0.0))
         with metrics.timed("plan", phases):
-            last = {"loss": pending["policy_loss"] + pending["value_loss"], "eval_return": eval_return,
+            last = {"loss": pending["policy_loss"] + pending["value_loss"], "eval_return": self.last_eval(eval_return),
                     "kl": pending["kl"], "update_seconds": phases.get("update", 0.0),
                     "actor_seconds": phases.get("sample", 0.0), "round_seconds": time.time() - pending["t_round"]}
-            next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last)
+            next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last,
+                                  cloud_seconds=cloud_round_seconds(cloud))
         round_seconds = max(time.time() - pending["t_round"], sum(phases.values()))
         keep = {key: pending[key] for key in (
             "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "actors_replaced",
@@ -303,7 +318,7 @@ class OnPolicyLoop(RoundLoop):
             **keep, resumed=resumed,
             **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
                                          phases=phases, round_seconds=round_seconds, notes=notes,
-                                         fallback=fallback))
+                                         fallback=fallback, cloud_phases=cloud))
         log.info("job %s round %d: actors %d steps %d eval %.1f score %.3f cost $%.4f (%.2fs)%s", job.job_id, k,
                  report.actors_launched, report.env_steps, eval_return if not math.isnan(eval_return) else -1,
                  score_resp.score, report.total_cost_usd, round_seconds, f" notes: {notes}" if notes else "")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import struct
@@ -29,6 +30,7 @@ import torch
 
 from learner_svc.jobs import Job
 from nitro import codec, metrics
+from nitro import cost as nitro_cost
 from nitro.detector.core import REQUIRED_FIELDS
 from nitro.envs import env_spaces
 from nitro.grpc_util import DEADLINES
@@ -222,11 +224,14 @@ class RoundLoop:
     def scaler_spec(self) -> common_pb2.ScalerSpec:
         sc = self.spec.scaler
         return common_pb2.ScalerSpec(policy=sc.policy, i_min=sc.i_min, i_max=sc.i_max, fixed_actors=sc.fixed_actors,
-                                     decay=sc.decay, window=sc.window, period=sc.period, scheduler=sc.scheduler)
+                                     decay=sc.decay, window=sc.window, period=sc.period, scheduler=sc.scheduler,
+                                     actors_by_round=sc.actors_by_round, floor_actors=sc.floor_actors,
+                                     floor_decay=sc.floor_decay)
 
     def plan(self, round_index: int, score: float, gns: float, fallback_actors: int = 0,
-             last: dict | None = None) -> scaler_pb2.PlanResponse:
-        """Ask the scaler for round `round_index`'s actors; `last` describes the round just finished."""
+             last: dict | None = None, cloud_seconds: float = 0.0) -> scaler_pb2.PlanResponse:
+        """Ask the scaler for round `round_index`'s actors; `last` describes the round just finished,
+        `cloud_seconds` is its modelled cloud time (the learner server's bill on the cloud clock)."""
         last = last or {}
         now = time.monotonic()
         learner_seconds, self.last_plan_time = now - self.last_plan_time, now
@@ -239,7 +244,8 @@ class RoundLoop:
                 learner_loss=last.get("loss", 0.0), eval_return=_finite(last.get("eval_return", 0.0)),
                 approx_kl=last.get("kl", 0.0), update_seconds=last.get("update_seconds", 0.0),
                 actor_seconds=last.get("actor_seconds", 0.0), round_seconds=last.get("round_seconds", 0.0),
-                target_return=self.spec.target_return, rounds=self.spec.rounds),
+                target_return=self.spec.target_return, rounds=self.spec.rounds,
+                cloud_learner_seconds=max(0.0, cloud_seconds), budget_clock=self.spec.budget_clock),
                 timeout=DEADLINES["Plan"], patience=self.spec.round_deadline_s, what="Plan")
         except grpc.RpcError as exc:
             raise JobAborted(f"scaler unavailable for planning: {exc.code().name}: {exc.details()}") from exc
@@ -263,12 +269,17 @@ class RoundLoop:
                         timeout=DEADLINES["GetCost"], patience=30.0, what="GetCost")
 
     def closing_report_fields(self, *, eval_return: float, score_resp, next_plan, phases: dict[str, float],
-                              round_seconds: float, notes: list[str], fallback: int) -> dict:
+                              round_seconds: float, notes: list[str], fallback: int,
+                              cloud_phases: dict[str, float] | None = None) -> dict:
         """RoundReport fields every loop fills alike when a round closes; exports the round's gauges too."""
         cost = self.cost()
-        prev_total = self.job.reports[-1].total_cost_usd if self.job.reports else 0.0
+        cloud_phases = cloud_phases or {}
+        last = self.job.reports[-1] if self.job.reports else None
+        prev_total = last.total_cost_usd if last else 0.0
+        prev_cloud = last.cloud_total_cost_usd if last else 0.0
         metrics.ROUND_SECONDS.observe(round_seconds)
-        metrics.EVAL_RETURN.labels(self.job.job_id).set(eval_return)
+        if math.isfinite(eval_return):
+            metrics.EVAL_RETURN.labels(self.job.job_id).set(eval_return)
         metrics.BUDGET_LEFT_USD.labels(self.job.job_id).set(cost.budget_left_usd)
         return dict(
             job_id=self.job.job_id,
@@ -279,7 +290,11 @@ class RoundLoop:
             serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
             phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
             round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
-            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback > 0)
+            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback > 0,
+            cloud_round_seconds=nitro_cost.cloud_round_seconds(cloud_phases),
+            cloud_round_cost_usd=max(0.0, cost.cloud_total_cost_usd - prev_cloud),
+            cloud_total_cost_usd=cost.cloud_total_cost_usd, evaluated=not math.isnan(eval_return),
+            cloud_phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in cloud_phases.items()])
 
     def score(self, round_index: int, ref: str, algo: str = "ppo") -> detector_pb2.ScoreResponse:
         sc = self.spec.scaler
@@ -304,6 +319,12 @@ class RoundLoop:
 
     def fallback_actors(self) -> int:
         return self.spec.scaler.i_min if self.spec.detector_fallback == "i_min" else self.last_actors
+
+    def last_eval(self, eval_return: float) -> float:
+        """This round's eval return, or the latest one measured (rounds between evaluations have none)."""
+        if math.isfinite(eval_return):
+            return eval_return
+        return next((r.eval_return for r in reversed(self.job.reports) if r.evaluated), 0.0)
 
     def last_score(self) -> float:
         return self.job.reports[-1].score if self.job.reports else 0.0
@@ -335,7 +356,7 @@ class RoundLoop:
         return {"loss": means.get("policy_loss", 0.0) + means.get("value_loss", 0.0), "kl": means.get("kl", 0.0),
                 "update_seconds": phases.get("update", 0.0), "actor_seconds": phases.get("sample", 0.0),
                 "round_seconds": time.time() - t_round,
-                "eval_return": self.job.reports[-1].eval_return if self.job.reports else 0.0}
+                "eval_return": self.last_eval(math.nan)}
 
     # -- data plane ---------------------------------------------------------------------
     def publish(self) -> None:
@@ -354,8 +375,15 @@ class RoundLoop:
         self.redis_call(lambda: self.deps.redis.set(key, blob, ex=POLICY_TTL_S), "sample subset write")
         return key
 
+    def evaluates(self, round_index: int) -> bool:
+        """Whether round `round_index` is evaluated: every eval_every-th round and the last."""
+        spec = self.spec
+        return spec.eval_episodes > 0 and ((round_index + 1) % spec.eval_every == 0
+                                           or round_index + 1 >= spec.rounds)
+
     def evaluate_policy(self, round_index: int) -> float:
-        if self.spec.eval_episodes <= 0:
+        """Mean deterministic return over eval_episodes, each on its own eval seed; NaN when not evaluated."""
+        if not self.evaluates(round_index):
             return float("nan")
         runner = PolicyRunner(self.model_spec, self.learner.policy.numpy_state(), self.version)
         return float(np.mean(evaluate(runner, self.spec.env_id, self.spec.eval_episodes,

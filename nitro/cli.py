@@ -26,7 +26,7 @@ from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingS
 
 BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND,
              grpc.StatusCode.ALREADY_EXISTS}
-SCALER_POLICIES = "nitro|fixed|max|hydrozoa|kungfu|minions|fixed:N"
+SCALER_POLICIES = "nitro|fixed|max|hydrozoa|kungfu|minions|schedule|replay|nitro-floor|fixed:N"
 
 
 class CliError(Exception):
@@ -178,11 +178,11 @@ def cmd_status(args) -> int:
     if not jobs:
         print("jobs: none")
     else:
-        print(f"jobs:\n  {'JOB':<32} {'STATE':<10} {'ROUNDS':>9} {'COST':>10}  MESSAGE")
+        print(f"jobs:\n  {'JOB':<32} {'STATE':<10} {'ROUNDS':>9} {'CLOUD $':>10} {'MACHINE $':>10}  MESSAGE")
         for j in jobs:
             rounds = f"{j.rounds_done}/{j.spec.rounds}" if j.HasField("spec") else str(j.rounds_done)
-            print(f"  {j.job_id:<32} {j.state_name:<10} {rounds:>9} {'$' + format(j.total_cost_usd, '.4f'):>10}  "
-                  f"{j.message}".rstrip())
+            print(f"  {j.job_id:<32} {j.state_name:<10} {rounds:>9} {format(j.cloud_total_cost_usd, '.4f'):>10} "
+                  f"{format(j.total_cost_usd, '.4f'):>10}  {j.message}".rstrip())
     return 0 if healthy else 1
 
 
@@ -205,11 +205,18 @@ TRAIN_FIELDS = [
     ("--window", "scaler.window", int, "sliding window n of convexity ratios (--scaler nitro)"),
     ("--period", "scaler.period", int, "rounds between doublings (--scaler hydrozoa)"),
     ("--scheduler", "scaler.scheduler", str, "pre-trained scheduler checkpoint (--scaler minions)"),
+    ("--actors-by-round", "scaler.actors_by_round", str,
+     "comma-separated actor counts per round, e.g. 8,16,12; later rounds repeat the last (--scaler replay)"),
+    ("--floor-actors", "scaler.floor_actors", int, "F of the floor round(F * d_f^(k^2)) (--scaler nitro-floor)"),
+    ("--floor-decay", "scaler.floor_decay", float, "d_f of that floor (--scaler nitro-floor)"),
     ("--rounds", "rounds", int, "training rounds"),
     ("--steps-per-actor", "steps_per_actor", int, "environment steps each actor samples per round"),
     ("--budget", "budget_usd", float, "budget in USD; the job stops when the next round is unaffordable"),
+    ("--budget-clock", "budget_clock", str,
+     "the bill the budget binds on: cloud (modelled AWS bill, default) or machine (docs/cost.md)"),
     ("--seed", "seed", int, "random seed"),
-    ("--eval-episodes", "eval_episodes", int, "deterministic evaluation episodes per round"),
+    ("--eval-episodes", "eval_episodes", int, "deterministic evaluation episodes per evaluated round"),
+    ("--eval-every", "eval_every", int, "evaluate after every N-th round and after the last (default 1)"),
     ("--round-deadline", "round_deadline_s", float, "seconds a round waits for its actors"),
     ("--job-id", "job_id", str, "job id (generated when not given)"),
     ("--actor-memory", "actor_memory_mb", int, "actor function memory in MB (billing)"),
@@ -495,7 +502,8 @@ def cmd_train(args) -> int:
 
 def _round_line(r) -> str:
     return (f"round {r.round:>4}  actors {r.actors_launched:>3}  eval {r.eval_return:10.2f}  "
-            f"train {r.train_return:10.2f}  score {r.score:4.2f}  cost ${r.total_cost_usd:.4f}")
+            f"train {r.train_return:10.2f}  score {r.score:4.2f}  "
+            f"cost cloud ${r.cloud_total_cost_usd:.4f} / this machine ${r.total_cost_usd:.4f}")
 
 
 def _run_job(client: NitroClient, spec: dict, args) -> int:
@@ -514,7 +522,7 @@ def _run_job(client: NitroClient, spec: dict, args) -> int:
             reports.append(r)
             bar.update(1)
             bar.set_postfix_str(f"actors {r.actors_launched} eval {r.eval_return:.1f} "
-                                f"cost ${r.total_cost_usd:.4f} score {r.score:.2f}")
+                                f"cloud ${r.cloud_total_cost_usd:.4f} score {r.score:.2f}")
             if plain:
                 print(_round_line(r), flush=True)
     except KeyboardInterrupt:
@@ -585,9 +593,11 @@ def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
     print(f"  eval return   final {num(summary['final_eval_return'], '.2f')}, "
           f"best {num(summary['best_eval_return'], '.2f')} (round {summary['best_round']})")
     print(f"  env steps     {summary['total_env_steps']:,}")
-    print(f"  cost          ${summary['total_cost_usd']:.4f} "
+    print(f"  cost (cloud)  ${summary['cloud_total_cost_usd']:.4f} modelled for AWS, {summary['cloud_seconds']:.1f} s "
+          f"(serverful comparator ${summary['cloud_serverful_cost_usd']:.4f}; docs/cost.md)")
+    print(f"  cost (here)   ${summary['total_cost_usd']:.4f} at this machine's wall time "
           f"(serverful comparator ${summary['serverful_cost_usd']:.4f})")
-    print(f"  wall time     {wall_s:.1f} s")
+    print(f"  wall time     {wall_s:.1f} s on this machine")
     print(f"  checkpoint    {ckpt_line}")
     print(f"  results       {out}/ (rounds.csv, summary.json, training.png)", flush=True)
     return out

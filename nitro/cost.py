@@ -12,6 +12,16 @@ VM startup time too, during which the learner waits (paper Fig. 5: VMs take
 tens of seconds to minutes to start, Lambda seconds). EC2 Linux bills per
 second with a 60 s minimum ("per_second", default); "per_hour" rounds every
 VM's run up to whole hours (the older scheme; an upper bound).
+
+Two clocks (docs/cost.md). "This machine": billed durations are the wall time
+the local endpoint measured and the learner server is billed for its wall
+time, so on a shared 2-core machine a round with more actors takes (and
+costs) proportionally longer. "Cloud": what the same work would take on AWS
+with every invocation on its own vCPU: an invocation lasts its CPU time plus
+the wall time of its Redis calls (`modelled_invocation_ms`), a cold one adds
+the platform's start and its init CPU; a round lasts its slowest invocation
+plus the learner's critical path measured in CPU time
+(`cloud_round_seconds`), and the learner server is billed for that.
 """
 
 from __future__ import annotations
@@ -44,6 +54,10 @@ class Prices:
     actor_vm_startup_s: float = 60.0
     actor_vm_billing: str = "per_second"
     actor_vm_min_billed_s: float = 60.0  # per-second billing minimum per VM start
+    # Platform timing of the cloud clock (not prices, but they set the modelled bill):
+    lambda_cold_start_s: float = 0.25  # sandbox start before a cold function's init code runs (not billed)
+    lambda_invoke_overhead_s: float = 0.03  # request round trip of one synchronous invoke (not billed)
+    lambda_init_ms: float = 300.0  # init CPU of a cold function until one was measured (billed, as AWS does)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -207,3 +221,61 @@ class CostLedger:
         if unknown:
             raise ConfigError(f"unknown cost ledger field(s) {unknown}; allowed: {sorted(names)}")
         return cls(**d)
+
+
+# -- the cloud clock (docs/cost.md) -------------------------------------------------------
+
+CLOCKS = ("cloud", "machine")  # which bill a job's budget binds on; "cloud" by default
+
+
+def modelled_invocation_ms(cpu_ms: float, io_cpu_ms: float, io_wall_ms: float) -> float:
+    """An invocation's duration with a vCPU of its own: CPU time outside Redis calls plus the
+    wall time of its Redis calls (waiting on the network is billed on Lambda, too)."""
+    cpu, io_cpu, io_wall = (_check(n, v) for n, v in
+                            (("cpu_ms", cpu_ms), ("io_cpu_ms", io_cpu_ms), ("io_wall_ms", io_wall_ms)))
+    return max(0.0, cpu - io_cpu) + io_wall
+
+
+def modelled_billed_ms(modelled_ms: float, init_ms: float = 0.0) -> int:
+    """Billed ms of one modelled invocation: its duration plus, when cold, its init
+    (AWS bills the INIT phase of on-demand functions), rounded up to the ms."""
+    return billed_duration_ms(_check("modelled_ms", modelled_ms) + _check("init_ms", init_ms))
+
+
+def modelled_invocation_seconds(modelled_ms: float, init_ms: float, cold: bool, prices: Prices) -> float:
+    """Wall time of one invocation on the cloud, as its caller sees it (init_ms counts only when cold)."""
+    start = prices.lambda_cold_start_s + _check("init_ms", init_ms) / 1000.0 if cold else 0.0
+    return prices.lambda_invoke_overhead_s + start + _check("modelled_ms", modelled_ms) / 1000.0
+
+
+def cold_invocations(launched: int, warm_sandboxes: int) -> int:
+    """How many of a launch start cold: Lambda reuses idle sandboxes, so a launch needs new ones only
+    beyond the most that earlier launches of the job kept warm (idle sandboxes live minutes; rounds
+    are seconds apart)."""
+    return max(0, int(launched) - max(0, int(warm_sandboxes)))
+
+
+def cloud_launch(invocations, prices: Prices) -> tuple[float, list[int]]:
+    """A launch of (modelled_ms, init_ms, cold) invocations, all in parallel: its modelled wall time
+    (the slowest, 0 when empty) and each one's modelled billed ms."""
+    invocations = list(invocations)
+    seconds = max((modelled_invocation_seconds(ms, init, cold, prices) for ms, init, cold in invocations),
+                  default=0.0)
+    return seconds, [modelled_billed_ms(ms, init if cold else 0.0) for ms, init, cold in invocations]
+
+
+def cloud_detect_wait(detector_cpu_s: float, overlapped_s: float) -> float:
+    """The learner waits for the detector only as long as its scoring outlasts the work it overlaps."""
+    return max(0.0, _check("detector_cpu_s", detector_cpu_s) - _check("overlapped_s", overlapped_s))
+
+
+def cloud_round_seconds(phases: Mapping[str, float]) -> float:
+    """A round on the cloud: its modelled phases laid end to end (they are its critical path)."""
+    return sum(_check(f"cloud phase {name}", v) for name, v in phases.items())
+
+
+def budget_spent(machine_usd: float, cloud_usd: float, clock: str) -> float:
+    """The bill a job's budget binds on."""
+    if clock not in CLOCKS:
+        raise ConfigError(f"invalid value for budget_clock: must be one of {list(CLOCKS)}, got {clock!r}")
+    return cloud_usd if clock == "cloud" else machine_usd

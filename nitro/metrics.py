@@ -11,6 +11,8 @@ import time
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from nitro.clock import critical_path_cpu_seconds
+
 PHASES = ("sample", "ingest", "update", "detect", "plan", "invoke", "publish", "evaluate")
 
 ROUND_PHASE_SECONDS = Histogram(
@@ -55,13 +57,17 @@ DETECTOR_SECONDS = Histogram("nitro_detector_seconds", "Time to score one policy
 
 
 @contextlib.contextmanager
-def timed(phase: str, sink: dict[str, float] | None = None):
-    """Observe a phase in the histogram and add its duration to `sink[phase]`."""
+def timed(phase: str, sink: dict[str, float] | None = None, cloud: dict[str, float] | None = None):
+    """Observe a phase in the histogram and add its duration to `sink[phase]`; with `cloud`, add its
+    learner CPU time there too (the cloud clock's measure of the same phase, nitro.clock)."""
     t0 = time.perf_counter()
+    c0 = critical_path_cpu_seconds() if cloud is not None else 0.0
     try:
         yield
     finally:
         observe_phase(phase, time.perf_counter() - t0, sink)
+        if cloud is not None:
+            cloud[phase] = cloud.get(phase, 0.0) + max(0.0, critical_path_cpu_seconds() - c0)
 
 
 def observe_phase(phase: str, seconds: float, sink: dict[str, float] | None = None) -> None:

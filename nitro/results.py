@@ -27,25 +27,39 @@ def as_dict(obj) -> dict:
     return message_to_dict(obj)
 
 
+_PHASE_COLUMNS = {"phases": "phase_{}_s", "cloud_phases": "cloud_phase_{}_s"}  # this machine / cloud clock
+
+
 def round_rows(reports: Iterable) -> tuple[list[str], list[dict]]:
-    """Flat CSV rows: phases become phase_<name>_s columns, notes one '; '-joined string."""
+    """Flat CSV rows: phases become phase_<name>_s columns (cloud_phases cloud_phase_<name>_s), notes one
+    '; '-joined string."""
     rows, columns, phase_cols = [], [], []
     for report in reports:
         d = dict(as_dict(report))
-        phases = d.pop("phases", None) or {}
+        phase_sets = {key: _phase_dict(d.pop(key, None)) for key in _PHASE_COLUMNS}
         row = {k: ("; ".join(v) if isinstance(v, list) else v) for k, v in d.items()}
-        for name, seconds in phases.items():
-            col = f"phase_{name}_s"
-            row[col] = seconds
-            if col not in phase_cols:
-                phase_cols.append(col)
+        for key, phases in phase_sets.items():
+            for name, seconds in phases.items():
+                col = _PHASE_COLUMNS[key].format(name)
+                row[col] = seconds
+                if col not in phase_cols:
+                    phase_cols.append(col)
         columns += [k for k in d if k not in columns]
         rows.append(row)
     if not rows:  # header only: the fields a report would have
         from nitro.v1 import training_pb2
 
-        columns = [f.name for f in training_pb2.RoundReport.DESCRIPTOR.fields if f.name != "phases"]
+        columns = [f.name for f in training_pb2.RoundReport.DESCRIPTOR.fields if f.name not in _PHASE_COLUMNS]
     return columns + phase_cols, rows
+
+
+def _phase_dict(value) -> dict[str, float]:
+    """{phase: seconds} from a dict or from a list of {"phase", "seconds"} (a repeated PhaseLatency)."""
+    if not value:
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    return {p["phase"]: p["seconds"] for p in value}
 
 
 def write_rounds_csv(path: str | os.PathLike, reports: Sequence) -> Path:
@@ -81,6 +95,10 @@ def summarize(status, reports: Sequence, wall_s: float) -> dict:
         "best_eval_return": best[0],
         "best_round": best[1],
         "total_env_steps": st.get("total_env_steps") or last.get("total_env_steps", 0),
+        # Two clocks (docs/cost.md): cloud_* is the modelled AWS bill, the others this machine's.
+        "cloud_total_cost_usd": st.get("cloud_total_cost_usd") or last.get("cloud_total_cost_usd", 0.0),
+        "cloud_seconds": sum(r.get("cloud_round_seconds", 0.0) for r in reps),
+        "cloud_serverful_cost_usd": _cloud_serverful(reps, spec),
         "total_cost_usd": st.get("total_cost_usd") or last.get("total_cost_usd", 0.0),
         "serverful_cost_usd": last.get("serverful_cost_usd", 0.0),
         "actors_launched": sum(r.get("actors_launched", 0) for r in reps),
@@ -90,6 +108,15 @@ def summarize(status, reports: Sequence, wall_s: float) -> dict:
         "finished_unix": st.get("finished_unix"),
         "spec": spec,
     }
+
+
+def _cloud_serverful(reps: list[dict], spec: dict) -> float:
+    """The serverful comparator (an actor VM fleet for I_max) over the job's modelled cloud time."""
+    from nitro.cost import Prices, serverful_job_cost
+
+    seconds = sum(r.get("cloud_round_seconds", 0.0) for r in reps)
+    i_max = int((spec.get("scaler") or {}).get("i_max") or 64)
+    return serverful_job_cost(seconds, i_max, Prices()) if reps else 0.0
 
 
 def write_summary(path: str | os.PathLike, status, reports: Sequence, wall_s: float) -> dict:
@@ -126,8 +153,9 @@ def plot_training(path: str | os.PathLike, reports: Sequence) -> Path:
     actors.set_ylim(bottom=0)
     actors.yaxis.set_major_locator(MaxNLocator(integer=True))
     actors.legend(loc="best")
-    cost.plot(x, col("total_cost_usd"), label="nitro (serverless)")
-    cost.plot(x, col("serverful_cost_usd"), ls="--", label="serverful comparator")
+    cost.plot(x, col("cloud_total_cost_usd"), label="modelled cloud (AWS)")
+    cost.plot(x, col("total_cost_usd"), ls=":", label="this machine")
+    cost.plot(x, col("serverful_cost_usd"), ls="--", label="serverful comparator (this machine)")
     cost.set_ylabel("cumulative cost (USD)")
     cost.set_ylim(bottom=0)
     cost.set_xlabel("round")

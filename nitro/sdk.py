@@ -120,7 +120,13 @@ class RoundReport(_Wrapper):
 
     @property
     def phases(self) -> dict[str, float]:
+        """This machine's phase latencies (wall time on its shared cores)."""
         return {p.phase: p.seconds for p in self.proto.phases}
+
+    @property
+    def cloud_phases(self) -> dict[str, float]:
+        """The same phases on the modelled cloud clock (docs/cost.md)."""
+        return {p.phase: p.seconds for p in self.proto.cloud_phases}
 
     @property
     def notes(self) -> list[str]:
@@ -157,7 +163,7 @@ def message_to_dict(msg) -> dict:
     out = {}
     for f in msg.DESCRIPTOR.fields:
         value = getattr(msg, f.name)
-        if f.name == "phases":
+        if f.name in ("phases", "cloud_phases"):
             out[f.name] = {p.phase: p.seconds for p in value}
         elif f.message_type is not None and f.message_type.GetOptions().map_entry:
             out[f.name] = dict(value)

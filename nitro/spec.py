@@ -13,10 +13,11 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from nitro.cost import CLOCKS
 from nitro.errors import ConfigError, UnknownEnvironmentError
 
 ALGOS = ("ppo", "impact")
-SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions")
+SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor")
 DETECTOR_FALLBACKS = ("i_min", "last")
 LEARNER_MODES = ("central", "stellaris")
 STALENESS_WEIGHTS = ("inverse", "exp", "none")  # nitro.algos.stellaris.staleness_weight
@@ -45,6 +46,9 @@ class ScalerSettings:
     window: int = 6
     period: int = 10
     scheduler: str = ""  # "minions": path of a pre-trained scheduler checkpoint
+    actors_by_round: str = ""  # "replay": comma-separated actor counts per round, e.g. "8,16,12"
+    floor_actors: int = 64  # "nitro-floor": F of the floor round(F * floor_decay^(k^2))
+    floor_decay: float = 0.96  # "nitro-floor": d_f of that floor
 
 
 @dataclass
@@ -88,6 +92,9 @@ class TrainingSpec:
     # Every actor invocation starts fresh episodes from its own seed instead of continuing the
     # warm environment's episode, so the same seed gives the same run (docs/algorithms.md).
     reproducible: bool = False
+    # The bill the budget binds on: "cloud" (the modelled AWS bill, docs/cost.md) or "machine".
+    budget_clock: str = "cloud"
+    eval_every: int = 1  # evaluate after every eval_every-th round and after the last one
 
     def __post_init__(self) -> None:
         if isinstance(self.stellaris, dict):  # from a saved job.json or checkpoint
@@ -158,6 +165,7 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     if not 1 <= sc.period <= MAX_ROUNDS:
         raise InvalidSpec("scaler.period", f"must be in [1, {MAX_ROUNDS}], got {sc.period}")
     _validate_scheduler(sc)
+    _validate_controls(sc)
 
     if not 1 <= spec.rounds <= MAX_ROUNDS:
         raise InvalidSpec("rounds", f"must be in [1, {MAX_ROUNDS}], got {spec.rounds}")
@@ -170,6 +178,10 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
         raise InvalidSpec("seed", f"must be in [0, 2^63), got {spec.seed}")
     if not 0 <= spec.eval_episodes <= 1000:
         raise InvalidSpec("eval_episodes", f"must be in [0, 1000], got {spec.eval_episodes}")
+    if not 1 <= spec.eval_every <= MAX_ROUNDS:
+        raise InvalidSpec("eval_every", f"must be in [1, {MAX_ROUNDS}], got {spec.eval_every}")
+    if spec.budget_clock not in CLOCKS:
+        raise InvalidSpec("budget_clock", f"unknown {spec.budget_clock!r}; allowed: {list(CLOCKS)}")
     _finite("round_deadline_s", spec.round_deadline_s)
     if not 0 < spec.round_deadline_s <= 3600:
         raise InvalidSpec("round_deadline_s", f"must be in (0, 3600], got {spec.round_deadline_s}")
@@ -246,6 +258,32 @@ def _validate_scheduler(sc: ScalerSettings) -> None:
         raise
     except SchedulerCheckpointError as exc:
         raise InvalidSpec("scaler.scheduler", exc.detail) from None
+
+
+def _validate_controls(sc: ScalerSettings) -> None:
+    """The evaluation controls' settings: "replay"'s actor list, "nitro-floor"'s floor (docs/scaling.md)."""
+    from nitro.scaling.policies import parse_actor_counts
+
+    if not 1 <= sc.floor_actors <= MAX_ACTORS:
+        raise InvalidSpec("scaler.floor_actors", f"must be in [1, {MAX_ACTORS}], got {sc.floor_actors}")
+    _finite("scaler.floor_decay", sc.floor_decay)
+    if not 0.0 < sc.floor_decay <= 1.0:
+        raise InvalidSpec("scaler.floor_decay", f"must be in (0, 1], got {sc.floor_decay}")
+    if sc.policy != "replay":
+        if sc.actors_by_round:
+            raise InvalidSpec("scaler.actors_by_round", f"is only used with scaler.policy 'replay', got policy "
+                              f"{sc.policy!r}")
+        return
+    if not isinstance(sc.actors_by_round, str):
+        raise InvalidSpec("scaler.actors_by_round", "must be comma-separated actor counts, e.g. '8,16,12', got "
+                          f"{sc.actors_by_round!r}")
+    try:
+        counts = parse_actor_counts(sc.actors_by_round, "scaler.actors_by_round")
+    except ConfigError as exc:
+        raise InvalidSpec("scaler.actors_by_round", str(exc).removeprefix(
+            "invalid value for scaler.actors_by_round: ")) from None
+    if max(counts) > MAX_ACTORS:
+        raise InvalidSpec("scaler.actors_by_round", f"counts must be in [1, {MAX_ACTORS}], got {max(counts)}")
 
 
 def new_job_id(env_id: str) -> str:
@@ -326,8 +364,9 @@ def apply_env_preset(spec: TrainingSpec, explicit: set[str] | None = None) -> Tr
 # -- wire conversion -----------------------------------------------------------------
 
 _SCALAR_FIELDS = ("rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s",
-                  "actor_memory_mb", "target_return", "min_sample_fraction", "detector_timeout_s", "reproducible")
-_SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period")
+                  "actor_memory_mb", "target_return", "min_sample_fraction", "detector_timeout_s", "reproducible",
+                  "eval_every")
+_SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period", "floor_actors", "floor_decay")
 _STELLARIS_OPTIONAL = ("learner_memory_mb", "max_learners", "staleness_decay", "bound_start", "bound_end", "rho_bar",
                        "recent_versions")
 _STELLARIS_STRINGS = ("learner_function", "staleness_weight", "bound_schedule")
@@ -346,6 +385,8 @@ def from_proto(msg) -> TrainingSpec:
         spec.detector_fallback = msg.detector_fallback
     if msg.learner_mode:
         spec.learner_mode = msg.learner_mode
+    if msg.budget_clock:
+        spec.budget_clock = msg.budget_clock
     if msg.HasField("stellaris"):
         for name in _STELLARIS_STRINGS:
             if getattr(msg.stellaris, name):
@@ -372,6 +413,8 @@ def from_proto(msg) -> TrainingSpec:
                                       "integer, e.g. 'fixed:16'") from None
         if msg.scaler.scheduler:
             spec.scaler.scheduler = msg.scaler.scheduler
+        if msg.scaler.actors_by_round:
+            spec.scaler.actors_by_round = msg.scaler.actors_by_round
         for name in _SCALER_FIELDS:
             if msg.scaler.HasField(name):
                 setattr(spec.scaler, name, getattr(msg.scaler, name))
@@ -384,9 +427,9 @@ def to_proto(spec: TrainingSpec):
     sc, st = spec.scaler, spec.stellaris
     return training_pb2.TrainingSpec(
         env_id=spec.env_id, algo=spec.algo, preset=spec.preset, hyperparameters=spec.hyperparameters,
-        scaler=common_pb2.ScalerSpec(policy=sc.policy, scheduler=sc.scheduler,
+        scaler=common_pb2.ScalerSpec(policy=sc.policy, scheduler=sc.scheduler, actors_by_round=sc.actors_by_round,
                                      **{n: getattr(sc, n) for n in _SCALER_FIELDS}),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
-        learner_mode=spec.learner_mode,
+        learner_mode=spec.learner_mode, budget_clock=spec.budget_clock,
         stellaris=training_pb2.StellarisSpec(**{n: getattr(st, n) for n in _STELLARIS_STRINGS + _STELLARIS_OPTIONAL}),
         **{n: getattr(spec, n) for n in _SCALAR_FIELDS})

@@ -14,6 +14,8 @@ signed record carries (part, parts). A part is deduplicated by
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import re
 import time
@@ -106,12 +108,15 @@ class TrajectoryWriter:
     """Actor side: one signed stream entry per invocation (several when `append_batch` splits it)."""
 
     def __init__(self, client: redis.Redis, job_id: str, key: bytes, maxlen: int = 10000,
-                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES):
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES, io=contextlib.nullcontext):
+        """`io`: a context-manager factory entered around each network round trip (the cloud clock's
+        InvocationClock.io), so encoding and signing stay outside it."""
         if not 0 < max_entry_bytes <= REDIS_MAX_BULK_BYTES:
             raise ValueError(f"max_entry_bytes must be in (0, {REDIS_MAX_BULK_BYTES}] (Redis proto-max-bulk-len), "
                              f"got {max_entry_bytes!r}")
         self._r, self._stream, self._key, self._maxlen = client, stream_key(job_id), key, maxlen
         self.max_entry_bytes = int(max_entry_bytes)
+        self._io = io
 
     def append(
         self,
@@ -132,7 +137,8 @@ class TrajectoryWriter:
         fields = dict(zip(_FIELDS, (str(v).encode() for v in meta)))
         fields[b"payload"] = payload
         # Approximate MAXLEN is a memory cap for a stalled learner, not the normal cleanup (ack deletes).
-        entry_id = self._r.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
+        with self._io():
+            entry_id = self._r.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
         return entry_id.decode()
 
     def append_batch(self, *, invocation_id: str, round: int, policy_version: int, batch: dict,
@@ -170,7 +176,9 @@ class TrajectoryWriter:
             fields = dict(zip(_FIELDS + _PART_FIELDS, (str(v).encode() for v in meta)))
             fields[b"payload"] = payload
             pipe.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
-        return [eid.decode() if isinstance(eid, bytes) else str(eid) for eid in pipe.execute()]
+        with self._io():
+            ids = pipe.execute()
+        return [eid.decode() if isinstance(eid, bytes) else str(eid) for eid in ids]
 
 
 @dataclass

@@ -46,6 +46,11 @@ class InvocationOutcome:
     attempts: int = 1
     billed_attempts_ms: int = 0  # every attempt's billed time: what the platform charges
     requests: int = 0
+    # The cloud clock (docs/cost.md): from the function's own "clock" report; an attempt without one
+    # (a function error, a timeout) is modelled by its billed wall time.
+    modelled_ms: float = 0.0  # the last attempt's
+    modelled_attempts_ms: float = 0.0  # every attempt's: what the caller waits for and what is billed
+    measured_init_ms: float = 0.0  # init CPU reported by an attempt that ran in a fresh process
 
 
 def lambda_client(endpoint_url: str | None, region: str, *, max_connections: int, read_timeout: float):
@@ -84,8 +89,9 @@ class Invoker:
         payload = json.dumps(inv.event).encode()
         for attempt in range(1, self.max_attempts + 1):
             out.attempts = attempt
+            body = {}
             try:
-                ok, etype, emsg, report, _ = self._once(function_name, payload)
+                ok, etype, emsg, report, body = self._once(function_name, payload)
                 out.requests += 1
             except ClientError as exc:
                 out.requests += 1
@@ -97,6 +103,13 @@ class Invoker:
                 out.billed_ms = int(report.get("billed_ms", 0))
                 out.init_ms = report.get("init_ms", 0.0) or 0.0
                 out.billed_attempts_ms += out.billed_ms
+            clock = body.get("clock") if isinstance(body, dict) else None
+            if isinstance(clock, dict):
+                out.modelled_ms = float(clock.get("modelled_ms", 0.0))
+                out.measured_init_ms = max(out.measured_init_ms, float(clock.get("init_ms", 0.0)))
+            else:
+                out.modelled_ms = float(out.billed_ms) if report else 0.0
+            out.modelled_attempts_ms += out.modelled_ms
             out.ok, out.error_type, out.error_message = ok, etype, emsg
             if ok or etype not in RETRYABLE_ERRORS:
                 break

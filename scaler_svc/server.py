@@ -64,6 +64,9 @@ _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
 # prices as actors, in their own counters so the actors' cost per step stays theirs.
 _LEDGER = {"actor": ("actor_cost_usd", "invocations", "billed_ms"),
            "learner": ("learner_fn_cost_usd", "learner_fn_invocations", "learner_fn_billed_ms")}
+# The same per kind on the cloud clock (docs/cost.md): modelled billed ms and their dollars.
+_CLOUD_LEDGER = {"actor": ("cloud_actor_cost_usd", "cloud_billed_ms"),
+                 "learner": ("cloud_learner_fn_cost_usd", "cloud_learner_fn_billed_ms")}
 
 
 def state_key(job_id: str) -> str:
@@ -78,6 +81,12 @@ def policy_params(sc) -> tuple[str, dict]:
         return name, {"every": sc.period or 10}
     if name == "minions":
         return name, {"scheduler": sc.scheduler}
+    if name == "schedule":
+        return name, {"decay": sc.decay or 0.96}
+    if name == "replay":
+        return name, {"actors_by_round": sc.actors_by_round}
+    if name == "nitro-floor":
+        return name, {"floor_actors": sc.floor_actors or 64, "floor_decay": sc.floor_decay or 0.96}
     return name, {}
 
 
@@ -94,14 +103,18 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def _ledger(self, st: dict, budget: float) -> dict:
-        actor = float(st.get("actor_cost_usd", 0.0))
-        learner = float(st.get("learner_cost_usd", 0.0))
-        learner_fn = float(st.get("learner_fn_cost_usd", 0.0))
-        wall = float(st.get("wall_seconds", 0.0))
-        serverful = cost.serverful_job_cost(wall, int(st.get("i_max", 64)), self.prices)
-        total = actor + learner + learner_fn
-        return {"actor": actor, "learner": learner, "learner_fn": learner_fn, "total": total,
-                "serverful": serverful, "budget": budget, "left": budget - total}
+        """Both bills of a job; "left" is the budget minus the bill its budget_clock names."""
+        out = {"budget": budget, "clock": st.get("budget_clock", "cloud")}
+        for prefix, wall_field in (("", "wall_seconds"), ("cloud_", "cloud_seconds")):
+            actor = float(st.get(f"{prefix}actor_cost_usd", 0.0))
+            learner = float(st.get(f"{prefix}learner_cost_usd", 0.0))
+            learner_fn = float(st.get(f"{prefix}learner_fn_cost_usd", 0.0))
+            wall = float(st.get(wall_field, 0.0))
+            out.update({f"{prefix}actor": actor, f"{prefix}learner": learner, f"{prefix}learner_fn": learner_fn,
+                        f"{prefix}total": actor + learner + learner_fn, f"{prefix}seconds": wall,
+                        f"{prefix}serverful": cost.serverful_job_cost(wall, int(st.get("i_max", 64)), self.prices)})
+        out["left"] = budget - cost.budget_spent(out["total"], out["cloud_total"], out["clock"])
+        return out
 
     # -- RPCs ----------------------------------------------------------------------------
     def Plan(self, request, context):
@@ -121,6 +134,13 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if not 0 <= request.learner_seconds < 1e7 or not 0.0 <= request.score <= 1.0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "learner_seconds must be in [0, 1e7) and score in [0, 1]")
+        if not 0 <= request.cloud_learner_seconds < 1e7:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"cloud_learner_seconds: must be in [0, 1e7), got {request.cloud_learner_seconds}")
+        clock = request.budget_clock or "cloud"
+        if clock not in cost.CLOCKS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"budget_clock: unknown {request.budget_clock!r}; allowed: {list(cost.CLOCKS)}")
         try:
             policy = make_policy(name, params)
             inputs = RoundInputs(round_index=request.round, score=request.score, i_min=sc.i_min, i_max=sc.i_max,
@@ -144,10 +164,13 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             return scaler_pb2.PlanResponse(**json.loads(cached))
 
         learner_usd = cost.learner_cost(request.learner_seconds, self.prices)
+        cloud_learner_usd = cost.learner_cost(request.cloud_learner_seconds, self.prices)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hincrbyfloat(key, "learner_cost_usd", learner_usd)
         pipe.hincrbyfloat(key, "wall_seconds", request.learner_seconds)
-        pipe.hset(key, mapping={"i_max": sc.i_max, "budget_usd": request.budget_usd})
+        pipe.hincrbyfloat(key, "cloud_learner_cost_usd", cloud_learner_usd)
+        pipe.hincrbyfloat(key, "cloud_seconds", request.cloud_learner_seconds)
+        pipe.hset(key, mapping={"i_max": sc.i_max, "budget_usd": request.budget_usd, "budget_clock": clock})
         pipe.execute()
         metrics.COST_USD.labels("learner").inc(learner_usd)
         st = self._state(request.job_id)
@@ -165,18 +188,22 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             metrics.SCHEDULER_ACTORS.labels(request.job_id).set(desired)
             for input_name, value in zip(OBS_NAMES, observation(inputs)):
                 metrics.SCHEDULER_INPUT.labels(request.job_id, input_name).set(float(value))
-        # Learner time per round, padded: a plan must stay affordable even if the round runs long.
+        # Estimates on the budget's clock. Learner time per round, padded: a plan must stay
+        # affordable even if the round runs long.
+        cloud = clock == "cloud"
+        p = "cloud_" if cloud else ""
+        last_seconds = request.cloud_learner_seconds if cloud else request.learner_seconds
         rounds_seen = int(st.get("rounds_planned", 0))
-        learner_per_round = (LEARNER_ROUND_MARGIN * max(float(st.get("wall_seconds", 0.0)) / rounds_seen,
-                                                        request.learner_seconds)
+        learner_per_round = (LEARNER_ROUND_MARGIN * max(ledger[f"{p}seconds"] / rounds_seen, last_seconds)
                              if rounds_seen else FIRST_ROUND_LEARNER_S)
-        ms_per_step = float(st.get("billed_ms", 0)) / float(st.get("steps_billed", 0)) \
+        billed = float(st.get("cloud_billed_ms" if cloud else "billed_ms", 0))
+        ms_per_step = billed / float(st.get("steps_billed", 0)) \
             if float(st.get("steps_billed", 0)) > 0 else DEFAULT_MS_PER_STEP
         memory = request.actor_memory_mb or 1024
         per_actor = cost.lambda_invocation_cost(ms_per_step * max(1, request.steps_per_actor), memory, self.prices)
         fn_calls = int(st.get("learner_fn_invocations", 0))
         if fn_calls:  # stellaris: each actor's batch also pays one learner function (measured mean)
-            per_actor += float(st.get("learner_fn_cost_usd", 0.0)) / fn_calls
+            per_actor += ledger[f"{p}learner_fn"] / fn_calls
         fixed = cost.learner_cost(learner_per_round, self.prices)
         actors, exhausted, budget_reason = plan_within_budget(desired, sc.i_min, per_actor, fixed, ledger["left"])
         if budget_reason:
@@ -231,18 +258,36 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 event["payload_ref"] = request.payload_ref
             invocations.append(Invocation(inv_id, event))
         key = state_key(request.job_id)
-        usd_total = 0.0
+        usd_total = cloud_usd_total = 0.0
         cost_field, calls_field, ms_field = _LEDGER[kind]
+        cloud_cost_field, cloud_ms_field = _CLOUD_LEDGER[kind]
         actors = kind == "actor"
+        # Cloud clock: which invocations would start cold on AWS (beyond the sandboxes the job's earlier
+        # launches left warm), and their init CPU (measured by fresh workers, remembered per job).
+        st = self._state(request.job_id)
+        warm = int(st.get(f"warm_sandboxes:{kind}", 0))
+        cold_ids = {inv.invocation_id for inv in invocations[:cost.cold_invocations(len(invocations), warm)]}
+        init_ms = float(st.get(f"init_ms:{kind}", self.prices.lambda_init_ms))
+        cloud: dict[str, float] = {}  # invocation id -> modelled seconds
 
         def account(o):
-            nonlocal usd_total
+            nonlocal usd_total, cloud_usd_total
+            cold = o.invocation_id in cold_ids
+            (seconds, [cloud_ms]) = cost.cloud_launch(
+                [(o.modelled_attempts_ms, o.measured_init_ms or init_ms, cold)], self.prices)
+            cloud[o.invocation_id] = seconds
             usd = cost.lambda_cost(o.billed_attempts_ms, o.requests, memory, self.prices)
+            cloud_usd = cost.lambda_cost(cloud_ms, o.requests, memory, self.prices) if o.requests else 0.0
             usd_total += usd
+            cloud_usd_total += cloud_usd
             pipe = self.redis.pipeline(transaction=False)
             pipe.hincrbyfloat(key, cost_field, usd)
             pipe.hincrby(key, calls_field, o.requests)
             pipe.hincrby(key, ms_field, o.billed_attempts_ms)
+            pipe.hincrbyfloat(key, cloud_cost_field, cloud_usd)
+            pipe.hincrby(key, cloud_ms_field, cloud_ms if o.requests else 0)
+            if o.measured_init_ms > 0:
+                pipe.hset(key, f"init_ms:{kind}", o.measured_init_ms)
             if o.ok and actors:
                 pipe.hincrby(key, "steps_billed", request.steps_per_actor)
             pipe.expire(key, STATE_TTL_S)
@@ -266,13 +311,18 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         with metrics.timed("invoke"):
             outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
                                                           on_done=account)
+        self.redis.hset(key, f"warm_sandboxes:{kind}", max(warm, len(invocations)))
+        cloud_seconds = max(cloud.values(), default=0.0)
         return scaler_pb2.LaunchResponse(
             launched=len(invocations), succeeded=sum(o.ok for o in outcomes),
             failed=sum(not o.ok for o in outcomes), cost_usd=usd_total, seconds=time.perf_counter() - t0,
             retries=sum(o.attempts - 1 for o in outcomes), dispatch_seconds=dispatch,
+            cloud_seconds=cloud_seconds, cloud_cost_usd=cloud_usd_total,
             invocations=[scaler_pb2.InvocationResult(
                 invocation_id=o.invocation_id, ok=o.ok, error_type=o.error_type, error_message=o.error_message[:1000],
-                duration_ms=o.duration_ms, billed_ms=o.billed_ms, init_ms=o.init_ms, attempts=o.attempts)
+                duration_ms=o.duration_ms, billed_ms=o.billed_ms, init_ms=o.init_ms, attempts=o.attempts,
+                modelled_ms=o.modelled_ms, modelled_init_ms=o.measured_init_ms,
+                modelled_cold=o.invocation_id in cold_ids)
                 for o in outcomes])
 
     def GetCost(self, request, context):
@@ -287,7 +337,11 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             serverful_cost_usd=ledger["serverful"], invocations=int(st.get("invocations", 0)),
             billed_ms=int(st.get("billed_ms", 0)), budget_usd=budget, budget_left_usd=ledger["left"],
             learner_function_cost_usd=ledger["learner_fn"],
-            learner_function_invocations=int(st.get("learner_fn_invocations", 0)))
+            learner_function_invocations=int(st.get("learner_fn_invocations", 0)),
+            cloud_actor_cost_usd=ledger["cloud_actor"], cloud_learner_cost_usd=ledger["cloud_learner"],
+            cloud_learner_function_cost_usd=ledger["cloud_learner_fn"], cloud_total_cost_usd=ledger["cloud_total"],
+            cloud_serverful_cost_usd=ledger["cloud_serverful"], cloud_billed_ms=int(st.get("cloud_billed_ms", 0)),
+            cloud_seconds=ledger["cloud_seconds"], budget_clock=ledger["clock"])
 
 
 def parse_args(argv=None):

@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScalerSpec(_message.Message):
-    __slots__ = ("policy", "i_min", "i_max", "fixed_actors", "decay", "window", "period", "scheduler")
+    __slots__ = ("policy", "i_min", "i_max", "fixed_actors", "decay", "window", "period", "scheduler", "actors_by_round", "floor_actors", "floor_decay")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     I_MIN_FIELD_NUMBER: _ClassVar[int]
     I_MAX_FIELD_NUMBER: _ClassVar[int]
@@ -14,6 +14,9 @@ class ScalerSpec(_message.Message):
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     PERIOD_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_BY_ROUND_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_ACTORS_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_DECAY_FIELD_NUMBER: _ClassVar[int]
     policy: str
     i_min: int
     i_max: int
@@ -22,7 +25,10 @@ class ScalerSpec(_message.Message):
     window: int
     period: int
     scheduler: str
-    def __init__(self, policy: _Optional[str] = ..., i_min: _Optional[int] = ..., i_max: _Optional[int] = ..., fixed_actors: _Optional[int] = ..., decay: _Optional[float] = ..., window: _Optional[int] = ..., period: _Optional[int] = ..., scheduler: _Optional[str] = ...) -> None: ...
+    actors_by_round: str
+    floor_actors: int
+    floor_decay: float
+    def __init__(self, policy: _Optional[str] = ..., i_min: _Optional[int] = ..., i_max: _Optional[int] = ..., fixed_actors: _Optional[int] = ..., decay: _Optional[float] = ..., window: _Optional[int] = ..., period: _Optional[int] = ..., scheduler: _Optional[str] = ..., actors_by_round: _Optional[str] = ..., floor_actors: _Optional[int] = ..., floor_decay: _Optional[float] = ...) -> None: ...
 
 class PhaseLatency(_message.Message):
     __slots__ = ("phase", "seconds")

@@ -35,7 +35,7 @@ class ScoreRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., sample_ref: _Optional[str] = ..., algo: _Optional[str] = ..., clip: _Optional[float] = ..., subset_size: _Optional[int] = ..., lanczos_steps: _Optional[int] = ..., window: _Optional[int] = ..., decay: _Optional[float] = ..., seed: _Optional[int] = ..., normalize_advantages: _Optional[bool] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("lambda_max", "lambda_min", "convexity_ratio", "score", "converged", "convergence_delta", "samples_used", "seconds", "window")
+    __slots__ = ("lambda_max", "lambda_min", "convexity_ratio", "score", "converged", "convergence_delta", "samples_used", "seconds", "window", "cpu_seconds")
     LAMBDA_MAX_FIELD_NUMBER: _ClassVar[int]
     LAMBDA_MIN_FIELD_NUMBER: _ClassVar[int]
     CONVEXITY_RATIO_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class ScoreResponse(_message.Message):
     SAMPLES_USED_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     lambda_max: float
     lambda_min: float
     convexity_ratio: float
@@ -54,4 +55,5 @@ class ScoreResponse(_message.Message):
     samples_used: int
     seconds: float
     window: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, lambda_max: _Optional[float] = ..., lambda_min: _Optional[float] = ..., convexity_ratio: _Optional[float] = ..., score: _Optional[float] = ..., converged: _Optional[bool] = ..., convergence_delta: _Optional[float] = ..., samples_used: _Optional[int] = ..., seconds: _Optional[float] = ..., window: _Optional[_Iterable[float]] = ...) -> None: ...
+    cpu_seconds: float
+    def __init__(self, lambda_max: _Optional[float] = ..., lambda_min: _Optional[float] = ..., convexity_ratio: _Optional[float] = ..., score: _Optional[float] = ..., converged: _Optional[bool] = ..., convergence_delta: _Optional[float] = ..., samples_used: _Optional[int] = ..., seconds: _Optional[float] = ..., window: _Optional[_Iterable[float]] = ..., cpu_seconds: _Optional[float] = ...) -> None: ...

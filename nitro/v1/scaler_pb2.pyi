@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PlanRequest(_message.Message):
-    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale", "fallback_actors", "learner_loss", "eval_return", "approx_kl", "update_seconds", "actor_seconds", "round_seconds", "target_return", "rounds")
+    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale", "fallback_actors", "learner_loss", "eval_return", "approx_kl", "update_seconds", "actor_seconds", "round_seconds", "target_return", "rounds", "cloud_learner_seconds", "budget_clock")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class PlanRequest(_message.Message):
     ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TARGET_RETURN_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_LEARNER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_CLOCK_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     score: float
@@ -45,7 +47,9 @@ class PlanRequest(_message.Message):
     round_seconds: float
     target_return: float
     rounds: int
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., fallback_actors: _Optional[int] = ..., learner_loss: _Optional[float] = ..., eval_return: _Optional[float] = ..., approx_kl: _Optional[float] = ..., update_seconds: _Optional[float] = ..., actor_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., target_return: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
+    cloud_learner_seconds: float
+    budget_clock: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., fallback_actors: _Optional[int] = ..., learner_loss: _Optional[float] = ..., eval_return: _Optional[float] = ..., approx_kl: _Optional[float] = ..., update_seconds: _Optional[float] = ..., actor_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., target_return: _Optional[float] = ..., rounds: _Optional[int] = ..., cloud_learner_seconds: _Optional[float] = ..., budget_clock: _Optional[str] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
     __slots__ = ("actors", "reason", "budget_exhausted", "estimated_round_cost_usd", "budget_left_usd")
@@ -98,7 +102,7 @@ class LaunchRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ..., kind: _Optional[str] = ..., payload_ref: _Optional[str] = ..., reset_episodes: _Optional[bool] = ...) -> None: ...
 
 class InvocationResult(_message.Message):
-    __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts")
+    __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts", "modelled_ms", "modelled_init_ms", "modelled_cold")
     INVOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +111,9 @@ class InvocationResult(_message.Message):
     BILLED_MS_FIELD_NUMBER: _ClassVar[int]
     INIT_MS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    MODELLED_MS_FIELD_NUMBER: _ClassVar[int]
+    MODELLED_INIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MODELLED_COLD_FIELD_NUMBER: _ClassVar[int]
     invocation_id: str
     ok: bool
     error_type: str
@@ -115,10 +122,13 @@ class InvocationResult(_message.Message):
     billed_ms: int
     init_ms: float
     attempts: int
-    def __init__(self, invocation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., duration_ms: _Optional[float] = ..., billed_ms: _Optional[int] = ..., init_ms: _Optional[float] = ..., attempts: _Optional[int] = ...) -> None: ...
+    modelled_ms: float
+    modelled_init_ms: float
+    modelled_cold: bool
+    def __init__(self, invocation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., duration_ms: _Optional[float] = ..., billed_ms: _Optional[int] = ..., init_ms: _Optional[float] = ..., attempts: _Optional[int] = ..., modelled_ms: _Optional[float] = ..., modelled_init_ms: _Optional[float] = ..., modelled_cold: _Optional[bool] = ...) -> None: ...
 
 class LaunchResponse(_message.Message):
-    __slots__ = ("launched", "succeeded", "failed", "invocations", "cost_usd", "seconds", "retries", "dispatch_seconds")
+    __slots__ = ("launched", "succeeded", "failed", "invocations", "cost_usd", "seconds", "retries", "dispatch_seconds", "cloud_seconds", "cloud_cost_usd")
     LAUNCHED_FIELD_NUMBER: _ClassVar[int]
     SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +137,8 @@ class LaunchResponse(_message.Message):
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     RETRIES_FIELD_NUMBER: _ClassVar[int]
     DISPATCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_COST_USD_FIELD_NUMBER: _ClassVar[int]
     launched: int
     succeeded: int
     failed: int
@@ -135,7 +147,9 @@ class LaunchResponse(_message.Message):
     seconds: float
     retries: int
     dispatch_seconds: float
-    def __init__(self, launched: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., invocations: _Optional[_Iterable[_Union[InvocationResult, _Mapping]]] = ..., cost_usd: _Optional[float] = ..., seconds: _Optional[float] = ..., retries: _Optional[int] = ..., dispatch_seconds: _Optional[float] = ...) -> None: ...
+    cloud_seconds: float
+    cloud_cost_usd: float
+    def __init__(self, launched: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., invocations: _Optional[_Iterable[_Union[InvocationResult, _Mapping]]] = ..., cost_usd: _Optional[float] = ..., seconds: _Optional[float] = ..., retries: _Optional[int] = ..., dispatch_seconds: _Optional[float] = ..., cloud_seconds: _Optional[float] = ..., cloud_cost_usd: _Optional[float] = ...) -> None: ...
 
 class GetCostRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -144,7 +158,7 @@ class GetCostRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class GetCostResponse(_message.Message):
-    __slots__ = ("actor_cost_usd", "learner_cost_usd", "total_cost_usd", "serverful_cost_usd", "invocations", "billed_ms", "budget_usd", "budget_left_usd", "learner_function_cost_usd", "learner_function_invocations")
+    __slots__ = ("actor_cost_usd", "learner_cost_usd", "total_cost_usd", "serverful_cost_usd", "invocations", "billed_ms", "budget_usd", "budget_left_usd", "learner_function_cost_usd", "learner_function_invocations", "cloud_actor_cost_usd", "cloud_learner_cost_usd", "cloud_learner_function_cost_usd", "cloud_total_cost_usd", "cloud_serverful_cost_usd", "cloud_billed_ms", "cloud_seconds", "budget_clock")
     ACTOR_COST_USD_FIELD_NUMBER: _ClassVar[int]
     LEARNER_COST_USD_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +169,14 @@ class GetCostResponse(_message.Message):
     BUDGET_LEFT_USD_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FUNCTION_COST_USD_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FUNCTION_INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_ACTOR_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_LEARNER_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_LEARNER_FUNCTION_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_SERVERFUL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_BILLED_MS_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_CLOCK_FIELD_NUMBER: _ClassVar[int]
     actor_cost_usd: float
     learner_cost_usd: float
     total_cost_usd: float
@@ -165,4 +187,12 @@ class GetCostResponse(_message.Message):
     budget_left_usd: float
     learner_function_cost_usd: float
     learner_function_invocations: int
-    def __init__(self, actor_cost_usd: _Optional[float] = ..., learner_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., invocations: _Optional[int] = ..., billed_ms: _Optional[int] = ..., budget_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., learner_function_cost_usd: _Optional[float] = ..., learner_function_invocations: _Optional[int] = ...) -> None: ...
+    cloud_actor_cost_usd: float
+    cloud_learner_cost_usd: float
+    cloud_learner_function_cost_usd: float
+    cloud_total_cost_usd: float
+    cloud_serverful_cost_usd: float
+    cloud_billed_ms: int
+    cloud_seconds: float
+    budget_clock: str
+    def __init__(self, actor_cost_usd: _Optional[float] = ..., learner_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., invocations: _Optional[int] = ..., billed_ms: _Optional[int] = ..., budget_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., learner_function_cost_usd: _Optional[float] = ..., learner_function_invocations: _Optional[int] = ..., cloud_actor_cost_usd: _Optional[float] = ..., cloud_learner_cost_usd: _Optional[float] = ..., cloud_learner_function_cost_usd: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ..., cloud_serverful_cost_usd: _Optional[float] = ..., cloud_billed_ms: _Optional[int] = ..., cloud_seconds: _Optional[float] = ..., budget_clock: _Optional[str] = ...) -> None: ...

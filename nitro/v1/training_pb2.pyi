@@ -24,7 +24,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_STOPPED: JobState
 
 class TrainingSpec(_message.Message):
-    __slots__ = ("env_id", "algo", "preset", "hyperparameters", "scaler", "rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s", "job_id", "actor_memory_mb", "function_name", "target_return", "min_sample_fraction", "detector_fallback", "detector_timeout_s", "learner_mode", "stellaris", "reproducible")
+    __slots__ = ("env_id", "algo", "preset", "hyperparameters", "scaler", "rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s", "job_id", "actor_memory_mb", "function_name", "target_return", "min_sample_fraction", "detector_fallback", "detector_timeout_s", "learner_mode", "stellaris", "reproducible", "budget_clock", "eval_every")
     class HyperparametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class TrainingSpec(_message.Message):
     LEARNER_MODE_FIELD_NUMBER: _ClassVar[int]
     STELLARIS_FIELD_NUMBER: _ClassVar[int]
     REPRODUCIBLE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_CLOCK_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     algo: str
     preset: str
@@ -74,7 +76,9 @@ class TrainingSpec(_message.Message):
     learner_mode: str
     stellaris: StellarisSpec
     reproducible: bool
-    def __init__(self, env_id: _Optional[str] = ..., algo: _Optional[str] = ..., preset: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., rounds: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., budget_usd: _Optional[float] = ..., seed: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., round_deadline_s: _Optional[float] = ..., job_id: _Optional[str] = ..., actor_memory_mb: _Optional[int] = ..., function_name: _Optional[str] = ..., target_return: _Optional[float] = ..., min_sample_fraction: _Optional[float] = ..., detector_fallback: _Optional[str] = ..., detector_timeout_s: _Optional[float] = ..., learner_mode: _Optional[str] = ..., stellaris: _Optional[_Union[StellarisSpec, _Mapping]] = ..., reproducible: _Optional[bool] = ...) -> None: ...
+    budget_clock: str
+    eval_every: int
+    def __init__(self, env_id: _Optional[str] = ..., algo: _Optional[str] = ..., preset: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., rounds: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., budget_usd: _Optional[float] = ..., seed: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., round_deadline_s: _Optional[float] = ..., job_id: _Optional[str] = ..., actor_memory_mb: _Optional[int] = ..., function_name: _Optional[str] = ..., target_return: _Optional[float] = ..., min_sample_fraction: _Optional[float] = ..., detector_fallback: _Optional[str] = ..., detector_timeout_s: _Optional[float] = ..., learner_mode: _Optional[str] = ..., stellaris: _Optional[_Union[StellarisSpec, _Mapping]] = ..., reproducible: _Optional[bool] = ..., budget_clock: _Optional[str] = ..., eval_every: _Optional[int] = ...) -> None: ...
 
 class StellarisSpec(_message.Message):
     __slots__ = ("learner_function", "learner_memory_mb", "max_learners", "staleness_weight", "staleness_decay", "bound_start", "bound_end", "bound_schedule", "rho_bar", "recent_versions")
@@ -101,7 +105,7 @@ class StellarisSpec(_message.Message):
     def __init__(self, learner_function: _Optional[str] = ..., learner_memory_mb: _Optional[int] = ..., max_learners: _Optional[int] = ..., staleness_weight: _Optional[str] = ..., staleness_decay: _Optional[float] = ..., bound_start: _Optional[int] = ..., bound_end: _Optional[int] = ..., bound_schedule: _Optional[str] = ..., rho_bar: _Optional[float] = ..., recent_versions: _Optional[int] = ...) -> None: ...
 
 class RoundReport(_message.Message):
-    __slots__ = ("job_id", "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "env_steps", "total_env_steps", "train_return", "eval_return", "lambda_max", "lambda_min", "convexity_ratio", "score", "round_cost_usd", "total_cost_usd", "serverful_cost_usd", "budget_left_usd", "phases", "round_seconds", "next_actors", "scaler_reason", "policy_loss", "value_loss", "entropy", "kl", "invocation_retries", "notes", "detector_seconds", "gradient_noise_scale", "actors_replaced", "fallback_plan", "duplicates_dropped", "rejected_batches", "stale_batches_dropped", "resumed", "gradients_produced", "gradients_applied", "gradients_dropped", "mean_staleness", "staleness_bound", "learner_functions_launched", "learner_functions_failed")
+    __slots__ = ("job_id", "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "env_steps", "total_env_steps", "train_return", "eval_return", "lambda_max", "lambda_min", "convexity_ratio", "score", "round_cost_usd", "total_cost_usd", "serverful_cost_usd", "budget_left_usd", "phases", "round_seconds", "next_actors", "scaler_reason", "policy_loss", "value_loss", "entropy", "kl", "invocation_retries", "notes", "detector_seconds", "gradient_noise_scale", "actors_replaced", "fallback_plan", "duplicates_dropped", "rejected_batches", "stale_batches_dropped", "resumed", "gradients_produced", "gradients_applied", "gradients_dropped", "mean_staleness", "staleness_bound", "learner_functions_launched", "learner_functions_failed", "cloud_round_seconds", "cloud_round_cost_usd", "cloud_total_cost_usd", "cloud_phases", "evaluated")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +149,11 @@ class RoundReport(_message.Message):
     STALENESS_BOUND_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FUNCTIONS_LAUNCHED_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FUNCTIONS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_ROUND_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_PHASES_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     policy_version: int
@@ -188,10 +197,15 @@ class RoundReport(_message.Message):
     staleness_bound: int
     learner_functions_launched: int
     learner_functions_failed: int
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors_launched: _Optional[int] = ..., actors_completed: _Optional[int] = ..., actors_failed: _Optional[int] = ..., env_steps: _Optional[int] = ..., total_env_steps: _Optional[int] = ..., train_return: _Optional[float] = ..., eval_return: _Optional[float] = ..., lambda_max: _Optional[float] = ..., lambda_min: _Optional[float] = ..., convexity_ratio: _Optional[float] = ..., score: _Optional[float] = ..., round_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., phases: _Optional[_Iterable[_Union[_common_pb2.PhaseLatency, _Mapping]]] = ..., round_seconds: _Optional[float] = ..., next_actors: _Optional[int] = ..., scaler_reason: _Optional[str] = ..., policy_loss: _Optional[float] = ..., value_loss: _Optional[float] = ..., entropy: _Optional[float] = ..., kl: _Optional[float] = ..., invocation_retries: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., detector_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., actors_replaced: _Optional[int] = ..., fallback_plan: _Optional[bool] = ..., duplicates_dropped: _Optional[int] = ..., rejected_batches: _Optional[int] = ..., stale_batches_dropped: _Optional[int] = ..., resumed: _Optional[bool] = ..., gradients_produced: _Optional[int] = ..., gradients_applied: _Optional[int] = ..., gradients_dropped: _Optional[int] = ..., mean_staleness: _Optional[float] = ..., staleness_bound: _Optional[int] = ..., learner_functions_launched: _Optional[int] = ..., learner_functions_failed: _Optional[int] = ...) -> None: ...
+    cloud_round_seconds: float
+    cloud_round_cost_usd: float
+    cloud_total_cost_usd: float
+    cloud_phases: _containers.RepeatedCompositeFieldContainer[_common_pb2.PhaseLatency]
+    evaluated: bool
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors_launched: _Optional[int] = ..., actors_completed: _Optional[int] = ..., actors_failed: _Optional[int] = ..., env_steps: _Optional[int] = ..., total_env_steps: _Optional[int] = ..., train_return: _Optional[float] = ..., eval_return: _Optional[float] = ..., lambda_max: _Optional[float] = ..., lambda_min: _Optional[float] = ..., convexity_ratio: _Optional[float] = ..., score: _Optional[float] = ..., round_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., phases: _Optional[_Iterable[_Union[_common_pb2.PhaseLatency, _Mapping]]] = ..., round_seconds: _Optional[float] = ..., next_actors: _Optional[int] = ..., scaler_reason: _Optional[str] = ..., policy_loss: _Optional[float] = ..., value_loss: _Optional[float] = ..., entropy: _Optional[float] = ..., kl: _Optional[float] = ..., invocation_retries: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., detector_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., actors_replaced: _Optional[int] = ..., fallback_plan: _Optional[bool] = ..., duplicates_dropped: _Optional[int] = ..., rejected_batches: _Optional[int] = ..., stale_batches_dropped: _Optional[int] = ..., resumed: _Optional[bool] = ..., gradients_produced: _Optional[int] = ..., gradients_applied: _Optional[int] = ..., gradients_dropped: _Optional[int] = ..., mean_staleness: _Optional[float] = ..., staleness_bound: _Optional[int] = ..., learner_functions_launched: _Optional[int] = ..., learner_functions_failed: _Optional[int] = ..., cloud_round_seconds: _Optional[float] = ..., cloud_round_cost_usd: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ..., cloud_phases: _Optional[_Iterable[_Union[_common_pb2.PhaseLatency, _Mapping]]] = ..., evaluated: _Optional[bool] = ...) -> None: ...
 
 class TrainingStatus(_message.Message):
-    __slots__ = ("job_id", "state", "spec", "rounds_done", "last_report", "message", "total_cost_usd", "total_env_steps", "checkpoint_path", "created_unix", "finished_unix")
+    __slots__ = ("job_id", "state", "spec", "rounds_done", "last_report", "message", "total_cost_usd", "total_env_steps", "checkpoint_path", "created_unix", "finished_unix", "cloud_total_cost_usd")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +217,7 @@ class TrainingStatus(_message.Message):
     CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
     FINISHED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: JobState
     spec: TrainingSpec
@@ -214,7 +229,8 @@ class TrainingStatus(_message.Message):
     checkpoint_path: str
     created_unix: float
     finished_unix: float
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., spec: _Optional[_Union[TrainingSpec, _Mapping]] = ..., rounds_done: _Optional[int] = ..., last_report: _Optional[_Union[RoundReport, _Mapping]] = ..., message: _Optional[str] = ..., total_cost_usd: _Optional[float] = ..., total_env_steps: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., created_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ...) -> None: ...
+    cloud_total_cost_usd: float
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., spec: _Optional[_Union[TrainingSpec, _Mapping]] = ..., rounds_done: _Optional[int] = ..., last_report: _Optional[_Union[RoundReport, _Mapping]] = ..., message: _Optional[str] = ..., total_cost_usd: _Optional[float] = ..., total_env_steps: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., created_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ...) -> None: ...
 
 class StartTrainingRequest(_message.Message):
     __slots__ = ("spec", "resume")
