@@ -81,13 +81,75 @@ def test_kungfu_anchors_on_first_known_value_and_accepts_reference():
 def test_policies_do_not_mutate_state():
     state = {"actors": 12, "reference": 5.0}
     frozen = dict(state)
-    for name in ("nitro", "fixed:3", "max", "hydrozoa", "kungfu"):
+    for name in ("nitro", "fixed:3", "max", "hydrozoa", "kungfu", "schedule", "nitro-floor"):
         make_policy(name).decide(state, RoundInputs(4, score=0.3, noise_scale=50.0))
+    make_policy("replay", {"actors_by_round": [3]}).decide(state, RoundInputs(4))
     assert state == frozen
+
+
+def test_schedule_is_the_decay_without_the_detector():
+    # round(64 * 0.96^k): 64, 61.44, 58.98, 56.62, 54.36; k=10: 42.55; k=50: 8.29; k=51: 7.96 -> I_min
+    seq = run("schedule", scores=[1.0] * 52)  # the score is ignored
+    assert seq[:5] == [64, 61, 59, 57, 54] and seq[10] == 43 and seq[50] == 8 and seq[51] == 8
+    assert run("schedule", rounds=60) == seq + [8] * 8
+    # d = 0.5 on [2, 16]: 16, 8, 4, 2, 1 -> 2
+    assert run("schedule", {"decay": 0.5}, rounds=5, i_min=2, i_max=16) == [16, 8, 4, 2, 2]
+    assert run("schedule", {"decay": 1.0}, rounds=3) == [64, 64, 64]
+
+
+def test_replay_plays_its_list_clipped_and_repeats_the_last_entry():
+    counts = [1, 100, 9, 16]
+    assert run("replay", {"actors_by_round": counts}, rounds=6) == [8, 64, 9, 16, 16, 16]
+    assert run("replay", {"actors_by_round": "1, 100,9,16"}, rounds=6) == [8, 64, 9, 16, 16, 16]
+    assert run("replay", {"actors_by_round": (3,)}, rounds=3, i_min=1, i_max=4) == [3, 3, 3]
+    _, _, reason = make_policy("replay", {"actors_by_round": counts}).decide({}, RoundInputs(7))
+    assert "past the list's end" in reason
+
+
+def test_nitro_floor_front_loads_like_the_authors_artifact():
+    # floor round(64 * 0.96^(k^2)): 64, 61.44, 54.36, 44.38, 33.42, 23.09, 14.67, 8.59, 4.68 ...
+    assert run("nitro-floor", scores=[0.0] * 10) == [64, 61, 54, 44, 33, 23, 15, 9, 8, 8]
+    # nitro's own decision wins when it is higher: round(64 * 0.5) = 32 > 23 at k = 5
+    assert run("nitro-floor", scores=[0.0] * 5 + [0.5, 1.0, 0.0]) == [64, 61, 54, 44, 33, 32, 64, 9]
+    # F = 32, d_f = 0.5 on [1, 64]: 32, 16, 2, 0.0625 -> nitro's round(64 * 0.25) = 16
+    assert run("nitro-floor", {"floor_actors": 32, "floor_decay": 0.5}, scores=[0.0, 0.0, 0.0, 0.25],
+               i_min=1) == [32, 16, 2, 16]
+    # the floor is capped at I_max like every decision
+    assert run("nitro-floor", scores=[0.0, 0.0], i_min=1, i_max=4) == [4, 4]
+
+
+def test_scaler_service_maps_scaler_spec_to_policy_params():
+    from nitro.v1 import common_pb2
+    from scaler_svc.server import policy_params
+
+    assert policy_params(common_pb2.ScalerSpec(policy="schedule", decay=0.9)) == ("schedule", {"decay": 0.9})
+    assert policy_params(common_pb2.ScalerSpec(policy="schedule")) == ("schedule", {"decay": 0.96})
+    name, params = policy_params(common_pb2.ScalerSpec(policy="replay", actors_by_round="8,16,12"))
+    assert run(name, params, rounds=4) == [8, 16, 12, 12]
+    assert policy_params(common_pb2.ScalerSpec(policy="nitro-floor")) == \
+        ("nitro-floor", {"floor_actors": 64, "floor_decay": 0.96})
+    assert policy_params(common_pb2.ScalerSpec(policy="nitro-floor", floor_actors=16, floor_decay=0.5))[1] == \
+        {"floor_actors": 16, "floor_decay": 0.5}
+    with pytest.raises(ConfigError, match="replay.actors_by_round"):  # Plan answers INVALID_ARGUMENT
+        make_policy(*policy_params(common_pb2.ScalerSpec(policy="replay")))
 
 
 @pytest.mark.parametrize("name,params,field", [
     ("boost", None, "unknown scaling policy"),
+    ("schedule", {"decay": 0.0}, "schedule.decay"),
+    ("schedule", {"decay": 1.5}, "schedule.decay"),
+    ("schedule", {"decay": "0.9"}, "schedule.decay"),
+    ("schedule:4", None, "only 'fixed'"),
+    ("replay", None, "replay.actors_by_round"),
+    ("replay", {"actors_by_round": []}, "replay.actors_by_round"),
+    ("replay", {"actors_by_round": ""}, "replay.actors_by_round"),
+    ("replay", {"actors_by_round": "8,x"}, "replay.actors_by_round"),
+    ("replay", {"actors_by_round": [8, 0]}, r"replay.actors_by_round\[1\]"),
+    ("replay", {"actors_by_round": [8, 2.5]}, r"replay.actors_by_round\[1\]"),
+    ("replay", {"actors_by_round": 8}, "replay.actors_by_round"),
+    ("replay", {"actors": [8]}, "unknown parameter"),
+    ("nitro-floor", {"floor_actors": 0}, "nitro-floor.floor_actors"),
+    ("nitro-floor", {"floor_decay": float("nan")}, "nitro-floor.floor_decay"),
     ("fixed:0", None, "fixed.actors"),
     ("fixed:x", None, "fixed.actors"),
     ("fixed", {"actors": -1}, "fixed.actors"),

@@ -59,6 +59,44 @@ def test_reproducible_flag_reaches_the_proto_and_back():
     assert not from_proto(sdk.spec_to_proto({"env_id": "CartPole-v1"})).reproducible
 
 
+def test_control_scaler_settings_reach_the_proto_and_back():
+    from nitro.spec import from_proto, to_proto, validate
+
+    spec = spec_of("--env", "CartPole-v1", "--scaler", "replay", "--actors-by-round", "8,16,12")
+    assert spec["scaler"] == {"policy": "replay", "actors_by_round": "8,16,12"}
+    back = validate(from_proto(sdk.spec_to_proto(spec)))
+    assert (back.scaler.policy, back.scaler.actors_by_round) == ("replay", "8,16,12")
+    assert to_proto(back).scaler.actors_by_round == "8,16,12"
+    assert sdk.spec_to_proto({"env_id": "CartPole-v1", "scaler": dataclasses.asdict(back.scaler)}) \
+        .scaler.actors_by_round == "8,16,12"  # a dataclass's fields pass through the SDK's dict path
+
+    spec = spec_of("--env", "CartPole-v1", "--scaler", "nitro-floor", "--floor-actors", "32", "--floor-decay", "0.9")
+    back = validate(from_proto(sdk.spec_to_proto(spec)))
+    assert (back.scaler.policy, back.scaler.floor_actors, back.scaler.floor_decay) == ("nitro-floor", 32, 0.9)
+    assert from_proto(to_proto(back)).scaler == back.scaler
+    defaults = validate(from_proto(sdk.spec_to_proto({"env_id": "CartPole-v1", "scaler": "schedule"})))
+    assert (defaults.scaler.floor_actors, defaults.scaler.floor_decay, defaults.scaler.actors_by_round) == \
+        (64, 0.96, "")
+
+
+@pytest.mark.parametrize("scaler,field", [
+    ({"policy": "replay"}, "scaler.actors_by_round"),
+    ({"policy": "replay", "actors_by_round": "8,,16"}, "scaler.actors_by_round"),
+    ({"policy": "replay", "actors_by_round": "8,0"}, "scaler.actors_by_round"),
+    ({"policy": "replay", "actors_by_round": "8,5000"}, "scaler.actors_by_round"),
+    ({"policy": "nitro", "actors_by_round": "8"}, "scaler.actors_by_round"),
+    ({"policy": "nitro-floor", "floor_actors": 0}, "scaler.floor_actors"),
+    ({"policy": "nitro-floor", "floor_decay": 1.5}, "scaler.floor_decay"),
+    ({"policy": "schedule", "decay": 0.0}, "scaler.decay"),
+])
+def test_control_scaler_settings_are_validated(scaler, field):
+    from nitro.spec import from_proto, validate
+
+    with pytest.raises(InvalidSpec) as exc:
+        validate(from_proto(sdk.spec_to_proto({"env_id": "CartPole-v1", "scaler": scaler})))
+    assert exc.value.field == field
+
+
 def test_all_flags_reach_the_proto():
     spec = spec_of("--env", "Hopper-v5", "--algo", "ppo", "--preset", "fast", "--scaler", "nitro",
                    "--i-min", "4", "--i-max", "32", "--decay", "0.9", "--window", "5", "--period", "7",

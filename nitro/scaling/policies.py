@@ -8,6 +8,19 @@ kungfu    round(I_min * B_noise / B_ref), B_ref = the first known noise scale (s
           round gives I_min), never below the previous round, clipped to [I_min, I_max]
 minions   a pre-trained actor-critic scheduler (MinionsRL) picks 1..I_max from how the last round went,
           floored at I_min (nitro.scaling.minions; params: scheduler = the checkpoint's path)
+
+Controls for the evaluation protocol (experiments/protocol.py, docs/scaling.md):
+
+schedule     clip(round(I_max * d^k), I_min, I_max): nitro's decay without the detector (params: decay d)
+replay       plays a given list of actor counts, round k gets actors_by_round[k] clipped to [I_min, I_max];
+             rounds past the end of the list repeat its last count (params: actors_by_round, a sequence
+             or a comma-separated string). The protocol's shuffled-score control replays nitro's scores
+             permuted across rounds.
+nitro-floor  nitro's decision floored at round(F * d_f^(k^2)), clipped to [I_min, I_max]: the front-loading
+             floor of the authors' artifact, which the paper does not mention (params: floor_actors F = 64,
+             floor_decay d_f = 0.96)
+
+k is the index of the round being planned (0-based).
 """
 
 from __future__ import annotations
@@ -18,13 +31,56 @@ from dataclasses import dataclass
 from nitro.errors import ConfigError
 from nitro.scaling.base import RoundInputs, ScalingPolicy, check_params, clip, round_half_up
 
-POLICY_NAMES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions")
+POLICY_NAMES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor")
+MAX_REPLAY_ROUNDS = 100_000  # the longest actors_by_round list (nitro.spec.MAX_ROUNDS)
 
 
 def _positive_int(policy: str, field: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"invalid value for {policy}.{field}: must be an integer >= 1, got {value!r}")
     return value
+
+
+def _decay(policy: str, field: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0.0 < value <= 1.0:
+        raise ConfigError(f"invalid value for {policy}.{field}: must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def parse_actor_counts(value, field: str = "replay.actors_by_round") -> tuple[int, ...]:
+    """Actor counts per round from a sequence of integers or a comma-separated string ("8,16,12").
+
+    ConfigError naming `field` for an empty list, a count that is not an integer >= 1, or a list
+    longer than MAX_REPLAY_ROUNDS.
+    """
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")] if value.strip() else []
+        counts = []
+        for p in parts:
+            try:
+                counts.append(int(p))
+            except ValueError:
+                raise ConfigError(f"invalid value for {field}: {p!r} is not an integer (expected comma-separated "
+                                  "actor counts, e.g. '8,16,12')") from None
+    elif isinstance(value, (list, tuple)):
+        counts = list(value)
+    else:
+        raise ConfigError(f"invalid value for {field}: must be a list of actor counts or a comma-separated "
+                          f"string, got {value!r}")
+    if not counts:
+        raise ConfigError(f"invalid value for {field}: needs at least one actor count")
+    if len(counts) > MAX_REPLAY_ROUNDS:
+        raise ConfigError(f"invalid value for {field}: at most {MAX_REPLAY_ROUNDS} rounds, got {len(counts)}")
+    for i, n in enumerate(counts):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"invalid value for {field}[{i}]: must be an integer >= 1, got {n!r}")
+    return tuple(counts)
+
+
+def format_actor_counts(counts) -> str:
+    """The comma-separated form ScalerSpec.actors_by_round carries on the wire."""
+    return ",".join(str(int(n)) for n in counts)
 
 
 @dataclass(frozen=True)
@@ -90,8 +146,57 @@ class KungFuPolicy:
         return actors, new_state, f"kungfu: {why}; never down from {prev}, clipped to {actors}"
 
 
+@dataclass(frozen=True)
+class SchedulePolicy:
+    """The decay without the detector: clip(round(I_max * d^k), I_min, I_max)."""
+
+    decay: float = 0.96
+    name: str = "schedule"
+
+    def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
+        k = inputs.round_index
+        raw = round_half_up(inputs.i_max * self.decay ** k)
+        actors = clip(raw, inputs.i_min, inputs.i_max)
+        return actors, dict(state), (f"schedule: round({inputs.i_max}*{self.decay:g}^{k})={raw}, "
+                                     f"clipped to {actors}")
+
+
+@dataclass(frozen=True)
+class ReplayPolicy:
+    """Plays `actors_by_round` (round k gets entry k, the last entry after the end), clipped to [I_min, I_max]."""
+
+    actors_by_round: tuple[int, ...] = (1,)
+    name: str = "replay"
+
+    def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
+        k = inputs.round_index
+        i = min(k, len(self.actors_by_round) - 1)
+        wanted = self.actors_by_round[i]
+        actors = clip(wanted, inputs.i_min, inputs.i_max)
+        where = f"entry {i}" if i == k else f"past the list's end ({len(self.actors_by_round)} rounds), last entry"
+        return actors, dict(state), f"replay: {where} = {wanted}, clipped to {actors}"
+
+
+@dataclass(frozen=True)
+class NitroFloorPolicy:
+    """nitro floored at round(F * d_f^(k^2)) (the authors' artifact), clipped to [I_min, I_max]."""
+
+    floor_actors: int = 64
+    floor_decay: float = 0.96
+    name: str = "nitro-floor"
+
+    def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
+        nitro, _, why = NitroPolicy().decide(state, inputs)
+        k = inputs.round_index
+        floor = round_half_up(self.floor_actors * self.floor_decay ** (k * k))
+        actors = clip(max(nitro, floor), inputs.i_min, inputs.i_max)
+        return actors, dict(state), (f"nitro-floor: {why.removeprefix('nitro: ')}; floor round({self.floor_actors}*"
+                                     f"{self.floor_decay:g}^{k * k})={floor} -> {actors}")
+
+
 def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
-    """The policy called `name` ("nitro", "fixed", "fixed:16", "max", "hydrozoa", "kungfu", "minions") with `params`.
+    """The policy called `name` ("nitro", "fixed", "fixed:16", "max", "hydrozoa", "kungfu", "minions", "schedule",
+    "replay", "nitro-floor") with `params`.
 
     "minions" loads its checkpoint (params["scheduler"], cached per path): SchedulerCheckpointError
     for a missing or corrupt file, SchedulerMismatchError for one of another format or layout.
@@ -128,5 +233,17 @@ def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
         from nitro.scaling.minions import MinionsPolicy, load_scheduler_cached  # numpy; loaded on demand
 
         return MinionsPolicy(load_scheduler_cached(params.get("scheduler") or ""))
+    if base == "schedule":
+        check_params(base, params, {"decay"})
+        return SchedulePolicy(_decay(base, "decay", params.get("decay", 0.96)))
+    if base == "replay":
+        check_params(base, params, {"actors_by_round"})
+        if "actors_by_round" not in params:
+            raise ConfigError("missing value for replay.actors_by_round: the actor counts to play, one per round")
+        return ReplayPolicy(parse_actor_counts(params["actors_by_round"]))
+    if base == "nitro-floor":
+        check_params(base, params, {"floor_actors", "floor_decay"})
+        return NitroFloorPolicy(_positive_int(base, "floor_actors", params.get("floor_actors", 64)),
+                                _decay(base, "floor_decay", params.get("floor_decay", 0.96)))
     check_params(base, params, set())
     return NitroPolicy() if base == "nitro" else MaxPolicy()
