@@ -96,6 +96,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         self.actor_redis_url = actor_redis_url
         self._in_flight = 0
         self._lock = threading.Lock()
+        self._init_ms: dict[str, float] = {}  # function name -> init CPU a fresh worker last reported
 
     # -- state ---------------------------------------------------------------------------
     def _state(self, job_id: str) -> dict:
@@ -267,7 +268,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         st = self._state(request.job_id)
         warm = int(st.get(f"warm_sandboxes:{kind}", 0))
         cold_ids = {inv.invocation_id for inv in invocations[:cost.cold_invocations(len(invocations), warm)]}
-        init_ms = float(st.get(f"init_ms:{kind}", self.prices.lambda_init_ms))
+        init_ms = float(st.get(f"init_ms:{kind}") or self._init_ms.get(request.function_name)
+                        or self.prices.lambda_init_ms)
         cloud: dict[str, float] = {}  # invocation id -> modelled seconds
 
         def account(o):
@@ -288,6 +290,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             pipe.hincrby(key, cloud_ms_field, cloud_ms if o.requests else 0)
             if o.measured_init_ms > 0:
                 pipe.hset(key, f"init_ms:{kind}", o.measured_init_ms)
+                self._init_ms[request.function_name] = o.measured_init_ms
             if o.ok and actors:
                 pipe.hincrby(key, "steps_billed", request.steps_per_actor)
             pipe.expire(key, STATE_TTL_S)

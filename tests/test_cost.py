@@ -11,10 +11,16 @@ from nitro.cost import (
     CostLedger,
     Prices,
     billed_duration_ms,
+    budget_spent,
+    cloud_detect_wait,
+    cloud_launch,
+    cloud_round_seconds,
+    cold_invocations,
     estimate_round_cost,
     lambda_cost,
     lambda_invocation_cost,
     learner_cost,
+    modelled_invocation_ms,
     provisioned_concurrency_cost,
     serverful_job_cost,
     serverful_round_cost,
@@ -140,3 +146,64 @@ def test_prices_from_mapping_and_validation():
             Prices.from_mapping(bad)
     with pytest.raises(AttributeError):
         P.learner_usd_per_hour = 1.0  # frozen
+
+
+# --- the cloud clock (docs/cost.md) ---------------------------------------------------------------
+
+
+def test_modelled_invocation_counts_cpu_outside_redis_and_wall_inside():
+    # 900 ms of CPU of which 40 ms were inside Redis calls that took 100 ms of wall time -> 960 ms
+    assert modelled_invocation_ms(900.0, 40.0, 100.0) == pytest.approx(960.0)
+    assert modelled_invocation_ms(10.0, 30.0, 5.0) == pytest.approx(5.0)  # never negative outside I/O
+    with pytest.raises(ConfigError, match="io_wall_ms"):
+        modelled_invocation_ms(1.0, 0.0, -1.0)
+
+
+def test_cold_invocations_beyond_the_warm_sandboxes():
+    assert cold_invocations(8, 0) == 8
+    assert cold_invocations(8, 8) == 0
+    assert cold_invocations(64, 8) == 56  # a boosted round starts new sandboxes ...
+    assert cold_invocations(8, 64) == 0  # ... which stay warm for the rounds after it
+
+
+def test_cloud_launch_is_its_slowest_invocation_and_bills_init_when_cold():
+    p = Prices(lambda_cold_start_s=0.25, lambda_invoke_overhead_s=0.03)
+    seconds, billed = cloud_launch([(500.0, 300.0, False), (400.0, 300.0, True), (100.2, 0.0, False)], p)
+    # warm: 0.03 + 0.5 = 0.53; cold: 0.03 + 0.25 + 0.3 + 0.4 = 0.98
+    assert seconds == pytest.approx(0.98)
+    assert billed == [500, 700, 101]  # init billed only when cold; rounded up to the ms
+    assert cloud_launch([], p) == (0.0, [])
+
+
+def test_cloud_round_is_its_phases_end_to_end_and_the_detector_overlaps_evaluation():
+    assert cloud_detect_wait(0.3, 0.5) == 0.0
+    assert cloud_detect_wait(0.8, 0.5) == pytest.approx(0.3)
+    assert cloud_round_seconds({"sample": 0.98, "update": 1.0, "evaluate": 0.5, "detect": 0.3}) == pytest.approx(2.78)
+    with pytest.raises(ConfigError, match="update"):
+        cloud_round_seconds({"update": -1.0})
+
+
+def test_budget_binds_on_the_named_clock():
+    assert budget_spent(2.0, 0.5, "cloud") == 0.5
+    assert budget_spent(2.0, 0.5, "machine") == 2.0
+    with pytest.raises(ConfigError, match="budget_clock"):
+        budget_spent(2.0, 0.5, "wall")
+
+
+def test_invocation_clock_counts_cpu_and_redis_wait_not_other_waits():
+    import time
+
+    from nitro.clock import InvocationClock
+
+    clock = InvocationClock()
+    time.sleep(0.2)  # waiting outside a Redis call (e.g. for a busy core) is not billed on the cloud clock
+    with clock.io():
+        time.sleep(0.1)  # waiting on Redis is
+    t = time.process_time()
+    while time.process_time() - t < 0.1:  # 100 ms of CPU work
+        pass
+    report = clock.report(cold=False)
+    assert 0.1 * 1e3 <= report["io_wall_ms"] < 0.18 * 1e3
+    assert 0.19 * 1e3 <= report["modelled_ms"] < 0.3 * 1e3, report
+    assert report["init_ms"] == 0.0
+    assert clock.report(cold=True)["init_ms"] > 0  # a cold one reports the process's CPU before it began

@@ -261,7 +261,8 @@ def report(i: int, **kw) -> training_pb2.RoundReport:
                 total_env_steps=100 * (i + 1), train_return=float(i), eval_return=10.0 * i,
                 total_cost_usd=0.01 * (i + 1), serverful_cost_usd=0.05 * (i + 1), score=0.5,
                 phases=[common_pb2.PhaseLatency(phase="sample", seconds=1.0 + i),
-                        common_pb2.PhaseLatency(phase="update", seconds=0.5)])
+                        common_pb2.PhaseLatency(phase="update", seconds=0.5)],
+                cloud_phases=[common_pb2.PhaseLatency(phase="sample", seconds=0.25)])
     base.update(kw)
     return training_pb2.RoundReport(**base)
 
@@ -290,10 +291,11 @@ def test_rounds_csv(tmp_path):
     path = results.write_rounds_csv(tmp_path / "out" / "rounds.csv", reports)
     with open(path) as f:
         rows = list(csv.DictReader(f))
-    fields = [f.name for f in training_pb2.RoundReport.DESCRIPTOR.fields if f.name != "phases"]
-    assert list(rows[0]) == fields + ["phase_sample_s", "phase_update_s"]
+    fields = [f.name for f in training_pb2.RoundReport.DESCRIPTOR.fields if f.name not in ("phases", "cloud_phases")]
+    assert list(rows[0]) == fields + ["phase_sample_s", "phase_update_s", "cloud_phase_sample_s"]
     assert [r["round"] for r in rows] == ["0", "1"]
     assert float(rows[1]["phase_sample_s"]) == 2.0 and rows[0]["notes"] == "deadline hit; fallback"
+    assert float(rows[1]["cloud_phase_sample_s"]) == 0.25  # the cloud clock's phases, named apart
 
 
 def test_rounds_csv_empty_has_header(tmp_path):

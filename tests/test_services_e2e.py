@@ -53,8 +53,16 @@ def test_three_rounds_streamed_with_complete_reports(finished_job):
         assert sum(r.phases.values()) <= r.round_seconds * 1.01
         assert r.total_cost_usd > 0 and r.serverful_cost_usd > 0
         assert 2 <= r.next_actors <= 6 and r.scaler_reason.startswith("nitro")
+        # The cloud clock: the modelled critical path, phase by phase, and its bill.
+        assert {"sample", "ingest", "update", "publish", "evaluate", "detect"} <= set(r.cloud_phases), r.cloud_phases
+        assert r.cloud_phases["sample"] > 0 and r.cloud_phases["update"] > 0
+        assert r.cloud_round_seconds == pytest.approx(sum(r.cloud_phases.values()), rel=1e-9)
+        assert r.cloud_round_cost_usd > 0 and r.evaluated
     costs = [r.total_cost_usd for r in reports]
     assert costs == sorted(costs) and sum(r.round_cost_usd for r in reports) == pytest.approx(costs[-1], rel=1e-6)
+    cloud = [r.cloud_total_cost_usd for r in reports]
+    assert sum(r.cloud_round_cost_usd for r in reports) == pytest.approx(cloud[-1], rel=1e-6)
+    assert status.cloud_total_cost_usd == pytest.approx(cloud[-1])
     assert status.total_env_steps == total and status.checkpoint_path
 
 
@@ -165,17 +173,21 @@ def test_services_expose_health_and_reflection(system):
         assert service in names and "grpc.health.v1.Health" in names
 
 
-def test_budget_exhaustion_ends_the_job_with_the_reason(client):
+@pytest.mark.parametrize("clock", ["cloud", "machine"])
+def test_budget_exhaustion_ends_the_job_with_the_reason(client, clock):
     # The learner server alone costs 3.06 USD/h: ~12 s of it. 200 rounds take far longer than that
-    # on any machine, so the budget, not the round count, must end the job.
+    # on either clock, so the budget, not the round count, must end the job.
     spec = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 200, "steps_per_actor": 64, "eval_episodes": 1,
-            "budget_usd": 0.01, "scaler": {"policy": "fixed", "fixed_actors": 2, "i_min": 1, "i_max": 2}}
+            "budget_usd": 0.01, "budget_clock": clock,
+            "scaler": {"policy": "fixed", "fixed_actors": 2, "i_min": 1, "i_max": 2}}
     job = client.start_training(spec)
     reports = list(client.watch(job.job_id))
     status = client.get(job.job_id)
     assert status.state_name == "SUCCEEDED" and "budget exhausted" in status.message
     assert 0 < len(reports) < 200
-    assert reports[-1].total_cost_usd <= 0.01 + 1e-9, "never plans a round it cannot pay for"
+    spent = reports[-1].cloud_total_cost_usd if clock == "cloud" else reports[-1].total_cost_usd
+    assert spent <= 0.01 + 1e-9, "never plans a round it cannot pay for"
+    assert reports[-1].budget_left_usd == pytest.approx(0.01 - spent, abs=1e-9), "budget_left follows the clock"
 
 
 @pytest.mark.parametrize("policy,expected", [("fixed:3", [3, 3]), ("max", [4, 4]), ("hydrozoa", [1, 1])])
@@ -202,6 +214,14 @@ def test_impact_asynchronous_three_rounds_through_the_services(client, system):
     assert any("policy lag" in n for r in reports for n in r.notes)
     learner = scrape(system.components["learner"].metrics_port)
     assert sample_value(learner["nitro_policy_lag"], "nitro_policy_lag_count") > 0
+
+
+def test_eval_every_evaluates_every_nth_round_and_the_last(client):
+    spec = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 5, "steps_per_actor": 32, "eval_episodes": 2,
+            "eval_every": 2, "budget_usd": 1.0, "scaler": {"policy": "fixed", "fixed_actors": 1, "i_min": 1, "i_max": 1}}
+    reports = list(client.watch(client.start_training(spec).job_id))
+    assert [r.evaluated for r in reports] == [False, True, False, True, True]
+    assert [math.isfinite(r.eval_return) for r in reports] == [False, True, False, True, True]
 
 
 def test_reproducible_runs_repeat_exactly(client):
