@@ -278,6 +278,8 @@ class RoundLoop:
         prev_total = last.total_cost_usd if last else 0.0
         prev_cloud = last.cloud_total_cost_usd if last else 0.0
         metrics.ROUND_SECONDS.observe(round_seconds)
+        for phase, seconds in cloud_phases.items():
+            metrics.CLOUD_PHASE_SECONDS.labels(phase).observe(seconds)
         if math.isfinite(eval_return):
             metrics.EVAL_RETURN.labels(self.job.job_id).set(eval_return)
         metrics.BUDGET_LEFT_USD.labels(self.job.job_id).set(cost.budget_left_usd)

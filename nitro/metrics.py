@@ -25,7 +25,12 @@ INVOCATION_FAILURES = Counter("nitro_actor_invocation_failures_total", "Actor in
                               ["error_type"])
 INVOCATION_RETRIES = Counter("nitro_actor_invocation_retries_total", "Actor invocations retried.")
 ENV_STEPS = Counter("nitro_env_steps_total", "Environment steps ingested by the learner.")
-COST_USD = Counter("nitro_cost_usd_total", "Dollars spent.", ["component"])
+COST_USD = Counter("nitro_cost_usd_total", "Dollars spent at this machine's wall time.", ["component"])
+# The cloud clock (docs/cost.md): what the same work costs and takes on AWS, from measured CPU time.
+CLOUD_COST_USD = Counter("nitro_cloud_cost_usd_total", "Modelled cloud dollars (docs/cost.md).", ["component"])
+CLOUD_PHASE_SECONDS = Histogram(
+    "nitro_cloud_round_phase_seconds", "Modelled cloud time of one phase of a training round (docs/cost.md).",
+    ["phase"], buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 REJECTED_PAYLOADS = Counter("nitro_rejected_payloads_total", "Stream entries rejected before unpickling.",
                             ["reason"])
 DUPLICATE_BATCHES = Counter("nitro_duplicate_batches_total", "Trajectory batches dropped as duplicates.")

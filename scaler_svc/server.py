@@ -174,6 +174,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         pipe.hset(key, mapping={"i_max": sc.i_max, "budget_usd": request.budget_usd, "budget_clock": clock})
         pipe.execute()
         metrics.COST_USD.labels("learner").inc(learner_usd)
+        metrics.CLOUD_COST_USD.labels("learner").inc(cloud_learner_usd)
         st = self._state(request.job_id)
 
         policy_state = json.loads(st.get("policy_state", "{}"))
@@ -296,6 +297,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             pipe.expire(key, STATE_TTL_S)
             pipe.execute()
             metrics.COST_USD.labels("actors" if actors else "learner_functions").inc(usd)
+            metrics.CLOUD_COST_USD.labels("actors" if actors else "learner_functions").inc(cloud_usd)
             (metrics.INVOCATIONS if actors else metrics.LEARNER_INVOCATIONS).inc(o.requests)
             if o.attempts > 1:
                 metrics.INVOCATION_RETRIES.inc(o.attempts - 1)
