@@ -16,11 +16,16 @@ batch, its behaviour version, the base version, algorithm settings, the KL
 coefficient, rho-bar) under one HMAC, so nothing in the unsigned event can
 change what is computed beyond which parcel is read.
 
-Work: load pi_{v_g}, and the `recent_versions` newest published versions
-after it (`policy:latest` down), run nitro.algos.stellaris.compute_update
-(PPO or IMPACT loss with global importance-sampling truncation), and XADD the
-signed flat update with its base version to nitro:{job}:learn:updates. The
-HMAC key comes from NITRO_HMAC_KEY(_FILE). Returns a JSON summary.
+Work: read `policy:latest`; when the parameter service's clock is already more
+than the parcel's `max_staleness` (the bound of the round that dispatched it)
+ahead of v_g, the update is certain to be dropped (nitro.algos.stellaris.
+certainly_dropped): compute nothing, XADD a signed skip record instead and
+return {"skipped": ...}. Otherwise load pi_{v_g}, and the `recent_versions`
+newest published versions after it (`policy:latest` down), run
+nitro.algos.stellaris.compute_update (PPO or IMPACT loss with global
+importance-sampling truncation), and XADD the signed flat update with its base
+version to nitro:{job}:learn:updates. The HMAC key comes from
+NITRO_HMAC_KEY(_FILE). Returns a JSON summary.
 """
 
 from __future__ import annotations
@@ -78,16 +83,15 @@ def _policy(client, job_id: str, version: int, key: bytes):
     return policy
 
 
-def _recent(client, job_id: str, base: int, count: int, key: bytes) -> list:
-    """Up to `count` newest published versions after `base`, newest first.
+def _recent(client, job_id: str, base: int, count: int, key: bytes, latest: int | None) -> list:
+    """Up to `count` newest published versions after `base`, newest first, from `latest` down.
 
-    The clock advances by the number of updates an aggregation applied, so not every number
-    is a published version; the walk down from `policy:latest` skips missing ones, within a
-    bounded number of lookups.
+    The service publishes one version per aggregation but prunes old ones, so a number may be
+    missing; the walk down from `policy:latest` skips missing ones, within a bounded number of
+    lookups.
     """
-    from nitro.store import PolicyNotFoundError, PolicyStore
+    from nitro.store import PolicyNotFoundError
 
-    latest = PolicyStore(client, job_id).latest()
     out = []
     v = latest if latest is not None else base
     lookups = 0
@@ -108,8 +112,17 @@ def handler(event: dict, context=None) -> dict:
     import torch
 
     from actor_fn.handler import _client, _redis_url
-    from nitro.algos.stellaris import UpdateRecord, check_parcel, compute_update, encode_update, update_stream_key
+    from nitro.algos.stellaris import (
+        UpdateRecord,
+        certainly_dropped,
+        check_parcel,
+        compute_update,
+        encode_update,
+        skip_record,
+        update_stream_key,
+    )
     from nitro.config import make_config
+    from nitro.store import PolicyStore
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # a function gets about one vCPU per 1.8 GB; more threads only contend
@@ -131,9 +144,21 @@ def handler(event: dict, context=None) -> dict:
     if parcel["job_id"] != job_id or parcel["base_version"] != base:
         raise BadParcelError(f"parcel is for job {parcel['job_id']!r} version {parcel['base_version']}, the event "
                              f"names job {job_id!r} version {base}")
+    latest = PolicyStore(client, job_id).latest()
+    bound = parcel.get("max_staleness")
+    if latest is not None and bound is not None and certainly_dropped(base, latest, bound):
+        rec = skip_record(event["invocation_id"], event["round"], base, latest, bound)
+        entry = client.xadd(update_stream_key(job_id),
+                            {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
+                             b"payload": encode_update(rec, key)},
+                            maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
+        return {"ok": True, "skipped": "stale_base", "job_id": job_id, "invocation_id": event["invocation_id"],
+                "round": event["round"], "policy_version": base, "latest_version": latest, "max_staleness": bound,
+                "entry_id": entry.decode() if isinstance(entry, bytes) else str(entry), "cold": cold,
+                "duration_ms": round((time.perf_counter() - t0) * 1e3, 3)}
     cfg = make_config(parcel["algo"], "tuned", **parcel["config"])
     policy = _policy(client, job_id, base, key)
-    recent = _recent(client, job_id, base, parcel["recent_versions"], key)
+    recent = _recent(client, job_id, base, parcel["recent_versions"], key, latest)
     t_loaded = time.perf_counter()
 
     update, stats = compute_update(policy, parcel["batches"], cfg, parcel["algo"], kl_coeff=parcel["kl_coeff"],

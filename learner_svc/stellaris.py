@@ -9,11 +9,13 @@ that moment (the learner's base) and a learner function is invoked for it on
 demand, through the same scaler Launch (kind "learner"), so the cost model
 bills it like an actor. Learner functions push signed updates to
 nitro:{job}:learn:updates; whatever is queued there is aggregated with
-staleness-aware weights, too-stale updates are dropped
-(nitro.algos.stellaris), and each aggregation that applies something
-advances the version clock by the number of updates applied and publishes
-that version, which later learners start from (intermediate clock values are
-never published).
+staleness-aware weights, the updates launched from one base sharing one step,
+too-stale updates are dropped (nitro.algos.stellaris), and each aggregation
+that applies something advances the version clock by one and publishes that
+version, which later learners start from. Each parcel carries the round's
+staleness bound; a learner that starts when its base is already certain to be
+dropped computes nothing and pushes a signed skip record instead, counted as
+skipped in the round's notes.
 
 Round k closes when its actors' batches are in, then the policy is scored,
 round k+1 is planned and launched, and round k is evaluated and reported while
@@ -24,7 +26,8 @@ learning by more than a round (without this, cold-starting learners let the
 actors sample round after round with one stale version). The job's last round
 waits for every learner in flight, so over a job's reports every update
 produced is counted once, as applied or dropped. A learner invocation that
-fails, or whose update never arrives, is counted in learner_functions_failed.
+fails, or whose update never arrives, is counted in learner_functions_failed;
+one that skipped, in the note (launched = produced + failed + skipped).
 
 At most `max_learners` learner functions are in flight; further batches wait
 in order and take the version current when their learner starts.
@@ -85,6 +88,7 @@ class StellarisLoop(RoundLoop):
         self.cursor = "0-0"
         self.published: set[int] = set()
         self.pending_obs: list[np.ndarray] = []
+        self.launched_from: dict[int, int] = {}  # base version -> learners launched from it (its updates' n)
         self.bound = self.st.bound_start
         self.stream = update_stream_key(job.job_id)
         self.actor_versions: set[int] = set()
@@ -160,9 +164,9 @@ class StellarisLoop(RoundLoop):
         """Per-round counters; the round's staleness bound takes effect now."""
         self.bound = staleness_bound(k, self.spec.rounds, self.st.bound_start, self.st.bound_end,
                                      self.st.bound_schedule)
-        return {"k": k, "bound": self.bound, "notes": [], "steps": 0, "late": 0, "batches": [], "produced": 0, "applied": 0, "dropped": 0,
-                "staleness": [], "launched": 0, "failed": 0, "rejected": 0, "duplicates": 0, "sums": {},
-                "aggregations": 0, "t": time.time()}
+        return {"k": k, "bound": self.bound, "notes": [], "steps": 0, "late": 0, "batches": [], "produced": 0,
+                "applied": 0, "dropped": 0, "skipped": 0, "staleness": [], "launched": 0, "failed": 0, "rejected": 0,
+                "duplicates": 0, "sums": {}, "aggregations": 0, "t": time.time()}
 
     # -- actors ---------------------------------------------------------------------------
     def _launch_round(self, k: int, actors: int) -> dict:
@@ -189,12 +193,14 @@ class StellarisLoop(RoundLoop):
                 self._ingest(e, rnd, acc)
             if entries:
                 self.redis_call(lambda: self.reader.ack(entries), "stream ack")  # the parcels hold the data now
-            self._dispatch(acc)
             ingest_extra += time.perf_counter() - t_i
             self._poll_learners(acc)
             t_u = time.perf_counter()
             if self._collect_updates(acc):
                 update_s += time.perf_counter() - t_u
+            t_d = time.perf_counter()
+            self._dispatch(acc)  # after the aggregation: new learners start from the newest version
+            ingest_extra += time.perf_counter() - t_d
         wall = time.perf_counter() - t0
         ingest = self.reader.processing_seconds - processed_before + ingest_extra
         metrics.observe_phase("ingest", ingest, phases)
@@ -244,7 +250,10 @@ class StellarisLoop(RoundLoop):
 
     # -- learner functions ----------------------------------------------------------------
     def _dispatch(self, acc: dict) -> None:
-        """Park a parcel and invoke a learner for waiting batches while slots are free."""
+        """Park a parcel and invoke a learner for waiting batches while slots are free.
+
+        The base is the clock now (staleness 0), so no learner is launched certain to be dropped;
+        the parcel carries this round's bound for the learner's own check when it starts."""
         while self.waiting and len(self.in_flight) < self.max_in_flight:
             k, e = self.waiting.popleft()
             slot = int(self.redis_call(lambda: self.deps.redis.incr(f"nitro:{self.job.job_id}:learn:counter"),
@@ -256,12 +265,13 @@ class StellarisLoop(RoundLoop):
                                  config=self.cfg.to_dict(), kl_coeff=self.learner.kl_coeff, rho_bar=self.st.rho_bar,
                                  recent_versions=self.st.recent_versions,
                                  seed=derived_seed(self.spec.seed, k, slot) % (2**31), batches=[e.batch],
-                                 behaviour_versions=[e.policy_version])
+                                 behaviour_versions=[e.policy_version], max_staleness=self.bound)
             blob = codec.encode(parcel, self.deps.hmac_key)
             self.redis_call(lambda: self.deps.redis.set(ref, blob, ex=POLICY_TTL_S), "parcel write")
             self.pending_obs.append(e.batch["obs"])
             fut = self.learner_pool.submit(self._launch_learner, k, slot, base, ref, e.steps)
             self.in_flight[fut] = {"inv": inv, "ref": ref, "base": base, "round": k}
+            self.launched_from[base] = self.launched_from.get(base, 0) + 1
             acc["launched"] += 1
 
     def _launch_learner(self, k: int, slot: int, base: int, ref: str, steps: int) -> scaler_pb2.LaunchResponse:
@@ -322,6 +332,9 @@ class StellarisLoop(RoundLoop):
                 continue
             self.received.add(rec.invocation_id)
             self.expected.pop(rec.invocation_id, None)
+            if rec.skipped:  # the learner found its base certain to be dropped and computed nothing
+                acc["skipped"] += 1
+                continue
             records.append(rec)
         def delete():
             pipe = self.deps.redis.pipeline(transaction=False)
@@ -337,7 +350,7 @@ class StellarisLoop(RoundLoop):
     def _aggregate(self, records: list, acc: dict) -> None:
         st = self.st
         agg = aggregate_queue([r.base_version for r in records], self.version, self.bound, st.staleness_weight,
-                              st.staleness_decay)
+                              st.staleness_decay, launched=self.launched_from)
         moved = self.learner.aggregate([r.update for r in records], agg, kls=[float(r.stats.get("kl", 0.0))
                                                                               for r in records],
                                        obs=self.pending_obs)
@@ -356,9 +369,11 @@ class StellarisLoop(RoundLoop):
                 acc["sums"][name] = acc["sums"].get(name, 0.0) + float(r.stats.get(name, 0.0))
         if moved:
             self.pending_obs = []
-            self.version += agg.n_applied
+            self.version += 1  # one aggregation, one published version
             acc["aggregations"] += 1
             self.publish()
+            for b in [b for b in self.launched_from if self.version - b > self.bound]:
+                del self.launched_from[b]  # its updates can no longer be applied: the count is not needed
 
     # -- publishing and the detector --------------------------------------------------------
     def publish(self) -> None:
@@ -406,6 +421,7 @@ class StellarisLoop(RoundLoop):
         notes.append(f"stellaris: {acc['launched']} learner(s) launched, {acc['produced']} update(s) produced, "
                      f"{acc['applied']} applied in {acc['aggregations']} aggregation(s), {acc['dropped']} dropped "
                      f"(bound {acc['bound']}, staleness mean {mean_stal:.2f}, max {max(stal) if stal else 0}), "
+                     f"{acc['skipped']} skipped (base already beyond the bound when the learner started), "
                      f"{acc['late']} late batch(es)")
         return training_pb2.RoundReport(
             round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],

@@ -1,11 +1,14 @@
 """Learning regression: stellaris mode (PPO, "fast" preset) solves CartPole-v1 to 150 within 100k env steps.
 
 In process, with the code the services run: actors sample with the version current at their
-round's start; every batch starts a learner at the version current at that moment (its base); a
-learner's update is delivered only after `DEPTH` later learners started, so the parameter service
-has moved on (staleness > 0) and the newest version truncates the learner's importance weights
-(compute_update with recent=(newest,), as actor_fn.learner_handler does); the service aggregates
-with aggregate_queue and ParameterServer.aggregate under the tightening bound.
+round's start; every batch starts a learner at the version current at that moment (its base,
+counted in the launches from that base); a learner runs only after `DEPTH` later learners
+started, so the parameter service has moved on (staleness > 0): it skips when its base is already
+certain to be dropped (certainly_dropped with its dispatch round's bound, as
+actor_fn.learner_handler does), else the newest version truncates its importance weights
+(compute_update with recent=(newest,)); the service aggregates each delivery on its own with
+aggregate_queue (one clock tick per aggregation, coefficients w(s) / launches from the base) and
+ParameterServer.aggregate under the tightening bound.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ import numpy as np
 import pytest
 import torch
 
-from nitro.algos.stellaris import ParameterServer, aggregate_queue, compute_update, staleness_bound
+from nitro.algos.stellaris import (
+    ParameterServer,
+    aggregate_queue,
+    certainly_dropped,
+    compute_update,
+    staleness_bound,
+)
 from nitro.config import ppo_config
 from nitro.envs import env_spaces
 from nitro.inference import PolicyRunner
@@ -36,9 +45,10 @@ def train_stellaris(seed: int = 0, target: float = 150.0) -> tuple[list[tuple[in
     samplers = [Sampler("CartPole-v1", seed=seed * 1000 + i) for i in range(ACTORS)]
     rngs = [np.random.default_rng(seed * 1000 + i) for i in range(ACTORS)]
     rounds = MAX_STEPS // (ACTORS * STEPS)
-    flight: deque = deque()  # (base version, base policy, batch, learner seed), oldest first
+    flight: deque = deque()  # (base version, base policy, batch, learner seed, dispatch bound), oldest first
+    launched: dict[int, int] = {}  # base version -> learners launched from it
     version, env_steps, returns, history, learners = 0, 0, [], [], 0
-    acct = {"produced": 0, "applied": 0, "dropped": 0, "staleness": [], "rho": []}
+    acct = {"produced": 0, "applied": 0, "dropped": 0, "skipped": 0, "staleness": [], "rho": []}
     try:
         for k in range(rounds):
             bound = staleness_bound(k, rounds, BOUND_START, BOUND_END, "linear")
@@ -47,17 +57,21 @@ def train_stellaris(seed: int = 0, target: float = 150.0) -> tuple[list[tuple[in
                 batch = sampler.sample(runner, STEPS, rng)
                 env_steps += STEPS
                 returns = (returns + batch["episode_returns"])[-20:]
-                flight.append((version, copy.deepcopy(ps.policy), batch, learners))
+                flight.append((version, copy.deepcopy(ps.policy), batch, learners, bound))
+                launched[version] = launched.get(version, 0) + 1
                 learners += 1
                 if len(flight) <= DEPTH:
                     continue
-                base, base_policy, b, lseed = flight.popleft()  # the oldest learner delivers now
+                base, base_policy, b, lseed, max_staleness = flight.popleft()  # the oldest learner runs now
+                if certainly_dropped(base, version, max_staleness):
+                    acct["skipped"] += 1  # no compute, nothing to aggregate
+                    continue
                 newest = (copy.deepcopy(ps.policy),) if version > base else ()
                 g, stats = compute_update(base_policy, [b], cfg, "ppo", kl_coeff=ps.kl_coeff, rho_bar=RHO_BAR,
                                           recent=newest, seed=lseed)
-                agg = aggregate_queue([base], version, bound, "inverse", 1.0)
-                ps.aggregate([g], agg, [stats["kl"]], obs=[b["obs"]])
-                version += agg.n_applied
+                agg = aggregate_queue([base], version, bound, "inverse", 1.0, launched=launched)
+                if ps.aggregate([g], agg, [stats["kl"]], obs=[b["obs"]]):
+                    version += 1
                 acct["produced"] += 1
                 acct["applied"] += agg.n_applied
                 acct["dropped"] += agg.n_dropped
@@ -90,6 +104,7 @@ def test_stellaris_reaches_150_on_cartpole_within_100k_steps(one_thread):
     best = max(r for _, r in history)
     assert best >= 150, [(s, round(r, 1)) for s, r in history]
     assert history[-1][0] <= MAX_STEPS
+    # one update per aggregation here, so the clock (one tick per aggregation that applied) counts them too
     assert acct["produced"] == acct["applied"] + acct["dropped"] and acct["applied"] == acct["version"]
     stal = np.asarray(acct["staleness"])
     assert (stal > 0).mean() > 0.9 and stal.mean() > 1  # the updates really were stale

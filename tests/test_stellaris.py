@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -23,6 +24,7 @@ from nitro.algos.stellaris import (
     ParameterServer,
     UpdateRecord,
     aggregate_queue,
+    certainly_dropped,
     combined_update,
     compute_update,
     decode_update,
@@ -31,6 +33,7 @@ from nitro.algos.stellaris import (
     global_truncated_ratio,
     make_parcel,
     parcel_key,
+    skip_record,
     staleness_bound,
     staleness_weight,
     update_stream_key,
@@ -79,38 +82,64 @@ def test_dynamic_bound_tightens_over_rounds():
 
 
 def test_scripted_version_history():
-    """A parameter service's clock (it counts applied updates) under a scripted arrival order."""
+    """A parameter service's clock (one tick per aggregation that applies something) under scripted arrivals."""
+    launched = {0: 3, 2: 3, 3: 2}  # learners launched from each base version
     version, produced, applied, dropped = 0, 0, 0, 0
-    history = [  # (bases of the updates read together, in arrival order, bound)
-        ([0, 0], 2),  # two learners from v0: the first is fresh, the second one update late
-        ([0], 2),  # a third learner from v0: two updates late
-        ([2, 3, 0], 1),  # the bound tightened: 3 - 2 = 1, then 4 - 3 = 1, then 5 - 0 = 5 (dropped)
-        ([3], 1),  # 2 behind now: dropped, nothing moves
+    history = [  # (bases of the updates read together, bound)
+        ([0, 0], 2),  # two of v0's three learners, read together: both fresh, each 1/3 of v0's step
+        ([0], 2),  # v0's third learner, one version later: s = 1, w = 1/2, coefficient 1/6
+        ([2, 0], 1),  # the bound tightened: 2 - 2 = 0 applied, 2 - 0 = 2 dropped
+        ([3, 3, 2], 1),  # both of v3's learners fresh (1/2 each); one of v2's one version late
+        ([2], 1),  # 4 - 2 = 2 > 1: dropped, nothing moves
         ([9], 1),  # a base from the future (another service's, or forged): dropped
     ]
-    expect = [((0, 1), (1.0, 0.5), (True, True)), ((2,), (1 / 3,), (True,)),
-              ((1, 1, 5), (0.5, 0.5, 0.0), (True, True, False)), ((2,), (0.0,), (False,)),
-              ((-4,), (0.0,), (False,))]
-    versions = []
-    for (bases, bound), (stal, weights, ok) in zip(history, expect):
-        agg = aggregate_queue(bases, version, bound)
-        assert agg.staleness == stal and agg.applied == ok and agg.weights == pytest.approx(weights)
+    expect = [  # staleness, weights w(s), coefficients w(s) / n_base, applied
+        ((0, 0), (1.0, 1.0), (1 / 3, 1 / 3), (True, True)),
+        ((1,), (0.5,), (1 / 6,), (True,)),
+        ((0, 2), (1.0, 0.0), (1 / 3, 0.0), (True, False)),
+        ((0, 0, 1), (1.0, 1.0, 0.5), (0.5, 0.5, 1 / 6), (True, True, True)),
+        ((2,), (0.0,), (0.0,), (False,)),
+        ((-5,), (0.0,), (0.0,), (False,)),
+    ]
+    versions, per_base = [], {}
+    for (bases, bound), (stal, weights, coeffs, ok) in zip(history, expect):
+        agg = aggregate_queue(bases, version, bound, launched=launched)
+        assert agg.staleness == stal and agg.applied == ok
+        assert agg.weights == pytest.approx(weights) and agg.coefficients == pytest.approx(coeffs)
+        # one clock for the whole queue: the decisions do not depend on the order within it
+        back = aggregate_queue(bases[::-1], version, bound, launched=launched)
+        assert back.staleness == stal[::-1] and back.coefficients == pytest.approx(coeffs[::-1])
+        for b, c in zip(bases, agg.coefficients):
+            per_base[b] = per_base.get(b, 0.0) + c
         produced += len(bases)
         applied += agg.n_applied
         dropped += agg.n_dropped
-        version += agg.n_applied
+        version += agg.n_applied > 0
         versions.append(version)
-    assert versions == [2, 3, 5, 5, 5]
-    assert (produced, applied, dropped) == (8, 5, 3) and produced == applied + dropped
-    # The same arrivals read one poll at a time give the same decisions: polls do not matter.
-    flat = [b for bases, _ in history for b in bases]
-    bounds = [bound for bases, bound in history for _ in bases]
-    version, one_by_one = 0, []
-    for b, bound in zip(flat, bounds):
-        agg = aggregate_queue([b], version, bound)
-        one_by_one.append((agg.staleness[0], agg.applied[0]))
-        version += agg.n_applied
-    assert one_by_one == [(s, a) for st, _, ok in expect for s, a in zip(st, ok)] and version == 5
+    assert versions == [1, 2, 3, 4, 4, 4]
+    assert (produced, applied, dropped) == (10, 7, 3) and produced == applied + dropped
+    assert all(total <= 1.0 + 1e-12 for total in per_base.values())  # no base moves the policy more than one step
+    assert per_base[0] == pytest.approx(5 / 6) and per_base[3] == pytest.approx(1.0)
+
+
+def test_updates_from_one_base_read_together_share_staleness():
+    # Sixteen learners launched from v5 (a boosted round) whose updates are read at clock 5: all are fresh,
+    # none is dropped at bound 4, and together they take one step (coefficients 1/16 each, summing to 1).
+    agg = aggregate_queue([5] * 16, 5, bound=4)
+    assert agg.staleness == (0,) * 16 and agg.n_applied == 16 and agg.n_dropped == 0
+    assert sum(agg.weights) == 16 and sum(agg.coefficients) == pytest.approx(1.0)
+    # launched from v5 but only 10 arrived yet: 10/16 of the step, the rest is the late ones' share
+    assert sum(aggregate_queue([5] * 10, 5, 4, launched={5: 16}).coefficients) == pytest.approx(10 / 16)
+
+
+def test_certainly_dropped():
+    assert not certainly_dropped(base=5, version=5, bound=0)  # launched fresh: never certain
+    assert not certainly_dropped(base=5, version=9, bound=4)  # s = 4 <= 4 can still be applied
+    assert certainly_dropped(base=5, version=10, bound=4)  # s = 5 now, and it only grows
+    for base, version, bound in [(5, 10, 4), (0, 3, 2), (7, 8, 0)]:
+        later = [aggregate_queue([base], version + extra, tighter)
+                 for extra in range(3) for tighter in range(bound + 1)]
+        assert all(a.n_applied == 0 for a in later)  # no later clock and no tighter bound applies it
 
 
 # -- the weight really scales what is applied ---------------------------------------------------------
@@ -138,44 +167,122 @@ def test_staleness_weight_scales_the_applied_update(kind, decay, stale, w):
     assert float(moved.norm() / full.norm()) == pytest.approx(w, rel=1e-5)
 
 
-def test_each_queued_update_keeps_its_own_weight():
-    # No normalisation: by the sum of weights a lone stale update would count in full, by the queue
-    # length an update would count less whenever others happen to arrive in the same poll.
+def test_updates_from_one_base_share_one_step():
+    # Different bases: each lone update keeps its own weight (a weighted mean by sum w would count a lone
+    # stale update in full; n = 1 for each here).
     g1, g2 = np.ones(4, np.float32), np.full(4, 3.0, np.float32)
-    agg = aggregate_queue([5, 3], 5, bound=4)  # s = 0, then 6 - 3 = 3: w = 1 and 1/4
-    assert torch.allclose(combined_update([g1, g2], agg), torch.full((4,), 1.0 + 0.75))
+    agg = aggregate_queue([5, 3], 5, bound=4)  # s = 0 and 2: w = 1 and 1/3
+    assert torch.allclose(combined_update([g1, g2], agg), torch.full((4,), 1.0 + 1.0))
     lone = aggregate_queue([3], 5, bound=4)
     assert torch.allclose(combined_update([g2], lone), torch.full((4,), 1.0))  # 3 * 1/3, not 3
     assert combined_update([g1], aggregate_queue([0], 5, bound=4)) is None  # dropped: nothing to apply
+    # One base: the updates' mean, not their sum
+    gs = [np.full(4, float(i), np.float32) for i in range(1, 9)]
+    assert torch.allclose(combined_update(gs, aggregate_queue([2] * 8, 2, bound=4)), torch.full((4,), 4.5))
+    stale = aggregate_queue([2] * 8, 4, bound=4)  # the same, two versions late: w = 1/3 of the mean
+    assert torch.allclose(combined_update(gs, stale), torch.full((4,), 1.5))
+
+
+def _boosted_round_moves(n: int, bound: int, one_poll: bool) -> tuple[float, int, int]:
+    """n learners launched from one base, equal updates g: (|moved| / |g|, applied, clock ticks)."""
+    spec, cfg = _spec_and_cfg()
+    ps = ParameterServer(spec, cfg, seed=0)
+    g = np.random.default_rng(0).normal(size=ps.n_params).astype(np.float32)
+    before, version, base, applied = flat_parameters(ps.policy), 7, 7, 0
+    for bases in ([[base] * n] if one_poll else [[base]] * n):
+        agg = aggregate_queue(bases, version, bound, launched={base: n})
+        if ps.aggregate([g] * len(bases), agg):
+            version += 1
+        applied += agg.n_applied
+    moved = before - flat_parameters(ps.policy)
+    cos = float(torch.nn.functional.cosine_similarity(moved, torch.as_tensor(g), dim=0))
+    assert cos == pytest.approx(1.0, abs=1e-5)
+    return float(moved.norm() / np.linalg.norm(g)), applied, version - 7
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_boosted_round_takes_one_step_whatever_the_actor_count(n):
+    # All read in one poll: the mean of n equal updates is one update, whatever n (it was sum_{s<n} 1/(1+s):
+    # 3.38 for n = 16, 5 applied and 11 dropped at bound 4).
+    for bound in (16, 4):
+        ratio, applied, ticks = _boosted_round_moves(n, bound, one_poll=True)
+        assert ratio == pytest.approx(1.0, rel=1e-5) and applied == n and ticks == 1
+    # Read one at a time, each one version later than the last: damped, still at most one step.
+    ratio, applied, ticks = _boosted_round_moves(n, 16, one_poll=False)
+    expect = sum(1 / (1 + s) for s in range(n)) / n
+    assert ratio == pytest.approx(expect, rel=1e-5) and ratio <= 1.0 + 1e-6 and applied == ticks == n
+
+
+def _stellaris_loop(redis_client, hmac_key, tmp_path, job_id):
+    spec = validate(TrainingSpec(env_id=ENV, preset="fast", rounds=3, job_id=job_id, learner_mode="stellaris"))
+    return StellarisLoop(Job(spec), LearnerDeps(redis=redis_client, hmac_key=hmac_key, detector=None, scaler=None,
+                                                data_dir=str(tmp_path)))
+
+
+def _push(redis_client, hmac_key, job_id, rec):
+    redis_client.xadd(update_stream_key(job_id), {b"inv": rec.invocation_id.encode(),
+                                                  b"payload": encode_update(rec, hmac_key)})
 
 
 def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key, tmp_path):
     """The stellaris loop's own path: signed updates on the stream -> decode -> aggregate -> publish."""
-    spec = validate(TrainingSpec(env_id=ENV, preset="fast", rounds=3, job_id="agg-job", learner_mode="stellaris"))
-    loop = StellarisLoop(Job(spec), LearnerDeps(redis=redis_client, hmac_key=hmac_key, detector=None, scaler=None,
-                                                data_dir=str(tmp_path)))
+    loop = _stellaris_loop(redis_client, hmac_key, tmp_path, "agg-job")
     loop.publish()
-    loop.version, loop.bound = 3, 2  # three versions applied so far, bound 2 this round
+    loop.version = 3  # three versions published so far
+    loop.launched_from = {2: 2, 3: 1}  # two learners were launched from v2, one from v3
     n = loop.learner.n_params
     rng = np.random.default_rng(1)
     updates = [rng.normal(size=n).astype(np.float32) for _ in range(3)]
-    for i, (base, g) in enumerate(zip((2, 0, 3), updates)):  # s = 3-2 = 1 (w 1/2), 4-0 = 4 (dropped), 4-3 = 1
-        rec = UpdateRecord(f"agg-job-r0-g{i}", 0, base, 64, g, {"kl": 0.0})
-        redis_client.xadd(update_stream_key("agg-job"), {b"inv": rec.invocation_id.encode(),
-                                                          b"payload": encode_update(rec, hmac_key)})
-    dup = UpdateRecord("agg-job-r0-g2", 0, 3, 64, updates[2], {})  # a retried learner's second push
-    redis_client.xadd(update_stream_key("agg-job"), {b"payload": encode_update(dup, hmac_key)})
+    for i, (base, g) in enumerate(zip((2, 0, 3), updates)):  # s = 1 (w 1/2, n 2), 3 (dropped), 0 (w 1, n 1)
+        _push(redis_client, hmac_key, "agg-job", UpdateRecord(f"agg-job-r0-g{i}", 0, base, 64, g, {"kl": 0.0}))
+    # a retried learner's second push
+    _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r0-g2", 0, 3, 64, updates[2], {}))
+    _push(redis_client, hmac_key, "agg-job", skip_record("agg-job-r0-g3", 0, 0, 3, 2))  # a learner that skipped
     before = flat_parameters(loop.learner.policy)
     acc = loop._new_acc(0)
     loop.bound = 2  # as if this were a later round's bound
+    loop.expected["agg-job-r0-g3"] = (1e18, 0)
     assert loop._collect_updates(acc)
-    expect = 0.5 * updates[0] + 0.5 * updates[2]
+    expect = 0.25 * updates[0] + 1.0 * updates[2]
     assert torch.allclose(before - flat_parameters(loop.learner.policy), torch.as_tensor(expect), atol=1e-5)
-    assert (acc["produced"], acc["applied"], acc["dropped"], acc["duplicates"]) == (3, 2, 1, 1)
-    assert acc["staleness"] == [1, 4, 1] and loop.version == 5  # the clock counts applied updates
-    assert PolicyStore(redis_client, "agg-job").latest() == 5  # the new version is published
+    assert (acc["produced"], acc["applied"], acc["dropped"], acc["duplicates"], acc["skipped"]) == (3, 2, 1, 1, 1)
+    assert acc["staleness"] == [1, 3, 0] and loop.version == 4  # one aggregation, one version
+    assert "agg-job-r0-g3" not in loop.expected and "agg-job-r0-g3" in loop.received
+    assert PolicyStore(redis_client, "agg-job").latest() == 4  # the new version is published
+    assert loop.launched_from == {2: 2, 3: 1}  # 4 - 2 = 2 <= 2: v2's other learner can still be applied
+    loop.bound = 1  # a tighter round; at clock 5 neither v2's nor v3's updates can be applied: counts forgotten
+    _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r1-g4", 1, 4, 64, updates[1], {"kl": 0.0}))
+    assert loop._collect_updates(acc) and loop.version == 5 and loop.launched_from == {}
     assert redis_client.xlen(update_stream_key("agg-job")) == 0
     assert not loop._collect_updates(acc)
+
+
+def test_service_boosted_round_of_siblings_is_one_step(redis_client, hmac_key, tmp_path, monkeypatch):
+    """16 batches dispatched at one version: 16 learners from one base whose updates all apply, as one step."""
+    loop = _stellaris_loop(redis_client, hmac_key, tmp_path, "boost-job")
+    loop.publish()
+    monkeypatch.setattr(loop, "_launch_learner", lambda *args: scaler_pb2.LaunchResponse())
+    loop.version, loop.max_in_flight = 5, 16
+    acc = loop._new_acc(0)
+    loop.bound = 4  # the bound the old arrival-order staleness met with s = 0..15: 11 of 16 dropped
+    obs_dim = env_spaces(ENV)[0].shape[0]
+    for i in range(16):
+        batch = {"obs": np.zeros((8, obs_dim), np.float32), "rewards": np.zeros(8, np.float32)}
+        loop.waiting.append((0, SimpleNamespace(batch=batch, policy_version=5, steps=8)))
+    loop._dispatch(acc)
+    assert acc["launched"] == 16 and {info["base"] for info in loop.in_flight.values()} == {5}
+    g = np.random.default_rng(2).normal(size=loop.learner.n_params).astype(np.float32)
+    for info in loop.in_flight.values():
+        _push(redis_client, hmac_key, "boost-job", UpdateRecord(info["inv"], 0, 5, 8, g, {"kl": 0.0}))
+    before = flat_parameters(loop.learner.policy)
+    loop.pending_obs = []  # observation statistics are not what this test measures
+    assert loop._collect_updates(acc)
+    assert (acc["produced"], acc["applied"], acc["dropped"]) == (16, 16, 0) and acc["staleness"] == [0] * 16
+    moved = before - flat_parameters(loop.learner.policy)
+    assert torch.allclose(moved, torch.as_tensor(g), atol=1e-5)  # the mean of 16 equal updates: one update
+    assert loop.version == 6 and loop.launched_from == {5: 16}
+    parcels = [codec.decode(redis_client.get(info["ref"]), hmac_key) for info in loop.in_flight.values()]
+    assert {(p["base_version"], p["max_staleness"]) for p in parcels} == {(5, 4)}  # the bound for the skip check
 
 
 # -- global importance-sampling truncation ------------------------------------------------------------
@@ -255,6 +362,10 @@ def test_update_wire_format_rejects_bad_records(hmac_key):
         decode_update(encode_update(bad, hmac_key), hmac_key, 5)
     with pytest.raises(codec.BadSignatureError):
         decode_update(encode_update(rec, b"x" * 32), hmac_key, 5)
+    skip = decode_update(encode_update(skip_record("j-r0-g2", 0, 2, 9, 4), hmac_key), hmac_key, 5)
+    assert skip.skipped and skip.update is None and (skip.base_version, skip.stats["latest"]) == (2, 9)
+    with pytest.raises(codec.MalformedPayloadError):
+        decode_update(encode_update(UpdateRecord("j-r0-g1", 0, 2, 10, None, {}), hmac_key), hmac_key, 5)
 
 
 # -- the learner function handler on a real Redis --------------------------------------------------------
@@ -292,6 +403,38 @@ def test_handler_pushes_the_signed_update(handler_env, redis_client, hmac_key):
     assert (rec.invocation_id, rec.base_version, rec.round, rec.steps) == (inv, 3, 1, 256)
     g, _ = compute_update(ps.policy, [batch], cfg, "ppo", rho_bar=2.0, recent=(newest,), seed=11)
     assert np.allclose(rec.update, g, atol=1e-6)  # the handler runs exactly compute_update
+
+
+def test_handler_skips_an_update_certain_to_be_dropped(handler_env, redis_client, hmac_key, monkeypatch):
+    """The clock is already more than the parcel's bound past the base: no compute, a signed skip record."""
+    import nitro.algos.stellaris as stellaris_mod
+
+    spec, cfg = _spec_and_cfg(epochs=1, minibatch_size=0)
+    ps = ParameterServer(spec, cfg, seed=0)
+    store = PolicyStore(redis_client, "sk-job")
+    for v in (3, 6):
+        store.put(v, policy_to_blob(ps.policy, v, hmac_key))  # latest is 6: three versions past base 3
+    batch = _batch(spec, ps.policy, 64)
+
+    def run(inv, bound):
+        parcel = make_parcel(job_id="sk-job", round_index=2, base_version=3, algo="ppo", config=cfg.to_dict(),
+                             kl_coeff=0.0, rho_bar=2.0, recent_versions=1, seed=1, batches=[batch],
+                             behaviour_versions=[3], max_staleness=bound)
+        redis_client.set(parcel_key("sk-job", inv), codec.encode(parcel, hmac_key))
+        return learner_handler.handler({"job_id": "sk-job", "round": 2, "policy_version": 3, "invocation_id": inv,
+                                        "payload_ref": parcel_key("sk-job", inv), "redis_url": handler_env})
+
+    computed = []
+    real = stellaris_mod.compute_update
+    monkeypatch.setattr(stellaris_mod, "compute_update", lambda *a, **k: computed.append(1) or real(*a, **k))
+    out = run("sk-job-r2-g1", bound=2)  # 6 - 3 = 3 > 2: certain to be dropped
+    assert out["ok"] and out["skipped"] == "stale_base" and out["latest_version"] == 6 and not computed
+    out = run("sk-job-r2-g2", bound=3)  # 6 - 3 = 3 <= 3: can still be applied, so it is computed
+    assert out["ok"] and "skipped" not in out and computed == [1]
+    (_, entries), = redis_client.xread({update_stream_key("sk-job"): "0-0"})
+    recs = [decode_update(f[b"payload"], hmac_key, ps.n_params) for _, f in entries]
+    assert [(r.invocation_id, r.skipped) for r in recs] == [("sk-job-r2-g1", True), ("sk-job-r2-g2", False)]
+    assert recs[0].stats == {"skipped": "stale_base", "latest": 6, "bound": 2}
 
 
 def test_handler_errors_are_clear(handler_env, redis_client, hmac_key):
@@ -355,7 +498,8 @@ def test_scaler_launches_and_bills_learner_functions(redis_client):
     c = svc.GetCost(scaler_pb2.GetCostRequest(job_id="bill-job"), _Context())
     assert c.learner_function_cost_usd == pytest.approx(learner_usd) and c.learner_function_invocations == 1
     assert c.total_cost_usd == pytest.approx(c.actor_cost_usd + c.learner_cost_usd + learner_usd)
-    assert c.budget_left_usd == pytest.approx(1.0 - c.total_cost_usd)
+    spent = c.cloud_total_cost_usd if c.budget_clock == "cloud" else c.total_cost_usd  # the bill the budget binds on
+    assert c.budget_left_usd == pytest.approx(1.0 - spent)
 
 
 @pytest.mark.parametrize("kind,ref,what", [("critic", "", "kind"), ("learner", "", "payload_ref"),

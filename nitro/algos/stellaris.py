@@ -35,31 +35,46 @@ from pi_2, and pushes the flat update g = theta_{v_g} - theta_local (the
 learning-rate-scaled sum of its gradient steps; one plain SGD step of rate
 eta gives g = eta grad L).
 
-Staleness-aware aggregation. The version clock v counts applied updates.
-Updates the service reads together form a queue, taken in arrival order;
-update i has staleness s_i = v_i - v_g,i, where v_i is the clock after the
-updates applied before it. The bound b_k of round k (`staleness_bound`)
-decides: s_i <= b_k is applied (and advances the clock), s_i > b_k (or a base
-from the future) is dropped. The queue moves the policy once:
+Staleness-aware aggregation. The version clock v counts published policy
+versions: every aggregation that applies something publishes one and advances
+v by one (as the parameter function of Stellaris advances its clock once per
+aggregation). An update computed from base v_g and read at clock v has
+staleness s = v - v_g, the number of versions the global policy advanced since
+its base; every update read in one aggregation is measured against the same v,
+so updates from one base read together have the same staleness whatever their
+order. The bound b_k of round k (`staleness_bound`) decides: 0 <= s <= b_k is
+applied, s > b_k (or a base from the future) is dropped. With n_g the number of
+learner functions the service launched from base v_g, one aggregation moves the
+policy once:
 
-    theta <- theta - sum_{i applied} w(s_i) g_i,        v <- v + n_applied
+    theta <- theta - sum_{i applied} (w(s_i) / n_{g_i}) g_i,        v <- v + 1
 
-This is asynchronous SGD with a staleness-scaled step (Zhang et al. 2016):
-the same as applying the updates one by one, so the result depends on the
-arrival order only, never on how the service's polls happened to group the
-arrivals, and sibling updates computed from one base are damped (s = 0, 1,
-2, ...) instead of being summed as if each were fresh. Nothing is normalised:
-dividing by sum w(s_i) would cancel the weight of a lone update (computing a
-weight and then not using it). A single fresh update (s = 0, w = 1) moves the
-policy to the learner's result, so with one learner at a time stellaris mode
-is the central learner.
+Each learner's g is a whole local PPO/IMPACT update (epochs of Adam, inside
+the clip range of its base), so the n_g updates computed from one base share
+one step: together they move the policy by a mean of their updates with
+weights w(s) / n_g <= 1 / n_g, at most max_i |g_i| however many actors the
+round had and however the arrivals were grouped (all of them fresh and read
+together: exactly their mean, the synchronous data-parallel step). Summing
+them instead would take n_g trust-region steps at once. A lone update (n_g = 1)
+keeps its weight: a single fresh update moves the policy to the learner's
+result, so with one learner at a time stellaris mode is the central learner.
+n_g is final when an update from v_g is first applied: base v_g is handed out
+only while the clock reads v_g, and applying anything moves the clock on.
+
+A learner is launched with the current clock as its base (staleness 0). Its
+update is certain to be dropped once the clock is more than the bound ahead of
+that base, because the clock only grows and the bound only tightens. The
+learner function checks that before it computes (`certainly_dropped` with the
+bound its parcel carries) and pushes a signed skip record instead of an update
+that could never be applied.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,11 +141,12 @@ def staleness_bound(round_index: int, rounds: int, start: int, end: int, schedul
 
 @dataclass(frozen=True)
 class Aggregation:
-    """What `aggregate_queue` decided for a queue of gradients, in queue order."""
+    """What `aggregate_queue` decided for a queue of updates, in queue order."""
 
     staleness: tuple[int, ...]
-    weights: tuple[float, ...]  # w(s) for applied gradients, 0.0 for dropped ones
+    weights: tuple[float, ...]  # w(s) for applied updates, 0.0 for dropped ones
     applied: tuple[bool, ...]
+    coefficients: tuple[float, ...]  # w(s) / n_base: what multiplies g; 0.0 for dropped ones
 
     @property
     def n_applied(self) -> int:
@@ -142,33 +158,47 @@ class Aggregation:
 
 
 def aggregate_queue(bases: Sequence[int], version: int, bound: int, kind: str = "inverse",
-                    decay: float = 1.0) -> Aggregation:
-    """Apply-or-drop and the weight of every queued update, in arrival order, from clock `version`.
+                    decay: float = 1.0, launched: Mapping[int, int] | None = None) -> Aggregation:
+    """Apply-or-drop, the weight and the coefficient of every update read in one aggregation at clock `version`.
 
-    s_i = (version + updates applied before i) - bases[i]; applied iff 0 <= s_i <= bound. A
-    base newer than the clock cannot come from this parameter service (a restarted one, or
-    forged): dropped, with its negative staleness reported as is.
+    s_i = version - bases[i] for every update (one clock for the whole queue); applied iff
+    0 <= s_i <= bound. A base newer than the clock cannot come from this parameter service (a
+    restarted one, or forged): dropped, with its negative staleness reported as is.
+    coefficient_i = w(s_i) / n_{bases[i]}, n_b = launched[b], the learners launched from base b
+    (at least the number of updates from b in this queue; without `launched`, that number).
     """
     clock = int(version)
-    stal, weights, applied = [], [], []
+    in_queue = Counter(int(b) for b in bases)
+    launched = launched or {}
+    stal, weights, applied, coeffs = [], [], [], []
     for b in bases:
         s = clock - int(b)
         ok = 0 <= s <= bound
+        w = staleness_weight(s, kind, decay) if ok else 0.0
         stal.append(s)
         applied.append(ok)
-        weights.append(staleness_weight(s, kind, decay) if ok else 0.0)
-        clock += ok
-    return Aggregation(tuple(stal), tuple(weights), tuple(applied))
+        weights.append(w)
+        coeffs.append(w / max(int(launched.get(int(b), 0)), in_queue[int(b)]) if ok else 0.0)
+    return Aggregation(tuple(stal), tuple(weights), tuple(applied), tuple(coeffs))
+
+
+def certainly_dropped(base: int, version: int, bound: int) -> bool:
+    """True when an update from `base` can no longer be applied: the clock is already more than
+    `bound` ahead of it. Clocks only grow and a job's bounds only tighten, so with `version` a
+    clock value already reached and `bound` the bound of the current round or an earlier one,
+    the update's staleness at any later aggregation exceeds that aggregation's bound."""
+    return int(version) - int(base) > int(bound)
 
 
 def combined_update(updates: Sequence[np.ndarray | torch.Tensor], agg: Aggregation) -> torch.Tensor | None:
-    """sum_{applied} w_i g_i, float32; None when nothing is applied."""
-    picked = [(torch.as_tensor(g, dtype=torch.float32), w) for g, w, a in zip(updates, agg.weights, agg.applied) if a]
+    """sum_{applied} coefficient_i g_i, float32; None when nothing is applied."""
+    picked = [(torch.as_tensor(g, dtype=torch.float32), c) for g, c, a in zip(updates, agg.coefficients, agg.applied)
+              if a]
     if not picked:
         return None
     total = torch.zeros_like(picked[0][0])
-    for g, w in picked:
-        total.add_(g, alpha=w)
+    for g, c in picked:
+        total.add_(g, alpha=c)
     return total
 
 
@@ -318,7 +348,9 @@ class ParameterServer:
 
     def aggregate(self, updates: Sequence[np.ndarray], agg: Aggregation, kls: Sequence[float] = (),
                   obs: Sequence[np.ndarray] = ()) -> bool:
-        """Apply the queue's combined update; True when the policy moved (the clock advances by agg.n_applied)."""
+        """Apply the queue's combined update; True when the policy moved (the caller's clock advances by one).
+
+        `self.updates` counts updates applied (not versions: one aggregation can apply several)."""
         total = combined_update(updates, agg)
         if total is None:
             return False
@@ -356,11 +388,14 @@ def update_stream_key(job_id: str) -> str:
 
 def make_parcel(*, job_id: str, round_index: int, base_version: int, algo: str, config: dict, kl_coeff: float,
                 rho_bar: float, recent_versions: int, seed: int, batches: list[dict],
-                behaviour_versions: list[int]) -> dict:
+                behaviour_versions: list[int], max_staleness: int | None = None) -> dict:
+    """`max_staleness`: the staleness bound of the dispatching round, an upper bound on every bound the
+    update can meet later (None: the learner never skips)."""
     return {"format": PARCEL_FORMAT, "job_id": job_id, "round": int(round_index), "base_version": int(base_version),
             "algo": algo, "config": dict(config), "kl_coeff": float(kl_coeff), "rho_bar": float(rho_bar),
             "recent_versions": int(recent_versions), "seed": int(seed), "batches": list(batches),
-            "behaviour_versions": [int(v) for v in behaviour_versions]}
+            "behaviour_versions": [int(v) for v in behaviour_versions],
+            "max_staleness": None if max_staleness is None else int(max_staleness)}
 
 
 def check_parcel(parcel) -> dict:
@@ -376,30 +411,47 @@ def check_parcel(parcel) -> dict:
         raise ValueError(f"parcel format {parcel['format']} is not {PARCEL_FORMAT}")
     if not parcel["batches"] or not all(isinstance(b, dict) for b in parcel["batches"]):
         raise ValueError("parcel holds no trajectory batch")
+    bound = parcel.get("max_staleness")
+    if bound is not None and (type(bound) is not int or bound < 0):
+        raise ValueError("parcel field 'max_staleness' is not a non-negative int")
     return parcel
 
 
 @dataclass
 class UpdateRecord:
-    """One learner function's result as the parameter service sees it."""
+    """One learner function's result as the parameter service sees it.
+
+    A skip record (`skipped`) has no update: the learner found its base already certain to be
+    dropped (`certainly_dropped`) and computed nothing; stats["latest"] is the clock it saw."""
 
     invocation_id: str
     round: int
     base_version: int
     steps: int
-    update: np.ndarray
+    update: np.ndarray | None
     stats: dict
+
+    @property
+    def skipped(self) -> bool:
+        return self.update is None
 
 
 def encode_update(rec: UpdateRecord, key: bytes) -> bytes:
     from nitro import codec
 
+    g = None if rec.update is None else np.ascontiguousarray(rec.update, dtype=np.float32)
     return codec.encode((UPDATE_FORMAT, rec.invocation_id, int(rec.round), int(rec.base_version), int(rec.steps),
-                         np.ascontiguousarray(rec.update, dtype=np.float32), dict(rec.stats)), key)
+                         g, dict(rec.stats)), key)
+
+
+def skip_record(invocation_id: str, round_index: int, base: int, latest: int, bound: int) -> UpdateRecord:
+    """What a learner pushes instead of an update certain to be dropped."""
+    return UpdateRecord(invocation_id, int(round_index), int(base), 0, None,
+                        {"skipped": "stale_base", "latest": int(latest), "bound": int(bound)})
 
 
 def decode_update(payload: bytes, key: bytes, n_params: int, max_size: int = 256 << 20) -> UpdateRecord:
-    """Verify and decode; raises codec.PayloadError (bad MAC, bad shape, non-finite values)."""
+    """Verify and decode an update or a skip record; codec.PayloadError: bad MAC, bad shape, non-finite values."""
     from nitro import codec
 
     obj = codec.decode(payload, key, max_size=max_size)
@@ -408,6 +460,8 @@ def decode_update(payload: bytes, key: bytes, n_params: int, max_size: int = 256
     _, inv, rnd, base, steps, g, stats = obj
     if not (isinstance(inv, str) and all(type(v) is int for v in (rnd, base, steps)) and isinstance(stats, dict)):
         raise codec.MalformedPayloadError("payload is not a learner update")
+    if g is None and stats.get("skipped"):
+        return UpdateRecord(inv, rnd, base, steps, None, stats)
     if not isinstance(g, np.ndarray) or g.dtype != np.float32 or g.shape != (n_params,):
         raise codec.MalformedPayloadError(f"update must be float32 of shape ({n_params},)")
     if not np.isfinite(g).all():
