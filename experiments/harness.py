@@ -40,6 +40,8 @@ class Run:
     eval_episodes: int = 3
     budget_usd: float = 50.0
     extra: dict = field(default_factory=dict, hash=False, compare=False)
+    # Written to run.json, never sent: where a derived run's settings came from (experiments/protocol.py).
+    meta: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def run_id(self) -> str:

@@ -1,0 +1,1067 @@
+"""Evaluation protocol for "does boosting buy a better policy per dollar?" (docs/results.md, "Evaluation protocol").
+
+    python -m experiments protocol          # paper scale: Hopper-v5, PPO tuned, 50 rounds, I_min 8, I_max 64,
+                                            # 512 steps per actor, 10 seeds, nitro beside every control
+    python -m experiments protocol-budget   # the same schemes at one modelled-dollar budget (return at equal $)
+    python -m experiments protocol --smoke  # CartPole-v1, preset fast, 10 rounds, 2 seeds: a minute or two
+
+Every run evaluates after every `eval_every`-th round (5) and after its last one, with `eval_episodes`
+(10) deterministic episodes on the learner's evaluation seeds; a run's "final" return is the mean of its
+last 3 evaluations. Aggregates over seeds are interquartile means with 95% stratified-bootstrap
+confidence intervals and probabilities of improvement (rliable), never a bare standard deviation.
+Dollars are the modelled cloud bill (RoundReport.cloud_total_cost_usd: every actor on its own vCPU on
+AWS), not this machine's wall-time bill.
+
+Schemes (--schemes): nitro, the independent controls fixed:imin (= fixed:I_min), max, schedule (the
+decay without the detector), nitro-floor (the authors' artifact floor), any other policy (hydrozoa,
+kungfu, fixed:N), and two controls derived from the nitro run of the same seed, planned once that
+run has finished:
+
+    fixed:nbar  fixed:N-bar, N-bar = round(mean actors per round of nitro's run): the same samples,
+                without the timing
+    shuffled    replay of nitro's own scores shuffled across rounds: S_k / d^k, permuted with a
+                seeded RNG, times d^k again, mapped through the nitro rule to actor counts
+
+Runs are one at a time (one per 2 cores), resumable (a run with summary.json is done), and can run
+from a clone at a fixed commit (--clone DIR --commit REV) so edits never reach a running grid; each
+finished run is committed to the results directory of the main repository (--no-commit-results to
+skip). --background detaches (nohup-style) and logs to results/protocol-logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from experiments.harness import Run, load_rounds, run_one
+
+ROOT = Path(__file__).resolve().parents[1]  # the code that runs (a clone in --clone mode)
+
+PAPER = {"env_id": "Hopper-v5", "algo": "ppo", "preset": "tuned", "rounds": 50, "steps_per_actor": 512,
+         "i_min": 8, "i_max": 64, "seeds": 10}
+SMOKE = {"env_id": "CartPole-v1", "algo": "ppo", "preset": "fast", "rounds": 10, "steps_per_actor": 128,
+         "i_min": 1, "i_max": 8, "seeds": 2}
+DEFAULT_SCHEMES = ("nitro", "fixed:imin", "max", "fixed:nbar", "schedule", "shuffled", "nitro-floor")
+DERIVED = ("fixed-nbar", "shuffled")  # internal labels of the schemes derived from a nitro run
+BUDGET_ROUNDS_FACTOR = 4  # budget mode: rounds = 4x the paper's unless given, so the budget binds
+UNLIMITED_USD = 1000.0  # "no budget": far above any run of this protocol (paper scale costs about a dollar)
+FINAL_EVALS = 3
+EVAL_EVERY = 5
+EVAL_EPISODES = 10
+BOOTSTRAP_REPS = 2000
+LOCK_NAME = ".nitro-protocol.lock"
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One grid: a scale, the schemes and the seeds. Everything but seeds and schemes is fixed per out dir."""
+
+    name: str
+    env_id: str = PAPER["env_id"]
+    algo: str = PAPER["algo"]
+    preset: str = PAPER["preset"]
+    rounds: int = PAPER["rounds"]
+    steps_per_actor: int = PAPER["steps_per_actor"]
+    i_min: int = PAPER["i_min"]
+    i_max: int = PAPER["i_max"]
+    seeds: tuple[int, ...] = tuple(range(PAPER["seeds"]))
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES
+    eval_every: int = EVAL_EVERY
+    eval_episodes: int = EVAL_EPISODES
+    final_evals: int = FINAL_EVALS
+    decay: float = 0.96
+    budget_usd: float | None = None  # budget-matched mode: every run gets this modelled-dollar budget
+    reproducible: bool = False
+    shuffle_seed: int = 0  # the shuffled control's RNG: numpy default_rng([shuffle_seed, run seed])
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schemes", tuple(resolve_schemes(self.schemes, self.i_min)))
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        for name in ("rounds", "steps_per_actor", "i_min", "i_max", "eval_every", "final_evals"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.i_min > self.i_max:
+            raise ValueError(f"i_min ({self.i_min}) must be <= i_max ({self.i_max})")
+        if self.eval_episodes < 1:
+            raise ValueError(f"eval_episodes: must be >= 1, got {self.eval_episodes}")
+        if not self.seeds:
+            raise ValueError("seeds: at least one")
+        if self.budget_usd is not None and not (self.budget_usd > 0 and math.isfinite(self.budget_usd)):
+            raise ValueError(f"budget_usd: must be a positive number, got {self.budget_usd}")
+
+    def scale(self) -> dict:
+        """What must match to resume into an out dir (seeds and schemes may grow)."""
+        d = asdict(self)
+        for k in ("seeds", "schemes", "name"):
+            d.pop(k)
+        return d
+
+    def describe(self) -> str:
+        budget = (f"budget ${self.budget_usd:g} modelled cloud USD per run (budget_clock cloud)"
+                  if self.budget_usd is not None else "no budget limit")
+        return (f"{self.env_id}, {self.algo} preset {self.preset}, {self.rounds} rounds, {self.steps_per_actor} steps "
+                f"per actor, I_min={self.i_min}, I_max={self.i_max}, d={self.decay:g}, {len(self.seeds)} seeds, "
+                f"evaluation every {self.eval_every} rounds and after the last, {self.eval_episodes} deterministic "
+                f"episodes, final = mean of the last {self.final_evals} evaluations, {budget}"
+                + (", reproducible sampling" if self.reproducible else ""))
+
+    # -- runs ---------------------------------------------------------------------------------------
+    def run(self, scheme: str, seed: int, scaler: dict | None = None, meta: dict | None = None) -> Run:
+        extra: dict = {"eval_every": self.eval_every, "scaler": {"decay": self.decay, **(scaler or {})}}
+        if self.budget_usd is not None:
+            extra["budget_clock"] = "cloud"
+        if self.reproducible:
+            extra["reproducible"] = True
+        return Run(self.name, self.env_id, self.algo, scheme, seed, self.rounds, self.steps_per_actor, self.i_min,
+                   self.i_max, preset=self.preset, eval_episodes=self.eval_episodes,
+                   budget_usd=self.budget_usd if self.budget_usd is not None else UNLIMITED_USD,
+                   extra=extra, meta=meta or {})
+
+
+def resolve_schemes(schemes: Sequence[str], i_min: int) -> list[str]:
+    """Scheme tokens -> internal labels (fixed:imin -> fixed:<I_min>, fixed:nbar -> fixed-nbar); nitro first
+    and added when a derived control needs it. ValueError naming a bad token."""
+    from nitro.scaling.policies import POLICY_NAMES
+
+    out: list[str] = []
+    for token in schemes:
+        t = str(token).strip().lower()
+        if t in ("fixed:imin", "fixed:i_min"):
+            t = f"fixed:{i_min}"
+        elif t in ("fixed:nbar", "fixed:n-bar", "fixed-nbar", "nbar"):
+            t = "fixed-nbar"
+        elif t.startswith("fixed:"):
+            if not t[6:].isdigit() or int(t[6:]) < 1:
+                raise ValueError(f"scheme {token!r}: fixed:N needs an integer N >= 1 (or fixed:imin, fixed:nbar)")
+        elif t == "replay":
+            raise ValueError("scheme 'replay' needs a list; the protocol's replay control is 'shuffled'")
+        elif t not in DERIVED and t not in POLICY_NAMES:
+            raise ValueError(f"unknown scheme {token!r}; allowed: nitro, fixed:imin, fixed:N, fixed:nbar, max, "
+                             f"schedule, shuffled, nitro-floor, hydrozoa, kungfu")
+        if t == "minions":
+            raise ValueError("scheme 'minions' needs a pre-trained scheduler: use `python -m experiments fig15`")
+        if t not in out:
+            out.append(t)
+    if any(t in DERIVED for t in out) and "nitro" not in out:
+        out.insert(0, "nitro")
+    if "nitro" in out:
+        out.remove("nitro")
+        out.insert(0, "nitro")
+    return out
+
+
+def title(scheme: str, i_min: int | None = None, i_max: int | None = None) -> str:
+    if scheme == "fixed-nbar":
+        return "fixed:N̄ (nitro's mean)"
+    if scheme == "shuffled":
+        return "shuffled scores (replay)"
+    if scheme == "schedule":
+        return "schedule (decay only)"
+    if scheme == "nitro-floor":
+        return "nitro + artifact floor"
+    if scheme == "max":
+        return f"max ({i_max})" if i_max else "max"
+    if i_min is not None and scheme == f"fixed:{i_min}":
+        return f"fixed:{i_min} (I_min)"
+    return scheme
+
+
+# -- derived controls ----------------------------------------------------------------------------------
+
+
+def round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def nbar(rounds: Sequence[dict]) -> tuple[int, float]:
+    """N-bar of a nitro run: (round(mean actors launched per round), the mean)."""
+    mean = float(np.mean([r.get("actors_launched", 0) for r in rounds])) if rounds else 0.0
+    return max(1, round_half_up(mean)), mean
+
+
+def shuffled_actor_counts(rounds: Sequence[dict], decay: float, i_min: int, i_max: int, length: int,
+                          rng_seed: Sequence[int]) -> tuple[list[int], dict]:
+    """The shuffled-score control's actor counts for `length` rounds, and how they were made.
+
+    Round j > 0 of nitro was planned from the score S_{j-1} of the round before (it carries d^(j-1)), round 0
+    from no score (I_min). The scores that planned rounds 1..K-1 (S_0..S_{K-2}) are undecayed (U = S_k / d^k),
+    permuted with numpy default_rng(rng_seed) and decayed again at their new position; round 0 stays at the
+    nitro rule's decision for no score. Past the nitro run's length (budget mode) further permutations of
+    the same U's follow, so every round has a count.
+    """
+    from nitro.scaling.base import RoundInputs
+    from nitro.scaling.policies import NitroPolicy
+
+    scores = [float(r.get("score", 0.0) or 0.0) for r in rounds][: max(0, len(rounds) - 1)]
+    undecayed = []
+    for k, s in enumerate(scores):
+        dk = decay ** k
+        u = s / dk if dk > 0 and math.isfinite(s) else 0.0
+        undecayed.append(min(max(u, 0.0), 1.0))
+    rng = np.random.default_rng([int(x) for x in rng_seed])
+    order: list[int] = []
+    while undecayed and len(order) < length - 1:
+        order += [int(i) for i in rng.permutation(len(undecayed))]
+    order = order[: max(0, length - 1)]
+    policy = NitroPolicy()
+    counts = [policy.decide({}, RoundInputs(0, score=0.0, i_min=i_min, i_max=i_max))[0]]
+    for j in range(1, length):
+        u = undecayed[order[j - 1]] if order else 0.0
+        s = u * decay ** (j - 1)
+        counts.append(policy.decide({}, RoundInputs(j, score=s, i_min=i_min, i_max=i_max))[0])
+    return counts, {"undecayed_scores": undecayed, "permutation": order, "rng_seed": list(rng_seed)}
+
+
+# -- planning ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Planned:
+    scheme: str
+    seed: int
+    run: Run | None  # None: waits for its nitro run
+    why: str = ""
+
+
+def runs_dir(out: Path) -> Path:
+    return Path(out) / "runs"
+
+
+def is_done(out: Path, run: Run) -> bool:
+    return (runs_dir(out) / run.run_id / "summary.json").exists()
+
+
+def _summary(out: Path, run: Run) -> dict | None:
+    path = runs_dir(out) / run.run_id / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def derive(proto: Protocol, scheme: str, seed: int, out: Path) -> Planned:
+    """The derived control `scheme` of `seed`, once its nitro run has finished."""
+    source = proto.run("nitro", seed)
+    summary = _summary(out, source)
+    if summary is None:
+        return Planned(scheme, seed, None, f"waits for {source.run_id}")
+    if summary.get("state") != "SUCCEEDED":
+        return Planned(scheme, seed, None, f"not derivable: {source.run_id} ended {summary.get('state')}")
+    rounds = load_rounds(runs_dir(out), source)
+    decay = float(((summary.get("spec") or {}).get("scaler") or {}).get("decay") or proto.decay)
+    meta = {"derived_from": source.run_id, "source_rounds": len(rounds)}
+    if scheme == "fixed-nbar":
+        n, mean = nbar(rounds)
+        meta.update(nbar=n, nbar_mean=mean)
+        return Planned(scheme, seed, proto.run(scheme, seed, {"policy": "fixed", "fixed_actors": n}, meta))
+    from nitro.scaling.policies import format_actor_counts
+
+    counts, how = shuffled_actor_counts(rounds, decay, proto.i_min, proto.i_max, proto.rounds,
+                                        (proto.shuffle_seed, seed))
+    meta.update(how, actors_by_round=counts, decay=decay)
+    return Planned(scheme, seed, proto.run(scheme, seed, {"policy": "replay",
+                                                          "actors_by_round": format_actor_counts(counts)}, meta))
+
+
+def plan(proto: Protocol, out: Path) -> list[Planned]:
+    """Every run of the grid in execution order: per seed, nitro, then the independent schemes, then the
+    derived ones (a derived run has no Run until its nitro run has a summary)."""
+    planned = []
+    for seed in proto.seeds:
+        for scheme in proto.schemes:
+            if scheme in DERIVED:
+                continue
+            planned.append(Planned(scheme, seed, proto.run(scheme, seed)))
+        for scheme in proto.schemes:
+            if scheme in DERIVED:
+                planned.append(derive(proto, scheme, seed, out))
+    return planned
+
+
+def check_out_dir(proto: Protocol, out: Path) -> None:
+    """grid.json pins the scale of an out dir: resuming with another scale is an error, not a silent mix."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "grid.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        mine = json.loads(json.dumps(proto.scale()))
+        diff = {k: (saved.get("scale", {}).get(k), v) for k, v in mine.items() if saved.get("scale", {}).get(k) != v}
+        if diff:
+            raise SystemExit(f"{out} holds a grid of another scale ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in diff.items())}); "
+                             "pass --name or --out for a new grid")
+        seeds = sorted(set(saved.get("seeds", [])) | set(proto.seeds))
+        schemes = list(dict.fromkeys(list(saved.get("schemes", [])) + list(proto.schemes)))
+    else:
+        seeds, schemes = list(proto.seeds), list(proto.schemes)
+    path.write_text(json.dumps({"name": proto.name, "scale": proto.scale(), "seeds": seeds, "schemes": schemes},
+                               indent=2) + "\n")
+
+
+# -- execution --------------------------------------------------------------------------------------------
+
+
+def tree_cpu_seconds() -> float | None:
+    """CPU seconds of this process and all its descendants (the local system's services, endpoint workers)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+        except psutil.Error:
+            continue
+    return total
+
+
+def code_version(root: Path = ROOT) -> str:
+    """The commit of the code that runs, with "+dirty" when its tracked files differ from it."""
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+class LocalRunner:
+    """Runs jobs through one LocalSystem, started on first use."""
+
+    def __init__(self, state_dir: Path, concurrency: int = 64):
+        self.state_dir, self.concurrency = Path(state_dir), concurrency
+        self.system = self.client = None
+        self._lock = threading.Lock()
+
+    def __call__(self, run: Run, out_dir: Path) -> dict:
+        with self._lock:
+            if self.client is None:
+                from nitro.local_system import LocalSystem
+                from nitro.sdk import NitroClient
+
+                self.system = LocalSystem(state_dir=self.state_dir, concurrency=self.concurrency).start()
+                self.client = NitroClient(self.system.learner_address)
+        return run_one(self.client, run, out_dir)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.system is not None:
+            self.system.stop()
+        self.system = self.client = None
+
+
+def git_toplevel(path: Path) -> Path | None:
+    """The work tree holding `path` when git tracks it (None outside a repository or under an ignored path)."""
+    path = Path(path).resolve()
+    probe = path if path.is_dir() else path.parent
+    try:
+        top = subprocess.run(["git", "-C", str(probe), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    ignored = subprocess.run(["git", "-C", top, "check-ignore", "-q", str(path)], capture_output=True)
+    return None if ignored.returncode == 0 else Path(top)
+
+
+def commit_results(path: Path, message: str, log: Callable[[str], None] = print, attempts: int = 20) -> bool:
+    """git add + commit exactly `path` (nothing else that is staged) in the repository holding it."""
+    path = Path(path).resolve()
+    top = git_toplevel(path)
+    if top is None:
+        log(f"  (not committed: {path} is not tracked by git)")
+        return False
+    rel = str(path.relative_to(top))
+    for i in range(attempts):
+        add = subprocess.run(["git", "-C", str(top), "add", "--", rel], capture_output=True, text=True)
+        res = add
+        if add.returncode == 0:
+            staged = subprocess.run(["git", "-C", str(top), "diff", "--cached", "--quiet", "--", rel])
+            if staged.returncode == 0:
+                return False  # nothing new
+            res = subprocess.run(["git", "-C", str(top), "commit", "-q", "-m", message, "--", rel],
+                                 capture_output=True, text=True)
+            if res.returncode == 0:
+                return True
+        if "index.lock" not in (res.stderr + res.stdout):
+            log(f"  (commit failed: {(res.stderr or res.stdout).strip()})")
+            return False
+        time.sleep(min(2.0 * (i + 1), 10.0))  # another git command holds the index
+    log("  (commit failed: the index stayed locked)")
+    return False
+
+
+def _final_line(out: Path, run: Run, proto: Protocol) -> str:
+    summ = _summary(out, run) or {}
+    rounds = load_rounds(runs_dir(out), run)
+    evals = evaluations(rounds, proto.eval_every)
+    fin = final_return(evals, proto.final_evals)
+    usd, clock = run_cost(rounds)
+    return (f"{summ.get('state', '?')}, {len(rounds)} rounds, final {fin:.1f}, {clock} ${usd:.4f}"
+            + (f" ({summ.get('message')})" if "budget" in str(summ.get("message", "")) else ""))
+
+
+def execute(proto: Protocol, out: Path, *, runner: Callable[[Run, Path], dict] | None = None,
+            state_dir: Path | None = None, chunk: int | None = None, parallel: int = 1, concurrency: int = 64,
+            commit: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Run what is left of the grid (at most `chunk` runs); derived runs are planned as their nitro run ends.
+
+    Returns {"done": finished runs of the grid, "total": its runs, "ran": runs finished by this call}.
+    """
+    out = Path(out)
+    check_out_dir(proto, out)
+    runs_dir(out).mkdir(parents=True, exist_ok=True)
+    own_runner = runner is None
+    if runner is None:
+        runner = LocalRunner(state_dir or ROOT / "results" / ".protocol-state" / proto.name, concurrency)
+    version = code_version()
+    if commit and git_toplevel(out) is None:
+        log(f"results not committed: {out} is not tracked by git (ignored, or outside a repository)")
+        commit = False
+    total = len(plan(proto, out))
+    lock = threading.Lock()
+    in_progress: set[str] = set()
+    counters = {"ran": 0, "started": 0}
+    t_start = time.time()
+    durations: list[float] = []
+
+    def done_count() -> int:
+        return sum(1 for p in plan(proto, out) if p.run is not None and is_done(out, p.run))
+
+    first = done_count()
+    log(f"{proto.name}: {total} runs, {first} already done, {total - first} to go "
+        f"({proto.describe()}); out {out}")
+
+    def next_run() -> tuple[Run, Planned] | None:
+        with lock:
+            if chunk is not None and counters["started"] >= chunk:
+                return None
+            for p in plan(proto, out):
+                if p.run is not None and not is_done(out, p.run) and p.run.run_id not in in_progress:
+                    in_progress.add(p.run.run_id)
+                    counters["started"] += 1
+                    return p.run, p
+            return None
+
+    def worker() -> None:
+        while (item := next_run()) is not None:
+            run, p = item
+            meta = dict(run.meta, code_version=version, scheme=p.scheme)
+            run = dataclasses.replace(run, meta=meta)
+            t0, cpu0 = time.time(), tree_cpu_seconds() if parallel == 1 else None
+            runner(run, runs_dir(out))
+            cpu1 = tree_cpu_seconds() if parallel == 1 else None
+            took = time.time() - t0
+            _annotate(out, run, cpu_s=None if cpu0 is None or cpu1 is None else cpu1 - cpu0, wall_s=took)
+            csv = runs_dir(out) / run.run_id / "rounds.csv"
+            csv.unlink(missing_ok=True)  # rounds.jsonl holds the same, and is what gets committed
+            with lock:
+                in_progress.discard(run.run_id)
+                counters["ran"] += 1
+                durations.append(took)
+                n_done = done_count()
+                left = total - n_done
+                eta = left * float(np.mean(durations)) / max(1, parallel)
+                log(f"[{n_done}/{total}] {run.run_id} ({title(p.scheme, proto.i_min, proto.i_max)}, seed {p.seed}): "
+                    f"{_final_line(out, run, proto)}, {took:.0f} s; elapsed {time.time() - t_start:.0f} s, "
+                    f"about {eta / 60:.0f} min left")
+                if commit:
+                    commit_results(out, f"protocol {proto.name}: {run.run_id} ({n_done}/{total} runs)", log)
+
+    try:
+        if parallel <= 1:
+            worker()
+        else:
+            threads = [threading.Thread(target=worker, daemon=True) for _ in range(parallel)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        if own_runner:
+            runner.close()
+    waiting = [p for p in plan(proto, out) if p.run is None]
+    for p in waiting:
+        log(f"  {p.scheme} seed {p.seed}: {p.why}")
+    return {"done": done_count(), "total": total, "ran": counters["ran"]}
+
+
+def _annotate(out: Path, run: Run, **fields) -> None:
+    """Add the protocol's measurements to a finished run's summary.json (atomically)."""
+    path = runs_dir(out) / run.run_id / "summary.json"
+    if not path.exists():
+        return
+    summary = json.loads(path.read_text())
+    summary["protocol"] = {**summary.get("protocol", {}), **fields, "scheme": run.meta.get("scheme", run.scaler),
+                           "code_version": run.meta.get("code_version")}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+# -- analysis ---------------------------------------------------------------------------------------------
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def evaluations(rounds: Sequence[dict], eval_every: int) -> list[dict]:
+    """The evaluated rounds: {round, env_steps, usd (modelled cloud, else this machine's), return}.
+
+    Rounds flagged `evaluated`; for reports without that flag, rounds with a finite eval_return after every
+    eval_every-th round and after the last.
+    """
+    flagged = any(r.get("evaluated") for r in rounds)
+    pts = []
+    for i, r in enumerate(rounds):
+        ret = r.get("eval_return")
+        if not _finite(ret):
+            continue
+        if flagged and not r.get("evaluated"):
+            continue
+        if not flagged and not ((int(r.get("round", i)) + 1) % eval_every == 0 or i == len(rounds) - 1):
+            continue
+        cloud = r.get("cloud_total_cost_usd")
+        usd = cloud if _finite(cloud) and cloud > 0 else r.get("total_cost_usd", 0.0)
+        pts.append({"round": int(r.get("round", i)), "env_steps": int(r.get("total_env_steps", 0)),
+                    "usd": float(usd), "return": float(ret)})
+    return pts
+
+
+def final_return(evals: Sequence[dict], n: int = FINAL_EVALS) -> float:
+    """Mean of the last n evaluations (NaN without any)."""
+    vals = [e["return"] for e in evals][-n:]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def run_cost(rounds: Sequence[dict]) -> tuple[float, str]:
+    """(total USD, clock): the modelled cloud bill when the reports carry it, else this machine's."""
+    if not rounds:
+        return 0.0, "cloud"
+    last = rounds[-1]
+    cloud = last.get("cloud_total_cost_usd")
+    if _finite(cloud) and cloud > 0:
+        return float(cloud), "cloud"
+    return float(last.get("total_cost_usd", 0.0) or 0.0), "machine"
+
+
+def budget_bound(summary: dict) -> bool:
+    return str(summary.get("message", "")).startswith("budget exhausted")
+
+
+def _rly():
+    try:
+        from rliable import library, metrics
+    except ImportError as exc:  # pragma: no cover - a dev dependency
+        raise SystemExit(f"the protocol's aggregates need rliable ({exc}): pip install -e '.[dev]'") from None
+    # arch (rliable's bootstrap) warns that a RandomState argument is deprecated; it is what rliable passes.
+    warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
+    return library, metrics
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """rliable's stratified bootstrap draws its indices from numpy's global RNG (its random_state argument only
+    reaches arch), so a reproducible interval seeds that, and restores it afterwards."""
+    saved = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield np.random.RandomState(seed)
+    finally:
+        np.random.set_state(saved)
+
+
+def iqm(values) -> float:
+    """Interquartile mean: the mean of the middle 50% (25% trimmed from each end; rliable.metrics.aggregate_iqm)."""
+    _, metrics = _rly()
+    arr = np.asarray(values, dtype=float).reshape(-1, 1)
+    return float(metrics.aggregate_iqm(arr)) if arr.size else math.nan
+
+
+def iqm_interval(values_by_scheme: dict[str, Sequence[float]], reps: int = BOOTSTRAP_REPS,
+                 seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """IQM with a 95% stratified-bootstrap CI (runs x 1 task) per scheme: {scheme: (iqm, low, high)}.
+
+    Each scheme is resampled with its own RandomState(seed), so its interval does not depend on the others.
+    """
+    library, metrics = _rly()
+    out = {}
+    for k, v in values_by_scheme.items():
+        if not len(v):
+            continue
+        with _seeded(seed) as rs:
+            points, cis = library.get_interval_estimates({k: np.asarray(v, dtype=float).reshape(-1, 1)},
+                                                         lambda s: np.array([metrics.aggregate_iqm(s)]), reps=reps,
+                                                         random_state=rs)
+        out[k] = (float(points[k][0]), float(cis[k][0][0]), float(cis[k][1][0]))
+    return out
+
+
+def probability_of_improvement(x: Sequence[float], y: Sequence[float], reps: int = BOOTSTRAP_REPS,
+                               seed: int = 0) -> tuple[float, float, float]:
+    """P(X > Y) (ties count half) for one task, with a 95% stratified-bootstrap CI: (p, low, high)."""
+    library, metrics = _rly()
+    xs, ys = np.asarray(x, dtype=float).reshape(-1, 1), np.asarray(y, dtype=float).reshape(-1, 1)
+    if not xs.size or not ys.size:
+        return math.nan, math.nan, math.nan
+    with _seeded(seed) as rs:
+        points, cis = library.get_interval_estimates({"x,y": (xs, ys)}, metrics.probability_of_improvement,
+                                                     reps=reps, random_state=rs)
+    return float(np.squeeze(points["x,y"])), float(np.squeeze(cis["x,y"][0])), float(np.squeeze(cis["x,y"][1]))
+
+
+def curve_on_grid(points: Sequence[tuple[float, float]], grid: np.ndarray) -> np.ndarray:
+    """A run's (x, return) evaluations linearly interpolated at `grid` (x must lie within the run's range)."""
+    xs = np.asarray([p[0] for p in points], dtype=float)
+    ys = np.asarray([p[1] for p in points], dtype=float)
+    order = np.argsort(xs, kind="stable")
+    return np.interp(grid, xs[order], ys[order])
+
+
+def iqm_curve(per_run: Sequence[Sequence[tuple[float, float]]], n: int = 40, reps: int = 500,
+              seed: int = 0) -> dict | None:
+    """IQM across runs (95% bootstrap band) on a common x grid spanning the range every run covers."""
+    runs = [p for p in per_run if len(p) >= 1]
+    if not runs:
+        return None
+    lo = max(min(x for x, _ in p) for p in runs)
+    hi = min(max(x for x, _ in p) for p in runs)
+    if not hi > lo:
+        return None
+    grid = np.linspace(lo, hi, n)
+    mat = np.stack([curve_on_grid(p, grid) for p in runs])  # runs x points
+    library, _ = _rly()
+    from scipy.stats import trim_mean
+
+    with _seeded(seed) as rs:
+        points, cis = library.get_interval_estimates({"c": mat[:, None, :]},
+                                                     lambda s: trim_mean(s.reshape(s.shape[0], -1), 0.25, axis=0),
+                                                     reps=reps, random_state=rs)
+    return {"x": grid, "iqm": points["c"], "low": cis["c"][0], "high": cis["c"][1]}
+
+
+@dataclass
+class SchemeData:
+    scheme: str
+    seeds: list[int] = field(default_factory=list)
+    final: list[float] = field(default_factory=list)
+    usd: list[float] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    mean_actors: list[float] = field(default_factory=list)
+    cpu_s: list[float | None] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+    bound: list[bool] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    clocks: set = field(default_factory=set)
+    curves_steps: list = field(default_factory=list)
+    curves_usd: list = field(default_factory=list)
+    actors: list = field(default_factory=list)
+    meta: list = field(default_factory=list)
+
+
+def collect(proto: Protocol, out: Path) -> dict[str, SchemeData]:
+    data = {s: SchemeData(s) for s in proto.schemes}
+    for p in plan(proto, out):
+        if p.run is None or not is_done(out, p.run):
+            continue
+        d = data[p.scheme]
+        summ = _summary(out, p.run) or {}
+        if summ.get("state") != "SUCCEEDED":
+            d.failed.append(f"seed {p.seed}: {summ.get('state')} {summ.get('message', '')}".strip())
+            continue
+        rounds = load_rounds(runs_dir(out), p.run)
+        evals = evaluations(rounds, proto.eval_every)
+        usd, clock = run_cost(rounds)
+        d.seeds.append(p.seed)
+        d.final.append(final_return(evals, proto.final_evals))
+        d.usd.append(usd)
+        d.clocks.add(clock)
+        d.steps.append(float(rounds[-1].get("total_env_steps", 0)) if rounds else 0.0)
+        d.rounds.append(len(rounds))
+        d.mean_actors.append(float(np.mean([r.get("actors_launched", 0) for r in rounds])) if rounds else 0.0)
+        prot = summ.get("protocol") or {}
+        d.cpu_s.append(prot.get("cpu_s"))
+        d.wall_s.append(float(prot.get("wall_s") or summ.get("wall_s") or 0.0))
+        d.bound.append(budget_bound(summ))
+        d.curves_steps.append([(e["env_steps"], e["return"]) for e in evals])
+        d.curves_usd.append([(e["usd"], e["return"]) for e in evals])
+        d.actors.append([int(r.get("actors_launched", 0)) for r in rounds])
+        d.meta.append(json.loads((runs_dir(out) / p.run.run_id / "run.json").read_text()).get("meta", {}))
+    return data
+
+
+# -- report -----------------------------------------------------------------------------------------------
+
+
+def _ci(t: tuple[float, float, float] | None, fmt: str) -> str:
+    if t is None or not all(math.isfinite(v) for v in t):
+        return "n/a"
+    return f"{format(t[0], fmt)} [{format(t[1], fmt)}, {format(t[2], fmt)}]"
+
+
+def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_REPS, log=print) -> dict:
+    """Table (markdown), curves (PNG) and numbers (JSON) of whatever runs have finished; returns the numbers."""
+    out = Path(out)
+    data = collect(proto, out)
+    finals = iqm_interval({s: d.final for s, d in data.items() if d.final}, reps)
+    costs = iqm_interval({s: d.usd for s, d in data.items() if d.usd}, reps)
+    steps = {s: iqm(d.steps) for s, d in data.items() if d.steps}
+    nitro = data.get("nitro")
+    poi = {}
+    if nitro is not None and nitro.final:
+        for s, d in data.items():
+            if s != "nitro" and d.final:
+                poi[s] = probability_of_improvement(nitro.final, d.final, reps)
+    clocks = set().union(*(d.clocks for d in data.values())) if data else set()
+    clock_name = "modelled cloud USD" if clocks <= {"cloud"} else "USD (this machine's clock: no cloud cost reported)"
+    n_total = len(plan(proto, out))
+    n_done = sum(len(d.final) + len(d.failed) for d in data.values())
+    lines = [f"### Evaluation protocol: {proto.name}", "",
+             f"Scale: {proto.describe()}.", "",
+             f"Command: `{command}`", "",
+             f"Code: {sorted({m.get('code_version', '?') for d in data.values() for m in d.meta}) or ['n/a']}; "
+             f"{n_done} of {n_total} runs finished" + ("" if n_done == n_total else " (partial)") + ".", "",
+             f"| scheme | runs | final return, IQM [95% CI] | {clock_name}, IQM [95% CI] | env steps (IQM) | "
+             f"actors/round (mean) | rounds (mean) | P(nitro > scheme) [95% CI] | CPU hours |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s, d in data.items():
+        cpu = [c for c in d.cpu_s if c is not None]
+        cpu_h = f"{sum(cpu) / 3600:.3g}" if cpu and len(cpu) == len(d.cpu_s) else \
+            (f"≥{sum(cpu) / 3600:.3g}" if cpu else "n/a")
+        name = title(s, proto.i_min, proto.i_max)
+        if s == "fixed-nbar" and d.meta:
+            name += f" = {', '.join(str(m.get('nbar')) for m in d.meta)}"
+        pi = "—" if s == "nitro" else _ci(poi.get(s), ".2f")
+        lines.append(f"| {name} | {len(d.final)}{f' ({len(d.failed)} failed)' if d.failed else ''} | "
+                     f"{_ci(finals.get(s), '.1f')} | {_ci(costs.get(s), '.4f')} | "
+                     f"{steps.get(s, math.nan):,.0f} | {np.mean(d.mean_actors) if d.mean_actors else math.nan:.1f} | "
+                     f"{np.mean(d.rounds) if d.rounds else math.nan:.1f} | {pi} | {cpu_h} |")
+    all_cpu = [c for d in data.values() for c in d.cpu_s if c is not None]
+    lines += ["", "Final return: mean of each run's last "
+              f"{proto.final_evals} evaluations ({proto.eval_episodes} deterministic episodes each); IQM = mean of the "
+              "middle 50% of runs; CIs: 95% percentile stratified bootstrap over runs "
+              f"({reps} resamples, rliable); P(nitro > scheme): probability that a random nitro run's final return "
+              "beats a random run of the scheme (ties count half). Dollars: the run's modelled cloud bill at its end "
+              "(every actor on its own vCPU; docs/cost.md). CPU hours: CPU time of the local system's processes "
+              f"on this machine while the runs ran (all schemes: {sum(all_cpu) / 3600:.3g} h)."]
+    if proto.budget_usd is not None:
+        bound = {s: (sum(d.bound), len(d.bound)) for s, d in data.items()}
+        lines.append(f"\nBudget ${proto.budget_usd:g} per run on the cloud clock; runs the budget stopped: "
+                     + ", ".join(f"{title(s, proto.i_min, proto.i_max)} {b}/{n}" for s, (b, n) in bound.items()) + ".")
+        loose = [s for s, (b, n) in bound.items() if b < n]
+        if loose:
+            lines.append(f"**Warning**: the budget did not bind for every run of {loose}: raise --rounds so the "
+                         "comparison is at equal dollars.")
+    for s, d in data.items():
+        for f in d.failed:
+            lines.append(f"\n{title(s, proto.i_min, proto.i_max)} {f}")
+    waiting = [p for p in plan(proto, out) if p.run is None]
+    if waiting:
+        lines.append("\nNot run yet: " + "; ".join(f"{p.scheme} seed {p.seed} ({p.why})" for p in waiting))
+    table = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(table)
+    _plot(proto, data, out / "curves.png", clock_name)
+    numbers = {"name": proto.name, "scale": proto.scale(), "command": command,
+               "schemes": {s: {"seeds": d.seeds, "final": d.final, "usd": d.usd, "env_steps": d.steps,
+                               "rounds": d.rounds, "mean_actors": d.mean_actors, "cpu_s": d.cpu_s,
+                               "budget_bound": d.bound, "failed": d.failed, "derived": d.meta,
+                               "final_iqm_ci": finals.get(s), "usd_iqm_ci": costs.get(s),
+                               "p_nitro_better_ci": poi.get(s)} for s, d in data.items()}}
+    (out / "report.json").write_text(json.dumps(numbers, indent=2, default=str) + "\n")
+    log("\n" + table + f"\nplots: {out / 'curves.png'}\ntable: {out / 'table.md'}")
+    return numbers
+
+
+def _plot(proto: Protocol, data: dict[str, SchemeData], path: Path, clock_name: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    by_steps, by_usd, actors = fig.subplots(1, 3)
+    for i, (s, d) in enumerate(data.items()):
+        color = f"C{i}"
+        label = f"{title(s, proto.i_min, proto.i_max)} ({len(d.final)})"
+        for ax, curves in ((by_steps, d.curves_steps), (by_usd, d.curves_usd)):
+            c = iqm_curve(curves)
+            if c is not None:
+                ax.plot(c["x"], c["iqm"], color=color, label=label)
+                ax.fill_between(c["x"], c["low"], c["high"], color=color, alpha=0.15)
+            elif curves:  # a single evaluation point per run
+                ax.scatter([p[0] for cv in curves for p in cv], [p[1] for cv in curves for p in cv], color=color,
+                           s=10, label=label)
+        if d.actors:
+            n = max(len(a) for a in d.actors)
+            for a in d.actors:
+                actors.plot(range(len(a)), a, color=color, alpha=0.15, lw=0.8)
+            mean = [np.mean([a[k] for a in d.actors if len(a) > k]) for k in range(n)]
+            actors.step(range(n), mean, where="mid", color=color, label=label)
+    by_steps.set_xlabel("env steps")
+    by_steps.set_ylabel("eval return (IQM over seeds, 95% CI)")
+    by_usd.set_xlabel(clock_name)
+    by_usd.set_ylabel("eval return (IQM over seeds, 95% CI)")
+    actors.set_xlabel("round")
+    actors.set_ylabel("actors per round (mean; thin: each seed)")
+    by_steps.legend(fontsize=7)
+    fig.suptitle(textwrap.fill(f"{proto.name}: {proto.describe()}", 180), fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+
+
+# -- clone, background, command line ------------------------------------------------------------------------
+
+
+def _git(*args: str, cwd: Path | None = None, check: bool = True) -> str:
+    res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise SystemExit(f"git {' '.join(args)}: {(res.stderr or res.stdout).strip()}")
+    return res.stdout.strip()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def ensure_clone(main_repo: Path, clone: Path, rev: str, log=print) -> str:
+    """A clone of `main_repo` at commit `rev` (created, or moved there when no grid runs in it), with the main
+    repo's .venv symlinked unless it has its own. Returns the commit."""
+    main_repo, clone = Path(main_repo).resolve(), Path(clone).resolve()
+    sha = _git("-C", str(main_repo), "rev-parse", "--verify", f"{rev}^{{commit}}")
+    if not clone.exists():
+        _git("clone", "--quiet", "--no-checkout", str(main_repo), str(clone))
+        _git("-C", str(clone), "checkout", "--quiet", "--detach", sha)
+        log(f"cloned {main_repo} at {sha[:12]} into {clone}")
+    else:
+        if not (clone / ".git").exists():
+            raise SystemExit(f"--clone {clone}: exists and is not a git clone")
+        head = _git("-C", str(clone), "rev-parse", "HEAD")
+        if head != sha:
+            holder = _lock_holder(clone)
+            if holder:
+                raise SystemExit(f"--clone {clone}: a grid (pid {holder}) runs there at {head[:12]}; wait for it or "
+                                 f"use another clone directory for {sha[:12]}")
+            if _git("-C", str(clone), "status", "--porcelain", "--untracked-files=no"):
+                raise SystemExit(f"--clone {clone}: has local changes; it must stay at a commit")
+            _git("-C", str(clone), "fetch", "--quiet", str(main_repo), sha)
+            _git("-C", str(clone), "checkout", "--quiet", "--detach", sha)
+            log(f"moved clone {clone} from {head[:12]} to {sha[:12]}")
+    venv = clone / ".venv"
+    if not venv.exists() and (main_repo / ".venv").exists():
+        venv.symlink_to(main_repo / ".venv", target_is_directory=True)
+    return sha
+
+
+def _lock_holder(clone: Path) -> int | None:
+    path = Path(clone) / LOCK_NAME
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() and _pid_alive(pid) else None
+
+
+def _strip(argv: list[str], flags: dict[str, bool]) -> list[str]:
+    """argv without the given flags (flag -> takes a value)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in flags:
+            skip = flags[name] and "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def build_parser(figure: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m experiments {figure}", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("scale (defaults: the paper's; --smoke: CartPole-v1, preset fast, 10 rounds, 2 seeds)")
+    g.add_argument("--smoke", action="store_true", help="the quick configuration (flags below still override)")
+    g.add_argument("--env", dest="env_id")
+    g.add_argument("--algo")
+    g.add_argument("--preset")
+    g.add_argument("--rounds", type=int)
+    g.add_argument("--steps-per-actor", type=int)
+    g.add_argument("--i-min", type=int)
+    g.add_argument("--i-max", type=int)
+    g.add_argument("--seeds", type=int, help="seeds 0..N-1")
+    g.add_argument("--seed-list", help="comma-separated seeds (instead of --seeds)")
+    g.add_argument("--schemes", help=f"comma-separated (default {','.join(DEFAULT_SCHEMES)}); also hydrozoa, "
+                                     "kungfu, fixed:N")
+    g.add_argument("--decay", type=float, default=0.96, help="d of nitro and schedule (default %(default)s)")
+    g.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    g.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES)
+    g.add_argument("--final-evals", type=int, default=FINAL_EVALS)
+    g.add_argument("--budget", help="modelled cloud USD per run (budget-matched mode), or 'auto': the IQM of the "
+                                    "nitro runs' cost in the matching unbudgeted grid")
+    g.add_argument("--reproducible", action="store_true", help="actors start fresh episodes from their seeds")
+    g.add_argument("--shuffle-seed", type=int, default=0)
+    r = p.add_argument_group("running")
+    r.add_argument("--name", help="grid name (default from env, algo, preset and mode)")
+    r.add_argument("--out", help="grid directory (default docs/results/grids/NAME; --smoke: results/experiments/NAME)")
+    r.add_argument("--state-dir", help="local system state (default results/.protocol-state/NAME)")
+    r.add_argument("--chunk", type=int, help="run at most N runs this time, then report and exit")
+    r.add_argument("--parallel", type=int, default=1, help="runs at once (default 1: one per 2 cores)")
+    r.add_argument("--concurrency", type=int, default=64, help="local Lambda endpoint workers")
+    r.add_argument("--reps", type=int, default=BOOTSTRAP_REPS, help="bootstrap resamples")
+    r.add_argument("--report-only", action="store_true", help="only rebuild the table and plots")
+    r.add_argument("--no-commit-results", dest="commit_results", action="store_false",
+                   help="do not git-commit each finished run (default: commit when the out dir is tracked by git)")
+    r.add_argument("--clone", help="run from this clone of the repository at --commit (created when missing)")
+    r.add_argument("--commit", default="HEAD", help="the commit the clone runs (default %(default)s, resolved now)")
+    r.add_argument("--background", action="store_true", help="detach; progress goes to results/protocol-logs/")
+    return p
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def protocol_from_args(args, figure: str) -> Protocol:
+    base = dict(SMOKE if args.smoke else PAPER)
+    budget_mode = figure == "protocol-budget" or args.budget is not None
+    vals = {k: getattr(args, k) if getattr(args, k, None) is not None else base[k]
+            for k in ("env_id", "algo", "preset", "rounds", "steps_per_actor", "i_min", "i_max")}
+    if budget_mode and args.rounds is None:
+        vals["rounds"] = base["rounds"] * BUDGET_ROUNDS_FACTOR
+    seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else \
+        list(range(args.seeds if args.seeds is not None else base["seeds"]))
+    schemes = args.schemes.split(",") if args.schemes else list(DEFAULT_SCHEMES)
+    stem = f"{_slug(vals['env_id'])}-{vals['algo']}-{_slug(vals['preset'])}" + ("-smoke" if args.smoke else "")
+    name = args.name or (f"protocol-budget-{stem}" if budget_mode else f"protocol-{stem}")
+    budget = None
+    if budget_mode:
+        if args.budget in (None, "auto"):
+            budget = _auto_budget(args, vals, stem)
+        else:
+            budget = float(args.budget)
+        reserve = first_round_reserve_usd()
+        if budget <= reserve:
+            raise ValueError(f"budget ${budget:g} is below the scaler's first-round reserve (${reserve:.4f}: the "
+                             "learner time it assumes before anything is measured), so every run would end at round "
+                             "0; pass a larger --budget")
+    return Protocol(name=name, seeds=tuple(seeds), schemes=tuple(schemes), eval_every=args.eval_every,
+                    eval_episodes=args.eval_episodes, final_evals=args.final_evals, decay=args.decay,
+                    budget_usd=budget, reproducible=args.reproducible, shuffle_seed=args.shuffle_seed, **vals)
+
+
+def first_round_reserve_usd() -> float:
+    """What the scaler requires for round 0 before anything is measured: its assumed learner time, billed."""
+    from nitro.cost import Prices, learner_cost
+    from scaler_svc.server import FIRST_ROUND_LEARNER_S
+
+    return learner_cost(FIRST_ROUND_LEARNER_S, Prices())
+
+
+def _default_out(name: str, smoke: bool, main_repo: Path = ROOT) -> Path:
+    return main_repo / ("results/experiments" if smoke else "docs/results/grids") / name
+
+
+def _auto_budget(args, vals: dict, stem: str) -> float:
+    """The IQM of the nitro runs' modelled cost in the unbudgeted grid of the same scale."""
+    ref_name = f"protocol-{stem}"
+    ref_out = _default_out(ref_name, args.smoke, Path(os.environ.get("NITRO_PROTOCOL_MAIN_REPO", ROOT)))
+    costs = []
+    rdir = runs_dir(ref_out)
+    if rdir.exists():
+        for d in sorted(rdir.iterdir()):
+            summ = d / "summary.json"
+            if d.name.startswith(f"{_slug(vals['env_id'])}-{vals['algo']}-nitro-s") and summ.exists():
+                rounds = [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines() if x.strip()]
+                costs.append(run_cost(rounds)[0])
+    if not costs:
+        raise SystemExit(f"--budget auto: no finished nitro runs in {ref_out}; run `python -m experiments protocol"
+                         f"{' --smoke' if args.smoke else ''}` first (same scale) or pass --budget USD")
+    return round(iqm(costs), 6)
+
+
+def main(figure: str, argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[2:] if argv is None else argv)
+    args = build_parser(figure).parse_args(argv)
+    command = os.environ.get("NITRO_PROTOCOL_COMMAND") or shlex.join(["python", "-m", "experiments", figure, *argv])
+    main_repo = Path(os.environ.get("NITRO_PROTOCOL_MAIN_REPO", ROOT))
+    try:
+        proto = protocol_from_args(args, figure)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    out = Path(args.out).resolve() if args.out else _default_out(proto.name, args.smoke, main_repo)
+
+    if args.background:
+        logs = ROOT / "results" / "protocol-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{proto.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        inner = _strip(argv, {"--background": False})
+        env = dict(os.environ, NITRO_PROTOCOL_COMMAND=command,
+                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+        with open(log_path, "ab") as f:
+            proc = subprocess.Popen([sys.executable, "-m", "experiments", figure, *inner], cwd=ROOT, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        print(f"{proto.name}: running in the background, pid {proc.pid}\n  log: {log_path}\n  follow: tail -f "
+              f"{log_path}\n  stop: kill {proc.pid}   (resume with the same command)", flush=True)
+        return 0
+
+    if args.clone:
+        clone = Path(args.clone).resolve()
+        sha = ensure_clone(main_repo, clone, args.commit)
+        if not (clone / "experiments" / "protocol.py").exists():
+            raise SystemExit(f"commit {sha[:12]} has no experiments/protocol.py")
+        inner = _strip(argv, {"--clone": True, "--commit": True, "--out": True}) + ["--out", str(out)]
+        env = dict(os.environ, NITRO_PROTOCOL_COMMAND=command, NITRO_PROTOCOL_MAIN_REPO=str(main_repo),
+                   PYTHONPATH=str(clone))
+        (clone / LOCK_NAME).write_text(f"{os.getpid()}\n")
+        print(f"{proto.name}: running from {clone} at {sha[:12]}; results in {out}", flush=True)
+        try:
+            child = subprocess.Popen([str(clone / ".venv" / "bin" / "python"), "-m", "experiments", figure, *inner],
+                                     cwd=clone, env=env)
+            try:
+                return child.wait()
+            except KeyboardInterrupt:
+                child.send_signal(signal.SIGINT)
+                return child.wait()
+        finally:
+            (clone / LOCK_NAME).unlink(missing_ok=True)
+
+    if not args.report_only:
+        state = Path(args.state_dir) if args.state_dir else ROOT / "results" / ".protocol-state" / proto.name
+        execute(proto, out, state_dir=state, chunk=args.chunk, parallel=args.parallel,
+                concurrency=args.concurrency, commit=args.commit_results)
+    else:
+        check_out_dir(proto, out)
+    report(proto, out, command, reps=args.reps)
+    if args.commit_results and git_toplevel(out) is not None:
+        commit_results(out, f"protocol {proto.name}: table and curves")
+    return 0
