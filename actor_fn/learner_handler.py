@@ -36,6 +36,7 @@ from collections import OrderedDict
 
 from actor_fn.handler import check_fields
 from nitro import codec
+from nitro.clock import InvocationClock
 from nitro.errors import ConfigError
 
 REQUIRED = {"job_id": str, "round": int, "policy_version": int, "invocation_id": str, "payload_ref": str}
@@ -106,6 +107,7 @@ def _recent(client, job_id: str, base: int, count: int, key: bytes, latest: int 
 
 
 def handler(event: dict, context=None) -> dict:
+    clock = InvocationClock()  # the cloud clock (docs/cost.md): CPU time, Redis calls at wall time
     t0 = time.perf_counter()
     _validate(event)
     import numpy as np
@@ -132,9 +134,10 @@ def handler(event: dict, context=None) -> dict:
         _Warm.key = codec.load_hmac_key()
     key = _Warm.key
     job_id, base = event["job_id"], event["policy_version"]
-    client = _client(_redis_url(event))
+    client = _client(_redis_url(event), clock)
 
-    blob = client.get(event["payload_ref"])
+    with clock.io():
+        blob = client.get(event["payload_ref"])
     if blob is None:
         raise ParcelNotFoundError(f"no parcel at {event['payload_ref']} (expired, or the job ended)")
     try:
@@ -144,21 +147,23 @@ def handler(event: dict, context=None) -> dict:
     if parcel["job_id"] != job_id or parcel["base_version"] != base:
         raise BadParcelError(f"parcel is for job {parcel['job_id']!r} version {parcel['base_version']}, the event "
                              f"names job {job_id!r} version {base}")
-    latest = PolicyStore(client, job_id).latest()
+    with clock.io():
+        latest = PolicyStore(client, job_id).latest()
     bound = parcel.get("max_staleness")
     if latest is not None and bound is not None and certainly_dropped(base, latest, bound):
         rec = skip_record(event["invocation_id"], event["round"], base, latest, bound)
-        entry = client.xadd(update_stream_key(job_id),
-                            {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
-                             b"payload": encode_update(rec, key)},
-                            maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
+        fields = {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
+                  b"payload": encode_update(rec, key)}
+        with clock.io():
+            entry = client.xadd(update_stream_key(job_id), fields, maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
         return {"ok": True, "skipped": "stale_base", "job_id": job_id, "invocation_id": event["invocation_id"],
                 "round": event["round"], "policy_version": base, "latest_version": latest, "max_staleness": bound,
                 "entry_id": entry.decode() if isinstance(entry, bytes) else str(entry), "cold": cold,
-                "duration_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+                "duration_ms": round((time.perf_counter() - t0) * 1e3, 3), "clock": clock.report(cold)}
     cfg = make_config(parcel["algo"], "tuned", **parcel["config"])
-    policy = _policy(client, job_id, base, key)
-    recent = _recent(client, job_id, base, parcel["recent_versions"], key, latest)
+    with clock.io():  # Redis reads (and the blobs' decoding, a small share)
+        policy = _policy(client, job_id, base, key)
+        recent = _recent(client, job_id, base, parcel["recent_versions"], key, latest)
     t_loaded = time.perf_counter()
 
     update, stats = compute_update(policy, parcel["batches"], cfg, parcel["algo"], kl_coeff=parcel["kl_coeff"],
@@ -167,10 +172,10 @@ def handler(event: dict, context=None) -> dict:
     steps = sum(len(b["rewards"]) for b in parcel["batches"])
     stats["recent_versions_used"] = len(recent)
     rec = UpdateRecord(event["invocation_id"], event["round"], base, steps, update, stats)
-    entry = client.xadd(update_stream_key(job_id),
-                        {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
-                         b"payload": encode_update(rec, key)},
-                        maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
+    fields = {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
+              b"payload": encode_update(rec, key)}
+    with clock.io():
+        entry = client.xadd(update_stream_key(job_id), fields, maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
     t_pushed = time.perf_counter()
     return {
         "ok": True,
@@ -188,4 +193,5 @@ def handler(event: dict, context=None) -> dict:
         "compute_ms": round((t_computed - t_loaded) * 1e3, 3),
         "push_ms": round((t_pushed - t_computed) * 1e3, 3),
         "duration_ms": round((t_pushed - t0) * 1e3, 3),
+        "clock": clock.report(cold),
     }

@@ -45,6 +45,8 @@ import numpy as np
 
 from learner_svc.rounds import POLICY_TTL_S, RoundLoop, derived_seed, slot_index
 from nitro import codec, metrics
+from nitro.clock import critical_path_cpu_seconds
+from nitro.cost import cloud_round_seconds
 from nitro.algos.ppo import collate
 from nitro.algos.stellaris import (
     ParameterServer,
@@ -108,9 +110,11 @@ class StellarisLoop(RoundLoop):
             return rnd
         k = self.next_round
         empty_rounds = 0
+        carried: dict[str, float] = {}  # service CPU of the last checkpoint + evaluation (cloud clock)
         while True:
             phases: dict[str, float] = {}
             acc = self._new_acc(k)
+            acc["busy"] = sum(carried.values())
             metrics.CURRENT_ROUND.labels(self.job.job_id).set(k)
             metrics.STALENESS_BOUND.labels(self.job.job_id).set(self.bound)
             self._pump_until(lambda: self._round_closed(rnd), rnd, acc, phases)
@@ -126,15 +130,18 @@ class StellarisLoop(RoundLoop):
             last_round = k + 1 >= spec.rounds
             if last_round:
                 self._drain(rnd, acc, phases)
-            with metrics.timed("publish", phases):
+            cloud = self._cloud_phases(rnd, acc)
+            with metrics.timed("publish", phases, cloud):
                 self.learner.last_data = self._detector_data(acc["batches"])
                 ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
             with metrics.timed("detect", phases):
                 score_resp, fallback = self.score_or_fallback(k, ref, spec.algo, acc["notes"])
+            cloud["detect"] = score_resp.cpu_seconds
             means = self._means(acc)  # for the plan; the report recomputes them (the waits below apply more)
             last = self.async_plan_inputs(means, phases, acc["t"])
             with metrics.timed("plan", phases):
-                next_plan = self.plan(k + 1, score_resp.score, 0.0, fallback, last)
+                next_plan = self.plan(k + 1, score_resp.score, 0.0, fallback, last,
+                                      cloud_seconds=cloud_round_seconds(cloud))
             if next_plan.budget_exhausted and not last_round:
                 self._drain(rnd, acc, phases)  # the job ends here: count every learner still running
             ending = last_round or next_plan.budget_exhausted
@@ -142,15 +149,16 @@ class StellarisLoop(RoundLoop):
                 self._wait_for_rounds_before(k, rnd, acc, phases)
                 with metrics.timed("invoke", phases):
                     next_rnd = self._launch_round(k + 1, next_plan.actors)
-            with metrics.timed("publish", phases):
+            carried = {}  # overlaps the next round's sampling and learners: its service CPU on the cloud clock
+            with metrics.timed("publish", phases, carried):
                 self.checkpoint(k, pending={})
-            with metrics.timed("evaluate", phases):  # overlaps the next round's sampling and learners
+            with metrics.timed("evaluate", phases, carried):
                 eval_return = self.evaluate_policy(k)
             reached = bool(spec.target_return) and eval_return >= spec.target_return
             if reached and not ending:
                 self._drain(None, acc, phases)  # the job ends: this report counts every learner still running
             self.append_report(self._report(k, rnd, acc, self._means(acc), phases, score_resp, next_plan, eval_return,
-                                            fallback))
+                                            fallback, cloud))
             self.next_round = k + 1
             if next_plan.budget_exhausted:
                 return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {next_plan.reason}"
@@ -166,7 +174,8 @@ class StellarisLoop(RoundLoop):
                                      self.st.bound_schedule)
         return {"k": k, "bound": self.bound, "notes": [], "steps": 0, "late": 0, "batches": [], "produced": 0,
                 "applied": 0, "dropped": 0, "skipped": 0, "staleness": [], "launched": 0, "failed": 0, "rejected": 0,
-                "duplicates": 0, "sums": {}, "aggregations": 0, "t": time.time()}
+                "duplicates": 0, "sums": {}, "aggregations": 0, "t": time.time(), "busy": 0.0,
+                "learner_fn_seconds": 0.0}
 
     # -- actors ---------------------------------------------------------------------------
     def _launch_round(self, k: int, actors: int) -> dict:
@@ -180,7 +189,7 @@ class StellarisLoop(RoundLoop):
     # -- the event pump -------------------------------------------------------------------
     def _pump_until(self, done, rnd: dict | None, acc: dict, phases: dict) -> None:
         """Ingest batches, dispatch learners, collect their outcomes and aggregate updates until `done()`."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ingest_extra, update_s = self.reader.processing_seconds, 0.0, 0.0
         while not self.job.stop_requested.is_set():
             if rnd is not None:
@@ -206,6 +215,7 @@ class StellarisLoop(RoundLoop):
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("update", update_s, phases)
         metrics.observe_phase("sample", max(0.0, wall - ingest - update_s), phases)
+        acc["busy"] += max(0.0, critical_path_cpu_seconds() - cpu0)
 
     def _drain(self, rnd: dict | None, acc: dict, phases: dict) -> None:
         """Wait for every batch's learner and every update still due (bounded by the round deadline)."""
@@ -291,6 +301,7 @@ class StellarisLoop(RoundLoop):
             info = self.in_flight.pop(fut)
             try:
                 resp = fut.result()
+                acc["learner_fn_seconds"] = max(acc["learner_fn_seconds"], resp.cloud_seconds)
                 res = resp.invocations[0] if resp.invocations else None
                 ok, why = (res is not None and res.ok), (f"{res.error_type}: {res.error_message[:200]}" if res else
                                                          "no invocation result")
@@ -412,7 +423,14 @@ class StellarisLoop(RoundLoop):
         n = max(acc["applied"], 1)
         return {name: v / n for name, v in acc["sums"].items()}
 
-    def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback):
+    @staticmethod
+    def _cloud_phases(rnd: dict, acc: dict) -> dict[str, float]:
+        """The round so far on the cloud clock (docs/cost.md): actors, then their learner functions, in
+        parallel with the service's own CPU time ("update"); "sample" is what the functions take beyond it."""
+        sampling = (rnd["resp"].cloud_seconds if rnd["resp"] is not None else 0.0) + acc["learner_fn_seconds"]
+        return {"update": acc["busy"], "sample": max(0.0, sampling - acc["busy"])}
+
+    def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback, cloud):
         resp = rnd["resp"] or scaler_pb2.LaunchResponse()
         rejected, duplicates = self.export_reader_counters()
         notes = acc["notes"]
@@ -432,7 +450,7 @@ class StellarisLoop(RoundLoop):
             duplicates_dropped=duplicates + acc["duplicates"], rejected_batches=rejected + acc["rejected"],
             gradients_produced=acc["produced"], gradients_applied=acc["applied"], gradients_dropped=acc["dropped"],
             mean_staleness=mean_stal, staleness_bound=acc["bound"], learner_functions_launched=acc["launched"],
-            learner_functions_failed=acc["failed"],
+            learner_functions_failed=acc["failed"], learner_functions_skipped=acc["skipped"],
             **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
                                          phases=phases, round_seconds=time.time() - acc["t"], notes=notes,
-                                         fallback=fallback))
+                                         fallback=fallback, cloud_phases=cloud))

@@ -43,9 +43,10 @@ def finished(client):
 
 
 def skipped_in(report) -> int:
-    """Learners that skipped, from the round's stellaris note (RoundReport has no field for them)."""
+    """Learners that skipped: the report's field, which the round's stellaris note repeats."""
     (note,) = [n for n in report.notes if n.startswith("stellaris:")]
-    return int(re.search(r"(\d+) skipped", note).group(1))
+    assert int(re.search(r"(\d+) skipped", note).group(1)) == report.learner_functions_skipped
+    return report.learner_functions_skipped
 
 
 def test_stellaris_job_runs_with_exact_gradient_accounting(finished):
@@ -67,6 +68,7 @@ def test_stellaris_job_runs_with_exact_gradient_accounting(finished):
         assert math.isfinite(r.eval_return) and r.eval_return > 0
         assert r.lambda_max != 0.0 or r.lambda_min != 0.0, "the detector scored the round"
         assert 2 <= r.next_actors <= 4 and r.scaler_reason.startswith("nitro")
+        assert r.cloud_phases["sample"] >= 0 and r.cloud_phases["update"] > 0 and r.cloud_round_cost_usd > 0
     assert failed == 0, [n for r in reports for n in r.notes]
     assert launched == batches == produced + skipped  # one learner per batch, one update (or skip) per learner
     assert produced == applied + dropped and applied >= 1
