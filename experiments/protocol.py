@@ -305,8 +305,8 @@ def check_out_dir(proto: Protocol, out: Path) -> None:
         mine = json.loads(json.dumps(proto.scale()))
         diff = {k: (saved.get("scale", {}).get(k), v) for k, v in mine.items() if saved.get("scale", {}).get(k) != v}
         if diff:
-            raise SystemExit(f"{out} holds a grid of another scale ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in diff.items())}); "
-                             "pass --name or --out for a new grid")
+            what = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+            raise SystemExit(f"{out} holds a grid of another scale ({what}); pass --name or --out for a new grid")
         seeds = sorted(set(saved.get("seeds", [])) | set(proto.seeds))
         schemes = list(dict.fromkeys(list(saved.get("schemes", [])) + list(proto.schemes)))
     else:
@@ -355,7 +355,7 @@ class LocalRunner:
         self.system = self.client = None
         self._lock = threading.Lock()
 
-    def __call__(self, run: Run, out_dir: Path) -> dict:
+    def start(self) -> None:
         with self._lock:
             if self.client is None:
                 from nitro.local_system import LocalSystem
@@ -363,6 +363,9 @@ class LocalRunner:
 
                 self.system = LocalSystem(state_dir=self.state_dir, concurrency=self.concurrency).start()
                 self.client = NitroClient(self.system.learner_address)
+
+    def __call__(self, run: Run, out_dir: Path) -> dict:
+        self.start()
         return run_one(self.client, run, out_dir)
 
     def close(self) -> None:
@@ -470,6 +473,8 @@ def execute(proto: Protocol, out: Path, *, runner: Callable[[Run, Path], dict] |
             run, p = item
             meta = dict(run.meta, code_version=version, scheme=p.scheme)
             run = dataclasses.replace(run, meta=meta)
+            if hasattr(runner, "start"):
+                runner.start()  # the system's start-up is not the run's CPU time
             t0, cpu0 = time.time(), tree_cpu_seconds() if parallel == 1 else None
             runner(run, runs_dir(out))
             cpu1 = tree_cpu_seconds() if parallel == 1 else None
@@ -1011,7 +1016,8 @@ def _auto_budget(args, vals: dict, stem: str) -> float:
 def main(figure: str, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[2:] if argv is None else argv)
     args = build_parser(figure).parse_args(argv)
-    command = os.environ.get("NITRO_PROTOCOL_COMMAND") or shlex.join(["python", "-m", "experiments", figure, *argv])
+    command = os.environ.get("NITRO_PROTOCOL_COMMAND") or shlex.join(
+        ["python", "-m", "experiments", figure, *_strip(argv, {"--background": False})])
     main_repo = Path(os.environ.get("NITRO_PROTOCOL_MAIN_REPO", ROOT))
     try:
         proto = protocol_from_args(args, figure)
