@@ -48,7 +48,12 @@ class PPOConfig(_Overridable):
     gae_lambda: float = 0.95
     """GAE lambda: 1.0 gives Monte-Carlo advantages, 0.0 one-step TD."""
     normalize_advantages: bool = True
-    """Standardise advantages per minibatch."""
+    """Standardise advantages per minibatch: (A - mean) / (std + 1e-8) over the minibatch's samples
+    (the Stable-Baselines3 convention). The detector repeats it on its sample subset."""
+    normalize_batch_advantages: bool = False
+    """Standardise advantages once per update over the whole train batch, before the SGD epochs:
+    (A - mean) / max(std, 1e-4) with the population std, as RLlib's PPO does. The detector's
+    samples carry the standardised advantages. Applied before `normalize_advantages` if both are set."""
     reward_clip: float = 0.0
     """Clip each training reward to [-reward_clip, reward_clip] before advantages are computed
     (the Atari convention: with ALE's integer rewards, 1.0 is the reward's sign); 0 disables.
@@ -66,7 +71,13 @@ class PPOConfig(_Overridable):
     value_coeff: float = 0.5
     """Weight of the value-function loss."""
     value_clip: float = 0.0
-    """Clip range for the value loss around the old value estimate; 0 disables."""
+    """Value-loss clip parameter, applied as `value_clip_mode` says; 0 disables clipping."""
+    value_clip_mode: str = "ppo2"
+    """How `value_clip` acts on the value loss L_V (weighted by value_coeff). "ppo2": L_V =
+    0.5 * mean(max((V - R)^2, (V_clip - R)^2)) with V_clip = V_old + clip(V - V_old, -value_clip,
+    value_clip), the pessimistic PPO2 form around the behaviour value. "rllib": L_V = mean(min((V -
+    R)^2, value_clip)), RLlib's vf_clip_param, which caps the squared error itself (and, as RLlib,
+    has no 0.5 factor). Set by preset or in Python: the wire's numeric hyperparameters cannot carry it."""
 
     # Batches.
     batch_size: int = 4096
@@ -86,9 +97,11 @@ class PPOConfig(_Overridable):
         _check_shared(self)
         _check(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", "a number in [0, 1]")
         _check(self.value_clip >= 0, "value_clip", ">= 0")
+        _check(self.value_clip_mode in VALUE_CLIP_MODES, "value_clip_mode", f"one of {sorted(VALUE_CLIP_MODES)}")
 
 
 ACTIVATIONS = {"tanh", "relu"}
+VALUE_CLIP_MODES = {"ppo2", "rllib"}
 
 
 def _check(ok: bool, name: str, allowed: str) -> None:
@@ -127,19 +140,22 @@ def _known_fields(cls, overrides: dict) -> dict:
     return out
 
 
-# Paper, Table 1 (PPO column). What the table leaves open follows RLlib's PPO defaults,
-# which the paper says it used: lambda 1.0, 30 SGD epochs, minibatch 128, no grad clip,
-# no advantage normalisation, value clip 10, and for Atari rewards clipped to their sign.
+# Paper, Table 1 (PPO column). What the table leaves open follows RLlib's PPO defaults and
+# semantics, which the paper says it used: lambda 1.0, 30 SGD epochs, minibatch 128, no grad
+# clip, advantages standardised once over the train batch (not per minibatch), the squared
+# value error capped at vf_clip_param 10 (no 0.5 factor), and for Atari rewards clipped to their sign.
 PPO_PRESETS: dict[str, PPOConfig] = {
     "paper": PPOConfig(
         lr=5e-5, gamma=0.99, gae_lambda=1.0, clip=0.3, kl_coeff=0.2, kl_target=0.01,
         entropy_coeff=0.0, value_coeff=1.0, batch_size=4096, epochs=30, minibatch_size=128,
-        max_grad_norm=0.0, normalize_advantages=False, value_clip=10.0,
+        max_grad_norm=0.0, normalize_advantages=False, normalize_batch_advantages=True,
+        value_clip=10.0, value_clip_mode="rllib",
     ),
     "paper-atari": PPOConfig(
         lr=5e-5, gamma=0.99, gae_lambda=1.0, clip=0.3, kl_coeff=0.2, kl_target=0.01,
         entropy_coeff=0.0, value_coeff=1.0, batch_size=256, epochs=30, minibatch_size=128,
-        max_grad_norm=0.0, normalize_advantages=False, value_clip=10.0, reward_clip=1.0,
+        max_grad_norm=0.0, normalize_advantages=False, normalize_batch_advantages=True,
+        value_clip=10.0, value_clip_mode="rllib", reward_clip=1.0,
     ),
     # Stable-Baselines3-like settings that visibly learn MuJoCo within a few hundred
     # thousand steps on a laptop-class CPU; the demo default.
@@ -182,7 +198,8 @@ class IMPACTConfig(_Overridable):
     c_bar: float = 1.0
     """V-trace truncation of the trace-cutting coefficients (c-bar)."""
     pg_rho_bar: float = 1.0
-    """Truncation of the importance weight inside the policy-gradient advantages."""
+    """Truncation of the importance weight pi_target / mu inside the policy-gradient advantages
+    (the only place the policy gradient applies that weight)."""
     normalize_advantages: bool = False
     """Standardise advantages per minibatch."""
     reward_clip: float = 0.0
@@ -192,9 +209,11 @@ class IMPACTConfig(_Overridable):
 
     # Loss terms.
     clip: float = 0.4
-    """Surrogate clip range epsilon: pi_theta / pi_target is clipped to [1-clip, 1+clip]."""
+    """Surrogate clip range epsilon: the ratio pi_theta / pi_target (see is_ratio_clip) is clipped
+    to [1-clip, 1+clip]."""
     is_ratio_clip: float = 2.0
-    """Truncation of the surrogate's importance weight pi_target / pi_behaviour."""
+    """Clamp on mu / pi_target inside the surrogate's ratio, as RLlib's APPO (fixed 2 there):
+    r = min(is_ratio_clip, mu / pi_target) * pi_theta / mu = pi_theta / max(pi_target, mu / is_ratio_clip)."""
     kl_coeff: float = 1.0
     """Initial coefficient of the KL(target || current) penalty; 0 disables the penalty."""
     kl_target: float = 0.01
@@ -240,8 +259,8 @@ class IMPACTConfig(_Overridable):
 # entropy 0.01, value coeff 1.0, batch 4096 (MuJoCo) / 256 (Atari), target update every update.
 # What the table leaves open follows RLlib's APPO/IMPALA defaults, which the paper says it used:
 # one SGD pass over the whole batch, grad clip 40, V-trace rho-bar = c-bar = pg-rho-bar = 1,
-# the target/behaviour weight clamped at 2, no advantage normalisation, Adam eps 1e-8, and for
-# Atari rewards clipped to their sign.
+# the behaviour/target ratio inside the surrogate's ratio clamped at 2, no advantage
+# normalisation, Adam eps 1e-8, and for Atari rewards clipped to their sign.
 _IMPACT_PAPER = IMPACTConfig(
     lr=5e-4, gamma=0.99, clip=0.4, kl_coeff=1.0, kl_target=0.01, entropy_coeff=0.01, value_coeff=1.0,
     batch_size=4096, target_update_freq=1, rho_bar=1.0, c_bar=1.0,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from nitro.algos.impact import IMPACTLearner, impact_loss, impact_surrogate, importance_weights
+from nitro.algos.impact import IMPACTLearner, impact_loss, impact_surrogate, reference_logp
 from nitro.algos.ppo import UpdateStats
 from nitro.algos.replay import ReplayBuffer
 from nitro.config import IMPACT_PRESETS, IMPACTConfig, impact_config, make_config
@@ -20,12 +20,14 @@ from nitro.rollout import Sampler
 T = torch.tensor
 
 
-def test_importance_weights_are_truncated_and_carry_no_gradient():
-    lt = T([0.0, 0.0, 0.0], requires_grad=True)
-    lb = T([math.log(4.0), 0.0, math.log(0.25)])
-    w = importance_weights(lt, lb, clip=2.0)
-    torch.testing.assert_close(w, T([0.25, 1.0, 2.0]))  # 1/4, 1, min(2, 4)
-    assert not w.requires_grad
+def test_reference_logp_is_rllibs_clamped_ratio_and_carries_no_gradient():
+    lt = T([0.0, 0.0, 0.0], requires_grad=True)  # pi_target = 1
+    lb = T([math.log(4.0), 0.0, math.log(0.25)])  # mu = 4, 1, 1/4
+    ref = reference_logp(lt, lb, is_ratio_clip=2.0)
+    torch.testing.assert_close(ref, torch.log(T([2.0, 1.0, 1.0])))  # max(pi_target, mu / 2)
+    assert not ref.requires_grad
+    # RLlib's ratio min(2, mu / pi_target) * pi_theta / mu at pi_theta = 1: 2/4, 1, (1/4)/(1/4)
+    torch.testing.assert_close(torch.exp(-ref), T([0.5, 1.0, 1.0]))
 
 
 def test_surrogate_by_hand():
@@ -172,12 +174,78 @@ def test_off_policy_batches_get_truncated_weights():
         for p in stale.parameters():
             p.add_(torch.randn_like(p))
     stats = learner.update(cartpole_batches(stale))
-    w = learner.last_data["is_weights"]
-    ratio = np.exp(learner.last_data["logp_target"].astype(np.float64) - learner.last_data["logp"])
-    np.testing.assert_allclose(w, np.minimum(1.5, ratio), rtol=1e-5)
-    assert w.max() <= 1.5 + 1e-6 and (ratio > 1.5).any()
+    d = learner.last_data
+    ratio = np.exp(d["logp_target_net"].astype(np.float64) - d["logp"])  # pi_target / mu
+    # The policy gradient's only importance weight is the one V-trace puts into the advantages ...
+    np.testing.assert_allclose(d["pg_weights"], np.minimum(cfg.pg_rho_bar, ratio), rtol=1e-5)
+    np.testing.assert_allclose(d["is_weights"], 1.0)  # ... so the surrogate itself is not weighted again
+    # The ratio's denominator is pi_target floored at mu / is_ratio_clip.
+    np.testing.assert_allclose(d["logp_target"], np.maximum(d["logp_target_net"], d["logp"] - math.log(1.5)),
+                               rtol=1e-5, atol=1e-6)
+    assert (ratio < 1 / 1.5).any() and (ratio > 1.0).any()
     assert not math.isclose(stats.is_weight_mean, 1.0, rel_tol=1e-3)
     assert math.isfinite(stats.loss)
+
+
+def _terminal_batch(policy: Policy, ratios: np.ndarray, rewards: np.ndarray, seed=0):
+    """A hand-made batch of one-step episodes whose behaviour log-probs make pi_target / mu = ratios
+    (the target network is `policy` as the update starts). Returns the batch, log pi_target and V."""
+    n = len(ratios)
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, 4)).astype(np.float32)
+    actions = rng.integers(0, 2, size=n)
+    with torch.no_grad():
+        dist = policy.distribution(torch.as_tensor(obs))
+        logp_target = policy.log_prob(dist, torch.as_tensor(actions)).double().numpy()
+        values = policy.value(torch.as_tensor(obs)).double().numpy()
+    batch = {"obs": obs, "actions": actions, "rewards": rewards.astype(np.float32), "terminated": np.ones(n, bool),
+             "truncated": np.zeros(n, bool), "logp": (logp_target - np.log(ratios)).astype(np.float32),
+             "values": values.astype(np.float32), "final_values": np.zeros(n, np.float32), "bootstrap_value": 0.0}
+    return batch, logp_target, values
+
+
+def _rllib_appo_policy_loss(logp_new, logp_target, logp_mu, adv, clip):
+    """RLlib APPO's policy loss, written out independently: is_ratio = clip(mu / pi_target, 0, 2),
+    r = is_ratio * pi_theta / mu, L = -mean(min(r A, clip(r, 1 - eps, 1 + eps) A))."""
+    is_ratio = torch.clamp(torch.exp(logp_mu - logp_target), 0.0, 2.0)
+    r = is_ratio * torch.exp(logp_new - logp_mu)
+    return -torch.mean(torch.minimum(r * adv, torch.clamp(r, 1 - clip, 1 + clip) * adv))
+
+
+def test_importance_weight_is_applied_once_as_in_rllib_appo():
+    cfg = impact_config("paper")  # one full-batch step, clip 0.4, pg_rho_bar 1, is_ratio_clip 2
+    learner = IMPACTLearner(SPEC, cfg, seed=0)
+    ratios = np.array([3.0, 1.5, 1.0, 0.8, 0.4, 0.25] * 4)  # pi_target / mu
+    rewards = np.array([1.0, -1.0, 2.0, 1.0] * 6)
+    batch, logp_target, values = _terminal_batch(learner.policy, ratios, rewards)
+    logp_mu = batch["logp"].astype(np.float64)
+    # One-step episodes: V-trace's advantage is min(pg_rho_bar, pi_target / mu) (r - V), by hand.
+    adv = np.minimum(cfg.pg_rho_bar, ratios) * (rewards - values)
+    T64 = lambda x: torch.as_tensor(x, dtype=torch.float64)  # noqa: E731
+    # The update's single step runs at pi_theta = pi_target: RLlib's loss there, and the old loss,
+    # which multiplied the surrogate by min(2, pi_target / mu) a second time.
+    expected = float(_rllib_appo_policy_loss(T64(logp_target), T64(logp_target), T64(logp_mu), T64(adv), cfg.clip))
+    double = -np.mean(np.minimum(cfg.is_ratio_clip, ratios) * adv)
+    assert abs(expected - double) > 0.1
+    stats = learner.update([batch])
+    assert stats.policy_loss == pytest.approx(expected, rel=1e-4)
+    d = learner.last_data
+    np.testing.assert_allclose(d["advantages"], adv, rtol=1e-4, atol=1e-6)
+
+    # Gradients away from the target policy (clipping active on some samples): the learner's loss
+    # on its own data against RLlib's formula, and the old double weighting against both.
+    logp_new = (T64(logp_target) + T64(np.random.default_rng(1).normal(0.0, 0.3, len(ratios)))).requires_grad_()
+    ours = impact_loss(logp_new, T64(d["logp_target"]), T64(d["is_weights"]), T64(d["advantages"]), T64(values),
+                       T64(values), torch.zeros(len(ratios)), torch.zeros(len(ratios)), clip=cfg.clip, kl_coeff=0.0,
+                       value_coeff=0.0, entropy_coeff=0.0)[1]["policy_loss"]
+    g_ours, = torch.autograd.grad(ours, logp_new)
+    ref = _rllib_appo_policy_loss(logp_new, T64(logp_target), T64(logp_mu), T64(adv), cfg.clip)
+    g_ref, = torch.autograd.grad(ref, logp_new)
+    torch.testing.assert_close(ours.detach(), ref.detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-4, atol=1e-6)
+    old = -impact_surrogate(logp_new, T64(logp_target), T64(np.minimum(cfg.is_ratio_clip, ratios)), T64(adv), cfg.clip)
+    g_old, = torch.autograd.grad(old, logp_new)
+    assert (g_old - g_ref).abs().max() > 1e-2
 
 
 def test_update_moves_towards_higher_surrogate_and_kl_coeff_adapts():
@@ -277,13 +345,21 @@ def test_impact_objective_equals_minus_the_policy_loss():
     from nitro.detector.hvp import impact_objective
 
     learner = IMPACTLearner(SPEC, impact_config("fast"), seed=0)
-    learner.update(cartpole_batches(learner.policy))
+    stale = Policy(SPEC)  # off-policy data, so that the ratio's floor and the advantages' weights matter
+    with torch.no_grad():
+        for p in stale.parameters():
+            p.add_(torch.randn_like(p))
+    learner.update(cartpole_batches(stale))
     d = learner.last_data
     obj = impact_objective(learner.policy, torch.as_tensor(d["obs"]), torch.as_tensor(d["actions"]),
                            torch.as_tensor(d["logp_target"]), torch.as_tensor(d["is_weights"]),
                            torch.as_tensor(d["advantages"]), 0.2)().detach()
     dist = learner.policy.distribution(torch.as_tensor(d["obs"]))
-    ref = impact_surrogate(learner.policy.log_prob(dist, torch.as_tensor(d["actions"])),
-                           torch.as_tensor(d["logp_target"]), torch.as_tensor(d["is_weights"]),
+    logp_new = learner.policy.log_prob(dist, torch.as_tensor(d["actions"]))
+    ref = impact_surrogate(logp_new, torch.as_tensor(d["logp_target"]), torch.as_tensor(d["is_weights"]),
                            torch.as_tensor(d["advantages"]), 0.2).detach()
     assert math.isclose(float(obj), float(ref), rel_tol=1e-6)
+    # ... and that is RLlib APPO's surrogate on the target network's own log-probs (is_ratio_clip 2).
+    rllib = -_rllib_appo_policy_loss(logp_new, torch.as_tensor(d["logp_target_net"]), torch.as_tensor(d["logp"]),
+                                     torch.as_tensor(d["advantages"]), 0.2).detach()
+    assert math.isclose(float(obj), float(rllib), rel_tol=1e-5, abs_tol=1e-7)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import nitro.algos.ppo as ppo_module
 from nitro.algos.ppo import PPOLearner, adapt_kl_coeff, clipped_surrogate, ppo_loss, value_loss
 from nitro.config import PPOConfig, ppo_config
 from nitro.errors import ConfigError
@@ -32,6 +33,20 @@ def test_value_loss_by_hand():
     assert float(value_loss(t(3.0), t(2.9), t(3.5), clip=0.05)) == pytest.approx(0.5 * 0.55 ** 2, rel=1e-5)
 
 
+def test_rllib_value_loss_caps_the_squared_error_by_hand():
+    # errors (1 - 2)^2 = 1 and (10 - 2)^2 = 64, capped at 10: mean(1, 10) = 5.5, no 0.5 factor
+    v = t(1.0, 10.0).requires_grad_()
+    loss = value_loss(v, t(0.0, 0.0), t(2.0, 2.0), clip=10.0, mode="rllib")
+    assert float(loss.detach()) == pytest.approx(5.5)
+    loss.backward()
+    assert v.grad.tolist() == pytest.approx([-1.0, 0.0])  # the capped sample gets no value gradient
+    assert float(value_loss(t(1.0, 10.0), t(0.0, 0.0), t(2.0, 2.0), clip=0.0, mode="rllib")) == pytest.approx(32.5)
+    # PPO2's form on the same numbers: V_old = 0 and clip 10 leave 10 unclipped, so 0.5 * mean(1, 64)
+    assert float(value_loss(t(1.0, 10.0), t(0.0, 0.0), t(2.0, 2.0), clip=10.0)) == pytest.approx(16.25)
+    with pytest.raises(ValueError, match="value clip mode"):
+        value_loss(t(1.0), t(0.0), t(2.0), clip=1.0, mode="nope")
+
+
 def test_total_loss_combines_terms():
     total, parts = ppo_loss(t(0.0), t(0.0), t(1.0), t(1.0), t(1.0), t(3.0), t(0.5), t(0.04),
                             clip=0.2, kl_coeff=0.5, value_coeff=2.0, entropy_coeff=0.1)
@@ -51,6 +66,14 @@ def test_paper_preset_matches_table_1():
         (5e-5, 0.99, 0.3, 0.2, 0.01, 0.0, 1.0, 4096)
     assert ppo_config("paper-atari").batch_size == 256
     assert (ppo_config("paper").reward_clip, ppo_config("paper-atari").reward_clip) == (0.0, 1.0)
+    for name in ("paper", "paper-atari"):  # RLlib's semantics: batch-standardised advantages, capped value error
+        q = ppo_config(name)
+        assert (q.normalize_batch_advantages, q.normalize_advantages, q.value_clip, q.value_clip_mode) == \
+            (True, False, 10.0, "rllib")
+    for name in ("tuned", "fast"):  # unchanged: per-minibatch standardisation, no value clipping
+        q = ppo_config(name)
+        assert (q.normalize_batch_advantages, q.normalize_advantages, q.value_clip, q.value_clip_mode) == \
+            (False, True, 0.0, "ppo2")
 
 
 def test_config_errors_name_the_field():
@@ -60,6 +83,8 @@ def test_config_errors_name_the_field():
         ppo_config("fast", learning_rate=1.0)
     with pytest.raises(ConfigError, match="unknown PPO preset 'nope'"):
         ppo_config("nope")
+    with pytest.raises(ConfigError, match="value_clip_mode"):
+        ppo_config("paper", value_clip_mode="clamp")
 
 
 def _batch(spec, n, rng):
@@ -99,3 +124,63 @@ def test_same_seed_is_deterministic():
         learner.update([b])
         outs.append(torch.cat([p.detach().flatten() for p in learner.policy.parameters()]))
     assert torch.equal(outs[0], outs[1])
+
+
+BOX = ModelSpec((4,), "box", 2, (-1.0, -1.0), (1.0, 1.0), hidden_sizes=(16,))
+
+
+def _terminal_batch(learner, rewards, seed=0):
+    """Every step ends its episode, so GAE gives A_t = r_t - V_old_t and R_t = r_t exactly; behaviour
+    log-probs from the current policy, so the first step's ratios are 1."""
+    n = len(rewards)
+    rng = np.random.default_rng(seed)
+    b = _batch(BOX, n, rng)
+    b["rewards"] = np.asarray(rewards, np.float32)
+    b["terminated"] = np.ones(n, bool)
+    b["values"] = rng.normal(size=n).astype(np.float32)
+    with torch.no_grad():
+        d = learner.policy.distribution(torch.as_tensor(b["obs"]))
+        b["logp"] = learner.policy.log_prob(d, torch.as_tensor(b["actions"])).numpy()
+    return b
+
+
+def test_paper_preset_standardises_advantages_once_over_the_whole_batch(monkeypatch):
+    cfg = ppo_config("paper", epochs=1, minibatch_size=32)
+    learner = PPOLearner(BOX, cfg, seed=0)
+    rewards = np.random.default_rng(3).normal(3.0, 2.0, size=128)  # advantages with a mean far from 0
+    b = _terminal_batch(learner, rewards)
+    raw = rewards - b["values"].astype(np.float64)
+    expected = (raw - raw.mean()) / max(raw.std(), 1e-4)  # RLlib: population std, floored at 1e-4
+    seen = []
+    real = ppo_module.ppo_loss
+
+    def spy(*args, **kwargs):
+        seen.append(args[2].detach().clone())  # the advantages the surrogate gets
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ppo_module, "ppo_loss", spy)
+    learner.update([b])
+    assert len(seen) == 4  # 128 samples, minibatches of 32
+    np.testing.assert_allclose(np.sort(torch.cat(seen).numpy()), np.sort(expected), rtol=1e-4, atol=1e-5)
+    assert max(abs(float(a.mean())) for a in seen) > 1e-2  # batch statistics, not re-standardised per minibatch
+    # The detector's samples carry the advantages the surrogate used; with normalize_advantages off
+    # (what the learner service passes to the detector) it does not standardise them again.
+    np.testing.assert_allclose(learner.last_data["advantages"], expected, rtol=1e-4, atol=1e-5)
+    assert cfg.normalize_advantages is False
+
+
+def test_paper_preset_value_loss_is_rllibs_capped_squared_error():
+    cfg = ppo_config("paper", epochs=1, minibatch_size=0)  # one full-batch step: the loss at the start
+    learner = PPOLearner(BOX, cfg, seed=0)
+    rewards = np.array([0.5, -1.0, 8.0, -12.0] * 8)
+    b = _terminal_batch(learner, rewards)
+    with torch.no_grad():
+        v = learner.policy.value(torch.as_tensor(b["obs"])).double().numpy()
+    err = (v - rewards) ** 2
+    assert (err > 10.0).any() and (err < 10.0).any()
+    expected = np.minimum(err, 10.0).mean()
+    v_old = b["values"].astype(np.float64)
+    ppo2 = 0.5 * np.maximum(err, (v_old + np.clip(v - v_old, -10.0, 10.0) - rewards) ** 2).mean()
+    assert abs(ppo2 - expected) > 1.0  # the old (PPO2) form is a different loss on this batch
+    stats = learner.update([b])
+    assert stats.value_loss == pytest.approx(expected, rel=1e-5)

@@ -76,3 +76,14 @@ def test_algorithm_presets_are_checked_per_algorithm():
     assert cfg.target_update_freq == 4 and isinstance(cfg.target_update_freq, int) and cfg.normalize_advantages is False
     with pytest.raises(InvalidSpec, match="algo"):
         validate(TrainingSpec(env_id="CartPole-v1", algo="sac"))
+
+
+def test_atari_ppo_presets_use_rllib_semantics_and_mujoco_ones_stay_tuned():
+    # paper-atari claims RLlib's PPO: advantages standardised over the batch, squared value error capped.
+    for name, p in ENV_PRESETS.items():
+        if p.algo != "ppo":
+            continue
+        cfg = algo_config(TrainingSpec(preset=name))
+        rllib = p.algo_preset == "paper-atari"
+        assert (cfg.normalize_batch_advantages, cfg.normalize_advantages, cfg.value_clip_mode) == (
+            (True, False, "rllib") if rllib else (False, True, "ppo2")), name

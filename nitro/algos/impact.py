@@ -3,12 +3,18 @@
 Three policies meet in every sample: the behaviour policy mu that the actor ran
 (its log-prob travels in the batch), the target network pi_target (a copy of
 the policy refreshed every `target_update_freq` updates) and the current policy
-pi_theta being optimised. Per sample, with A the V-trace advantage computed with
-the target network:
+pi_theta being optimised. Per sample, with A the V-trace policy-gradient advantage
+computed with the target network, which already carries the importance weight
+min(pg_rho_bar, pi_target / mu) (nitro.algos.vtrace), the loss applies no second
+weight; as RLlib's APPO, the surrogate's ratio is
 
-    w     = min(is_ratio_clip, pi_target / mu)                 (truncated IS weight, no gradient)
-    r     = pi_theta / pi_target
-    L_pi  = -mean( w * min(r A, clip(r, 1 - eps, 1 + eps) A) )
+    r     = min(is_ratio_clip, mu / pi_target) * pi_theta / mu  =  pi_theta / pi_ref,
+    pi_ref = max(pi_target, mu / is_ratio_clip)                 (data, no gradient)
+
+i.e. pi_theta / pi_target unless the target network gives the action less than
+1 / is_ratio_clip of the behaviour probability, and
+
+    L_pi  = -mean( min(r A, clip(r, 1 - eps, 1 + eps) A) )
     L     = L_pi + value_coeff * 0.5 * mean((V_theta - v_s)^2) - entropy_coeff * mean(H)
             + kl_coeff * mean(KL(pi_target || pi_theta))
 
@@ -19,6 +25,7 @@ network, Adam and the KL coefficient.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -34,14 +41,22 @@ from nitro.models import ModelSpec, Policy
 FORWARD_CHUNK = 1024  # rows per no-grad target-network pass: bounds memory on Atari batches
 
 
-def importance_weights(logp_target: torch.Tensor, logp_behaviour: torch.Tensor, clip: float) -> torch.Tensor:
-    """min(clip, pi_target / mu) per sample; both log-probs are data, so no gradient flows."""
-    return torch.exp(logp_target - logp_behaviour).clamp(max=clip).detach()
+def reference_logp(logp_target: torch.Tensor, logp_behaviour: torch.Tensor, is_ratio_clip: float) -> torch.Tensor:
+    """log pi_ref = log max(pi_target, mu / is_ratio_clip) per sample, the denominator of IMPACT's ratio.
+
+    RLlib's APPO writes the ratio as min(is_ratio_clip, mu / pi_target) * pi_theta / mu, which is
+    pi_theta / pi_ref. Both log-probs are data, so no gradient flows.
+    """
+    return torch.maximum(logp_target, logp_behaviour - math.log(is_ratio_clip)).detach()
 
 
 def impact_surrogate(logp_new: torch.Tensor, logp_target: torch.Tensor, is_weights: torch.Tensor,
                      adv: torch.Tensor, clip: float) -> torch.Tensor:
-    """mean(w * min(r A, clip(r, 1-eps, 1+eps) A)), r = pi_theta / pi_target: the objective IMPACT maximises."""
+    """mean(w * min(r A, clip(r, 1-eps, 1+eps) A)), r = exp(logp_new - logp_target): a weighted clipped surrogate.
+
+    IMPACT maximises it with logp_target = `reference_logp(...)` and w = 1 (its advantages already
+    carry the importance weight); Stellaris with its base policy's log-probs and its truncated rho as w.
+    """
     ratio = torch.exp(logp_new - logp_target)
     return (is_weights * torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)).mean()
 
@@ -55,7 +70,10 @@ def impact_loss(logp_new: torch.Tensor, logp_target: torch.Tensor, is_weights: t
                 v_new: torch.Tensor, vs: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor, *, clip: float,
                 kl_coeff: float, value_coeff: float, entropy_coeff: float
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Total loss = -surrogate + kl_coeff * KL(target || current) + value_coeff * L_V - entropy_coeff * H."""
+    """Total loss = -surrogate + kl_coeff * KL(target || current) + value_coeff * L_V - entropy_coeff * H.
+
+    logp_target is the ratio's denominator (IMPACT: `reference_logp`), is_weights the surrogate's weight.
+    """
     pg = -impact_surrogate(logp_new, logp_target, is_weights, adv, clip)
     vl = vtrace_value_loss(v_new, vs)
     ent = entropy.mean()
@@ -67,7 +85,8 @@ def impact_loss(logp_new: torch.Tensor, logp_target: torch.Tensor, is_weights: t
 
 @dataclass
 class IMPACTUpdateStats(UpdateStats):
-    is_weight_mean: float = 0.0  # mean truncated pi_target / mu: how off-policy the update's data was
+    # mean min(pg_rho_bar, pi_target / mu), the weight V-trace's advantages carry: how off-policy the data was
+    is_weight_mean: float = 0.0
     target_refreshed: bool = False  # the target network was refreshed at the start of this update
 
 
@@ -115,7 +134,13 @@ class IMPACTLearner:
         return torch.cat(logps), torch.cat(values), dist
 
     def prepare(self, batches: list[dict]) -> tuple[dict[str, np.ndarray], torch.distributions.Distribution]:
-        """Target-network log-probs and values, then V-trace per batch (each is contiguous), concatenated."""
+        """Target-network log-probs and values, then V-trace per batch (each is contiguous), concatenated.
+
+        Fields for the surrogate and the detector: `logp_target` is log pi_ref (`reference_logp`: the
+        target network's log-prob, floored at log(mu / is_ratio_clip)) and `is_weights` is 1, since
+        the V-trace `advantages` already carry the importance weight; `logp_target_net` is the target
+        network's own log-prob and `pg_weights` the weight min(pg_rho_bar, pi_target / mu) in the advantages.
+        """
         cfg = self.config
         obs = torch.as_tensor(np.concatenate([b["obs"] for b in batches]), device=self.device)
         actions = torch.as_tensor(np.concatenate([b["actions"] for b in batches]), device=self.device)
@@ -123,9 +148,12 @@ class IMPACTLearner:
         logp_target, values = logp_t.cpu().numpy(), values_t.cpu().numpy()
         vs, adv = vtrace_batches(batches, logp_target, values, cfg)
         logp = np.concatenate([b["logp"] for b in batches]).astype(np.float32)
-        weights = np.minimum(cfg.is_ratio_clip, np.exp(logp_target.astype(np.float64) - logp)).astype(np.float32)
-        data = {"obs": obs, "actions": actions, "logp": logp, "logp_target": logp_target.astype(np.float32),
-                "is_weights": weights, "values": values.astype(np.float32), "vs": vs, "advantages": adv}
+        logp_ref = reference_logp(torch.as_tensor(logp_target, dtype=torch.float64),
+                                  torch.as_tensor(logp, dtype=torch.float64), cfg.is_ratio_clip)
+        pg_weights = np.minimum(cfg.pg_rho_bar, np.exp(logp_target.astype(np.float64) - logp)).astype(np.float32)
+        data = {"obs": obs, "actions": actions, "logp": logp, "logp_target": logp_ref.numpy().astype(np.float32),
+                "logp_target_net": logp_target.astype(np.float32), "is_weights": np.ones_like(logp),
+                "pg_weights": pg_weights, "values": values.astype(np.float32), "vs": vs, "advantages": adv}
         return data, target_dist
 
     def update(self, batches: list[dict]) -> IMPACTUpdateStats:
@@ -165,7 +193,8 @@ class IMPACTLearner:
             self.kl_coeff = adapt_kl_coeff(self.kl_coeff, final_kl, cfg.kl_target)
         self.updates += 1
         self.last_data = {"obs": obs.cpu().numpy(), "actions": actions.cpu().numpy(),
-                          **{k: data[k] for k in ("logp", "logp_target", "is_weights", "advantages", "vs", "values")}}
+                          **{k: data[k] for k in ("logp", "logp_target", "logp_target_net", "is_weights", "pg_weights",
+                                                  "advantages", "vs", "values")}}
         var = float(np.var(data["vs"]))
         ev = float(1.0 - np.var(data["vs"] - data["values"]) / var) if var > 1e-12 else 0.0
         return IMPACTUpdateStats(
@@ -173,7 +202,7 @@ class IMPACTLearner:
             kl=final_kl, clip_frac=means["clip_frac"], kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"],
             explained_variance=ev, seconds=time.perf_counter() - t0, loss=means["loss"],
             gradient_noise_scale=sgd.noise_scale,
-            is_weight_mean=float(data["is_weights"].mean()), target_refreshed=refreshed)
+            is_weight_mean=float(data["pg_weights"].mean()), target_refreshed=refreshed)
 
     # -- checkpointing -----------------------------------------------------------------
     def state(self) -> dict:

@@ -1,5 +1,10 @@
 """PPO: clipped surrogate, adaptive KL penalty, value and entropy terms.
 
+Advantages may be standardised once over the train batch (`normalize_batch_advantages`,
+RLlib's PPO) and/or per minibatch (`normalize_advantages`); the value loss is clipped in
+PPO2's form around the behaviour value or in RLlib's form, which caps the squared error
+(`value_clip_mode`).
+
 The loss pieces are pure functions of tensors; `PPOLearner` owns the model, the
 Adam optimiser and the adaptive KL coefficient, and turns a round's batches into
 one update.
@@ -30,9 +35,19 @@ def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch
     return loss, clip_frac
 
 
-def value_loss(v_new: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
-    """0.5 * E[(V - R)^2]; with clip > 0 the pessimistic max of clipped and unclipped errors."""
+def value_loss(v_new: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float,
+               mode: str = "ppo2") -> torch.Tensor:
+    """The value loss L_V; clip == 0 means no clipping.
+
+    "ppo2": 0.5 * E[max((V - R)^2, (V_clip - R)^2)], V_clip = V_old + clip(V - V_old, -clip, clip)
+    (plain 0.5 * E[(V - R)^2] with clip 0). "rllib": E[min((V - R)^2, clip)], RLlib's vf_clip_param:
+    the squared error itself is capped, so samples beyond it give no value gradient; no 0.5 factor.
+    """
     err = (v_new - returns).pow(2)
+    if mode == "rllib":
+        return (err.clamp(max=clip) if clip > 0 else err).mean()
+    if mode != "ppo2":
+        raise ValueError(f"unknown value clip mode {mode!r}; allowed: ['ppo2', 'rllib']")
     if clip > 0:
         v_clipped = v_old + (v_new - v_old).clamp(-clip, clip)
         err = torch.maximum(err, (v_clipped - returns).pow(2))
@@ -42,10 +57,11 @@ def value_loss(v_new: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, 
 def ppo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, v_new: torch.Tensor,
              v_old: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor,
              *, clip: float, kl_coeff: float, value_coeff: float, entropy_coeff: float,
-             value_clip: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Total loss = surrogate + kl_coeff * KL + value_coeff * L_V - entropy_coeff * H."""
+             value_clip: float = 0.0, value_clip_mode: str = "ppo2"
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Total loss = surrogate + kl_coeff * KL + value_coeff * L_V - entropy_coeff * H (L_V: `value_loss`)."""
     pg, clip_frac = clipped_surrogate(logp_new, logp_old, adv, clip)
-    vl = value_loss(v_new, v_old, returns, value_clip)
+    vl = value_loss(v_new, v_old, returns, value_clip, value_clip_mode)
     ent = entropy.mean()
     kl_mean = kl.mean()
     total = pg + kl_coeff * kl_mean + value_coeff * vl - entropy_coeff * ent
@@ -62,7 +78,14 @@ def adapt_kl_coeff(coeff: float, kl: float, target: float) -> float:
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
+    """Per-minibatch standardisation: (x - mean) / (std + 1e-8), population std."""
     return (x - x.mean()) / (x.std(unbiased=False) + 1e-8) if x.numel() > 1 else x - x.mean()
+
+
+def standardize_batch(x: np.ndarray) -> np.ndarray:
+    """Whole-batch standardisation as RLlib's PPO does it: (x - mean) / max(std, 1e-4), population std."""
+    x64 = np.asarray(x, dtype=np.float64)
+    return ((x64 - x64.mean()) / max(float(x64.std()), 1e-4)).astype(np.float32)
 
 
 @dataclass
@@ -112,7 +135,11 @@ class PPOLearner:
         cfg = self.config
         t0 = time.perf_counter()
         data = collate(batches, cfg.gamma, cfg.gae_lambda, cfg.reward_clip)
-        self.last_data = data  # kept for the boosting detector's sample subset
+        if cfg.normalize_batch_advantages:  # once, over the whole batch, before any minibatch is drawn
+            data["advantages"] = standardize_batch(data["advantages"])
+        # Kept for the boosting detector's sample subset: its advantages are the ones the surrogate
+        # used, short of the per-minibatch standardisation, which the detector repeats itself.
+        self.last_data = data
         dev = self.device
         obs = torch.as_tensor(data["obs"], device=dev)
         actions = torch.as_tensor(data["actions"], device=dev)
@@ -132,7 +159,7 @@ class PPOLearner:
                 self.policy.log_prob(dist, actions[idx]), logp_old[idx], adv, self.policy.value(obs[idx]),
                 v_old[idx], returns[idx], self.policy.entropy(dist), kl_term(old_dist, dist, idx, kl_coeff),
                 clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff,
-                value_clip=cfg.value_clip)
+                value_clip=cfg.value_clip, value_clip_mode=cfg.value_clip_mode)
 
         sgd = minibatch_sgd(list(self.policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,

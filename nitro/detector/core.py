@@ -1,8 +1,10 @@
 """detect(): one round's extreme Hessian eigenvalues and convexity ratio, a pure function of its inputs.
 
 The service passes the post-update policy and the round's samples (behaviour
-log-probabilities and advantages as the learner used them; for IMPACT also the
-target network's log-probabilities and the truncated importance weights);
+log-probabilities and advantages as the learner used them; for IMPACT instead
+the log-probabilities the surrogate's ratio divides by and its per-sample
+weights, as the update used them: `logp_target` and `is_weights`, see
+nitro.algos.impact.IMPACTLearner.prepare);
 detect() picks a seeded subset, builds the HVP of the algorithm's surrogate
 (`algo`: "ppo" or "impact") and runs the chosen eigensolver. It never touches
 torch's global thread or seed settings.
@@ -59,7 +61,9 @@ def _tensors(samples: Mapping[str, np.ndarray], idx: np.ndarray, normalize_advan
     actions = torch.as_tensor(np.asarray(samples["actions"])[idx])
     floats = [torch.as_tensor(np.asarray(samples[k], dtype=np.float32)[idx]) for k in float_fields]
     adv = torch.as_tensor(np.asarray(samples["advantages"], dtype=np.float32)[idx])
-    if normalize_advantages and adv.numel() > 1:  # same standardisation as the update, if it used one
+    # The update's per-minibatch standardisation, if it used one; a whole-batch one (PPO's
+    # normalize_batch_advantages) is already in the learner's samples.
+    if normalize_advantages and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std(unbiased=False) + 1e-8)
     return obs, actions, floats, adv
 
@@ -79,8 +83,10 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
            max_explicit_dim: int = 4096, early_stop: bool = True, algo: str = "ppo") -> DetectionResult:
     """Extreme eigenvalues of the surrogate's Hessian w.r.t. policy.policy_parameters().
 
-    algo: "ppo" (clipped surrogate against the behaviour policy) or "impact" (clipped
-    surrogate against the target network, weighted by truncated importance weights).
+    algo: "ppo" (clipped surrogate against the behaviour policy) or "impact"
+    (mean(w min(r A, clip(r) A)) with r = pi / exp(logp_target), w = is_weights:
+    IMPACT's surrogate, whose logp_target is the target network's log-prob floored at
+    log(mu / is_ratio_clip) and whose w is 1; Stellaris's, with its base policy and rho).
     samples: numpy arrays, one row per step: REQUIRED_FIELDS[algo], i.e. obs, actions,
     advantages plus logp (behaviour) for PPO, or logp_target and is_weights for IMPACT.
     full_batch=True uses every row (the paper's "without subset" ablation).
