@@ -303,7 +303,7 @@ def report(out: Path, m: int = 3) -> str:
         lines.append(f"| {name} | {rho:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
     rel = [spearman([r["signals"]["R_sub_seeds"][0] for r in records], [r["signals"]["R_sub_seeds"][j] for r in records])
            for j in range(1, len(records[0]["signals"]["R_sub_seeds"]))]
-    lines += ["", f"R_k reliability across subset seeds (Spearman of seed 0 with the others): "
+    lines += ["", "R_k reliability across subset seeds (Spearman of seed 0 with the others): "
               + ", ".join(f"{v:+.3f}" for v in rel),
               f"R_k on the 512 subset vs the whole batch: Spearman {spearman([r['signals']['R_sub'] for r in records], [r['signals']['R_full'] for r in records]):+.3f}"]
     diff = [r["R_after_64"] - r["R_after_8"] for r in records if "R_after_8" in r]

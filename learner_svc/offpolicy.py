@@ -24,10 +24,10 @@ import numpy as np
 
 from learner_svc.rounds import RoundLoop, slot_index
 from nitro import metrics
-from nitro.clock import critical_path_cpu_seconds
-from nitro.cost import cloud_round_seconds
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
+from nitro.clock import critical_path_cpu_seconds
+from nitro.cost import cloud_round_seconds
 from nitro.v1 import scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class OffPolicyLoop(RoundLoop):
             with metrics.timed("publish", phases, carried):
                 self.checkpoint(k, pending={})
             with metrics.timed("evaluate", phases, carried):
-                eval_return = self.evaluate_policy(k)
+                eval_return = self.evaluate_policy(k, last=last_round)
             report = self._report(k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback,
                                   rejected, duplicates, cloud)
             self.append_report(report)

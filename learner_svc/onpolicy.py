@@ -32,9 +32,9 @@ import numpy as np
 
 from learner_svc.rounds import LOST_BATCH_GRACE_S, RoundLoop, invocation_id, slot_index
 from nitro import metrics
+from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
 from nitro.cost import cloud_detect_wait, cloud_round_seconds
-from nitro.algos.ppo import PPOLearner
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
@@ -309,6 +309,9 @@ class OnPolicyLoop(RoundLoop):
                     "actor_seconds": phases.get("sample", 0.0), "round_seconds": time.time() - pending["t_round"]}
             next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last,
                                   cloud_seconds=cloud_round_seconds(cloud))
+        if next_plan.budget_exhausted and math.isnan(eval_return):  # the job's last round: always evaluated
+            with metrics.timed("evaluate", phases, cloud):
+                eval_return = self.evaluate_policy(k, last=True)
         round_seconds = max(time.time() - pending["t_round"], sum(phases.values()))
         keep = {key: pending[key] for key in (
             "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "actors_replaced",

@@ -48,6 +48,7 @@ DETECTOR_SUBSET = 512
 REDIS_PATIENCE_S = 60.0  # how long a Redis outage (restart) is ridden out before the job fails
 RPC_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 CHECKPOINT_FORMAT = 2
+EVAL_SEED_TAG = 2  # evaluation seeds: (seed, round, 2, 0), four parts, never an actor launch's (seed, round, wave)
 LOST_BATCH_GRACE_S = 5.0  # a launched actor whose batch is still missing this long after it returned is lost
 
 
@@ -377,19 +378,20 @@ class RoundLoop:
         self.redis_call(lambda: self.deps.redis.set(key, blob, ex=POLICY_TTL_S), "sample subset write")
         return key
 
-    def evaluates(self, round_index: int) -> bool:
-        """Whether round `round_index` is evaluated: every eval_every-th round and the last."""
+    def evaluates(self, round_index: int, last: bool = False) -> bool:
+        """Whether round `round_index` is evaluated: every eval_every-th round and the job's last (`last`:
+        it ends early, e.g. its budget is spent)."""
         spec = self.spec
-        return spec.eval_episodes > 0 and ((round_index + 1) % spec.eval_every == 0
+        return spec.eval_episodes > 0 and (last or (round_index + 1) % spec.eval_every == 0
                                            or round_index + 1 >= spec.rounds)
 
-    def evaluate_policy(self, round_index: int) -> float:
+    def evaluate_policy(self, round_index: int, last: bool = False) -> float:
         """Mean deterministic return over eval_episodes, each on its own eval seed; NaN when not evaluated."""
-        if not self.evaluates(round_index):
+        if not self.evaluates(round_index, last):
             return float("nan")
         runner = PolicyRunner(self.model_spec, self.learner.policy.numpy_state(), self.version)
         return float(np.mean(evaluate(runner, self.spec.env_id, self.spec.eval_episodes,
-                                      seed=derived_seed(self.spec.seed, round_index, 2) % (2**31))))
+                                      seed=derived_seed(self.spec.seed, round_index, EVAL_SEED_TAG, 0) % (2**31))))
 
     # -- durability -----------------------------------------------------------------------
     def checkpoint(self, round_index: int, pending: dict) -> None:

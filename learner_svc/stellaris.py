@@ -45,8 +45,6 @@ import numpy as np
 
 from learner_svc.rounds import POLICY_TTL_S, RoundLoop, derived_seed, slot_index
 from nitro import codec, metrics
-from nitro.clock import critical_path_cpu_seconds
-from nitro.cost import cloud_round_seconds
 from nitro.algos.ppo import collate
 from nitro.algos.stellaris import (
     ParameterServer,
@@ -58,6 +56,8 @@ from nitro.algos.stellaris import (
     staleness_bound,
     update_stream_key,
 )
+from nitro.clock import critical_path_cpu_seconds
+from nitro.cost import cloud_round_seconds
 from nitro.models import policy_to_blob
 from nitro.v1 import scaler_pb2, training_pb2
 
@@ -153,7 +153,7 @@ class StellarisLoop(RoundLoop):
             with metrics.timed("publish", phases, carried):
                 self.checkpoint(k, pending={})
             with metrics.timed("evaluate", phases, carried):
-                eval_return = self.evaluate_policy(k)
+                eval_return = self.evaluate_policy(k, last=ending)
             reached = bool(spec.target_return) and eval_return >= spec.target_return
             if reached and not ending:
                 self._drain(None, acc, phases)  # the job ends: this report counts every learner still running

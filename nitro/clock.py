@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from nitro.cost import modelled_invocation_ms
 
 
-
 class InvocationClock:
     """One invocation's CPU time, and the wall and CPU time of its Redis calls (`with clock.io():`)."""
 

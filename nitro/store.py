@@ -15,7 +15,6 @@ signed record carries (part, parts). A part is deduplicated by
 from __future__ import annotations
 
 import contextlib
-
 import logging
 import re
 import time

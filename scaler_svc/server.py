@@ -180,8 +180,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         policy_state = json.loads(st.get("policy_state", "{}"))
         ledger = self._ledger(st, request.budget_usd)
         inputs = dataclasses.replace(inputs, budget_left_usd=ledger["left"])
-        # minions does not read the boosting score, so a missing score is no reason to override it.
-        if request.fallback_actors > 0 and base != "minions":
+        # Only a policy that reads the boosting score needs a fallback when the score is missing.
+        if request.fallback_actors > 0 and getattr(policy, "reads_score", False):
             desired = max(sc.i_min, min(sc.i_max, request.fallback_actors))
             new_state, reason = policy_state, f"fallback plan: {desired} actors (no boosting score this round)"
         else:

@@ -558,3 +558,14 @@ def _listen_addresses(pid: int) -> list[str]:
             else:
                 out.append(".".join(str(int(ip_hex[i:i + 2], 16)) for i in (6, 4, 2, 0)))
     return out
+
+
+@pytest.mark.parametrize("policy,fixed,expected", [("fixed", 3, 3), ("schedule", 0, 4), ("nitro", 0, 2)])
+def test_fallback_plan_only_for_policies_that_read_the_score(stubs, auth_md, policy, fixed, expected):
+    """A missing boosting score is no reason to override a control that never reads it."""
+    resp = stubs["scaler"].Plan(scaler_pb2.PlanRequest(
+        job_id=f"fallback-{policy}", round=0, score=0.0, budget_usd=10.0, steps_per_actor=32, fallback_actors=2,
+        scaler=common_pb2.ScalerSpec(policy=policy, fixed_actors=fixed, i_min=1, i_max=4, decay=0.96)),
+        timeout=10, metadata=auth_md)
+    assert resp.actors == expected, resp.reason
+    assert ("fallback" in resp.reason) == (policy == "nitro"), resp.reason

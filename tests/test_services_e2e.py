@@ -178,7 +178,7 @@ def test_budget_exhaustion_ends_the_job_with_the_reason(client, clock):
     # The learner server alone costs 3.06 USD/h: ~12 s of it. 200 rounds take far longer than that
     # on either clock, so the budget, not the round count, must end the job.
     spec = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 200, "steps_per_actor": 64, "eval_episodes": 1,
-            "budget_usd": 0.01, "budget_clock": clock,
+            "budget_usd": 0.01, "budget_clock": clock, "eval_every": 1000,
             "scaler": {"policy": "fixed", "fixed_actors": 2, "i_min": 1, "i_max": 2}}
     job = client.start_training(spec)
     reports = list(client.watch(job.job_id))
@@ -188,6 +188,7 @@ def test_budget_exhaustion_ends_the_job_with_the_reason(client, clock):
     spent = reports[-1].cloud_total_cost_usd if clock == "cloud" else reports[-1].total_cost_usd
     assert spent <= 0.01 + 1e-9, "never plans a round it cannot pay for"
     assert reports[-1].budget_left_usd == pytest.approx(0.01 - spent, abs=1e-9), "budget_left follows the clock"
+    assert reports[-1].evaluated and not any(r.evaluated for r in reports[:-1]), "the last round is evaluated"
 
 
 @pytest.mark.parametrize("policy,expected", [("fixed:3", [3, 3]), ("max", [4, 4]), ("hydrozoa", [1, 1])])

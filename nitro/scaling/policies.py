@@ -86,6 +86,7 @@ def format_actor_counts(counts) -> str:
 @dataclass(frozen=True)
 class NitroPolicy:
     name: str = "nitro"
+    reads_score = True  # a plan without a boosting score falls back (scaler_svc); the others ignore the score
 
     def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
         s = inputs.score if math.isfinite(inputs.score) else 0.0  # an unusable score spends the minimum
@@ -184,6 +185,7 @@ class NitroFloorPolicy:
     floor_actors: int = 64
     floor_decay: float = 0.96
     name: str = "nitro-floor"
+    reads_score = True
 
     def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
         nitro, _, why = NitroPolicy().decide(state, inputs)
