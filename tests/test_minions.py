@@ -1,6 +1,7 @@
 """The minions scaling policy (MinionsRL's learned scheduler): observation and reward on scripted
-round histories, checkpoints, pre-training through the real system, the policy end to end through
-the services, and the statuses for missing, corrupt and mismatched checkpoints."""
+round histories, checkpoints, the distribution of a scheduler's decisions, pre-training in process
+(its decisions must not collapse to one actor count) and through the real system, the policy end
+to end through the services, and the statuses for missing, corrupt and mismatched checkpoints."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def inputs(**kw) -> RoundInputs:
 
 def random_state(i_max: int, seed: int = 0, scale: float = 0.5) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {k: rng.normal(0.0, scale, shape).astype(np.float32) for k, shape in m.weight_shapes(i_max).items()}
+    state = {k: rng.normal(0.0, scale, shape).astype(np.float32) for k, shape in m.weight_shapes(i_max).items()}
+    state["obs_mean"], state["obs_var"] = np.zeros(m.OBS_DIM, np.float32), np.ones(m.OBS_DIM, np.float32)
+    return state
 
 
 # --- observation: a scripted job of 4 rounds, hand-computed features ------------------------------
@@ -95,6 +98,33 @@ def test_episode_rewards_bonus_only_when_target_reached_within_budget():
     # Reaching the target in 2 rounds beats reaching it in 3, which beats not reaching it.
     fast = sum(m.episode_rewards(COSTS[:2], SECONDS[:2], final_eval_return=120.0, **REWARD_KW))
     assert fast > sum(reached) > sum(missed)
+
+
+def test_progress_term_pays_for_what_the_actors_bought():
+    # 10 -> 30 -> 25 -> 55 in units of 20: +1, -0.25, +1.5; a NaN (not evaluated) keeps the last return
+    assert m.progress_rewards([30.0, 25.0, 55.0], return_scale=20.0, initial_eval_return=10.0) == \
+        pytest.approx([1.0, -0.25, 1.5])
+    assert m.progress_rewards([30.0, float("nan"), 55.0], return_scale=20.0, initial_eval_return=10.0) == \
+        pytest.approx([1.0, 0.0, 1.25])
+    assert m.progress_rewards([30.0, 25.0], return_scale=20.0) == pytest.approx([0.0, -0.25])  # no initial return
+    with pytest.raises(ConfigError):
+        m.progress_rewards([1.0], return_scale=0.0)
+    kw = dict(REWARD_KW, target_return=0.0)
+    plain = m.episode_rewards(COSTS, SECONDS, final_eval_return=55.0, **kw)
+    with_progress = m.episode_rewards(COSTS, SECONDS, final_eval_return=55.0, eval_returns=[30.0, 25.0, 55.0],
+                                      return_scale=20.0, initial_eval_return=10.0, **kw)
+    assert with_progress == pytest.approx([p + g for p, g in zip(plain, [1.0, -0.25, 1.5])])
+    # The penalty-only reward prefers the cheaper round whatever it bought: one actor is always best.
+    cheap, dear = [0.01], [0.04]
+    assert sum(m.episode_rewards(cheap, [1.0], final_eval_return=0.0, **kw)) > \
+        sum(m.episode_rewards(dear, [4.0], final_eval_return=0.0, **kw))
+    # With progress, a dearer round that bought more return can win.
+    assert sum(m.episode_rewards(dear, [4.0], final_eval_return=0.0, eval_returns=[60.0], return_scale=20.0,
+                                 initial_eval_return=10.0, **kw)) > \
+        sum(m.episode_rewards(cheap, [1.0], final_eval_return=0.0, eval_returns=[15.0], return_scale=20.0,
+                              initial_eval_return=10.0, **kw))
+    with pytest.raises(ConfigError, match="eval returns"):
+        m.episode_rewards(COSTS, SECONDS, final_eval_return=0.0, eval_returns=[1.0], return_scale=1.0, **kw)
 
 
 # --- checkpoints and decisions ----------------------------------------------------------------------
@@ -172,10 +202,14 @@ def test_bad_checkpoints_are_told_apart(tmp_path):
         arrays[m.META_KEY] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         np.savez(path, **arrays)
 
-    good = m.save_checkpoint(tmp_path / "v2.npz", random_state(4), 4)
-    rewrite(good, version=2)
-    with pytest.raises(m.SchedulerMismatchError, match="format version 2"):
-        m.load_scheduler(good)
+    old = m.save_checkpoint(tmp_path / "v1.npz", random_state(4), 4)
+    rewrite(old, version=1)  # before the inputs were standardised
+    with pytest.raises(m.SchedulerMismatchError, match="format version 1"):
+        m.load_scheduler(old)
+    state = random_state(4)
+    state["obs_var"][3] = -1.0
+    with pytest.raises(m.SchedulerCheckpointError, match="obs_var"):
+        m.load_scheduler(m.save_checkpoint(tmp_path / "negvar.npz", state, 4))
     layout = m.save_checkpoint(tmp_path / "layout.npz", random_state(4), 4)
     rewrite(layout, obs_names=list(m.OBS_NAMES[::-1]))
     with pytest.raises(m.SchedulerMismatchError, match="obs_names"):
@@ -196,6 +230,161 @@ def test_loaded_scheduler_is_cached_per_path_and_reloaded_when_rewritten(tmp_pat
     assert m.load_scheduler_cached(path).mode == "explore"
 
 
+def test_inputs_are_standardised_with_the_stored_statistics(tmp_path):
+    from nitro.model_spec import OBS_CLIP
+
+    assert m.OBS_NORM_CLIP == OBS_CLIP
+    state = random_state(4, seed=3)
+    state["obs_mean"] = np.linspace(0.0, 0.7, m.OBS_DIM).astype(np.float32)
+    state["obs_var"] = np.full(m.OBS_DIM, 0.04, np.float32)
+    sched = m.load_scheduler(m.save_checkpoint(tmp_path / "n.npz", state, 4))
+    built = m.scheduler_from_state(state, 4)
+    assert built.i_max == sched.i_max and all(np.array_equal(w, v) for (w, _), (v, _) in zip(built.weights,
+                                                                                             sched.weights))
+    obs = np.full(m.OBS_DIM, 0.5, np.float32)
+    z = (obs - state["obs_mean"]) / np.sqrt(0.04 + 1e-8)
+    np.testing.assert_allclose(sched.standardise(obs), z, rtol=1e-5)
+    np.testing.assert_allclose(sched.logits(obs), m.scheduler_from_state(state, 4).logits(obs), rtol=1e-6)
+    far = np.full(m.OBS_DIM, 1e6, np.float32)
+    assert np.all(sched.standardise(far) == OBS_CLIP)
+    # the same network as torch computes it (nitro.models.Policy with obs_norm)
+    import torch
+
+    from nitro.minions_pretrain import scheduler_model_spec
+    from nitro.models import Policy
+
+    policy = Policy(scheduler_model_spec(4))
+    policy.load_numpy_state({**state, "obs_count": np.array(10.0)})
+    with torch.no_grad():
+        probs = policy.distribution(torch.as_tensor(obs[None])).probs.numpy()[0]
+    np.testing.assert_allclose(sched.probabilities(obs), probs, rtol=1e-4, atol=1e-6)
+
+
+def constant_scheduler(tmp_path, i_max: int = 4, action: int = 0) -> str:
+    """A checkpoint that always picks action+1 actors: its output bias dwarfs everything else."""
+    state = random_state(i_max, seed=5, scale=0.01)
+    state["actor.out.bias"] = np.full(i_max, -50.0, np.float32)
+    state["actor.out.bias"][action] = 50.0
+    return m.save_checkpoint(tmp_path / f"const{action}.npz", state, i_max)
+
+
+def varied(hist: dict[int, int]) -> bool:
+    """The decisions are not all the same actor count."""
+    return sum(1 for c in hist.values() if c > 0) >= 2
+
+
+def spread_of_inputs(n: int = 200, seed: int = 0) -> list[RoundInputs]:
+    rng = np.random.default_rng(seed)
+    return [inputs(round_index=int(rng.integers(0, 4)), learner_loss=float(rng.lognormal(0, 2)),
+                   eval_return=float(rng.uniform(0, 300)), approx_kl=float(rng.lognormal(-5, 1)),
+                   update_seconds=float(rng.uniform(0.05, 1)), actor_seconds=float(rng.uniform(0.05, 1)),
+                   round_seconds=float(rng.uniform(1, 3)), budget_left_usd=float(rng.uniform(0, 1)))
+            for _ in range(n)]
+
+
+def test_decision_distribution_counts_greedy_decisions(tmp_path):
+    path = m.save_checkpoint(tmp_path / "r.npz", random_state(4, seed=2), 4)
+    sched = m.load_scheduler(path)
+    spread = spread_of_inputs()
+    hist = m.decision_distribution(path, spread)
+    assert sorted(hist) == [1, 2, 3, 4] and sum(hist.values()) == len(spread)
+    expected = [int(np.argmax(sched.probabilities(m.observation(x)))) + 1 for x in spread]
+    assert hist == {n: expected.count(n) for n in range(1, 5)}
+    # observations as an array give the same answer; i_min is a floor, as in a job
+    obs = np.stack([m.observation(x) for x in spread])
+    assert m.decision_distribution(sched, obs) == hist
+    floored = m.decision_distribution(sched, obs, i_min=3)
+    assert sorted(floored) == [3, 4] and floored[3] == hist[1] + hist[2] + hist[3] and floored[4] == hist[4]
+    assert m.decision_distribution(sched, []) == {1: 0, 2: 0, 3: 0, 4: 0}
+    with pytest.raises(ConfigError, match="i_min"):
+        m.decision_distribution(sched, obs, i_min=5)
+    lines = m.format_distribution({1: 3, 2: 1})
+    assert lines[0].split()[:4] == ["1", "actors", "3", "75.0%"] and lines[0].endswith("#" * 40)
+    # a scheduler that always returns I_min has one bar: what the pre-training test must not produce
+    const = m.decision_distribution(constant_scheduler(tmp_path), spread)
+    assert const == {1: len(spread), 2: 0, 3: 0, 4: 0} and not varied(const)
+
+
+def test_short_pretraining_in_process_does_not_collapse_to_one_count(tmp_path):
+    """A few seconds of pre-training on a cheap setting: the scheduler's greedy decisions over the
+    inputs its jobs produced are not all one count (a scheduler that always returns I_min fails)."""
+    from nitro.minions_pretrain import PretrainSettings, pretrain
+
+    settings = PretrainSettings("CartPole-v1", episodes=16, episodes_per_update=4, rounds_per_episode=4, i_max=4,
+                                steps_per_actor=32, preset="fast", eval_episodes=1, holdout_jobs=1, seed=3,
+                                out=str(tmp_path / "s.npz"))
+    lines: list[str] = []
+    result = pretrain(settings, log=lines.append)
+    assert result.via == "inprocess" and len(result.episodes) == 16 and all(ep.trained for ep in result.episodes)
+    assert sum(line.startswith("update after") for line in lines) == 4
+    for ep in result.episodes:
+        assert ep.state == "SUCCEEDED" and 1 <= ep.rounds <= 4 and len(ep.rewards) == len(ep.observations) == ep.rounds
+        assert all(1 <= a <= 4 for a in ep.actors) and ep.cost_usd > 0
+    observed = [o for ep in result.episodes for o in ep.observations]
+    hist = m.decision_distribution(result.path, observed)
+    assert sum(hist.values()) == len(observed)
+    assert varied(hist), hist
+    assert not varied(m.decision_distribution(constant_scheduler(tmp_path), observed))
+    # what the command prints and the checkpoint records
+    info = m.pretraining_info(result.path)
+    assert info["via"] == "inprocess" and info["env_id"] == "CartPole-v1" and info["episodes_trained"] == 16
+    assert set(result.decisions) == {"last_episodes", "holdout_jobs"}
+    assert info["decisions"] == {k: {str(n): c for n, c in h.items()} for k, h in result.decisions.items()}
+    assert sum(result.decisions["holdout_jobs"].values()) >= 1
+    # cost: the CPU seconds, sampling billed as Lambda actors and the rest as learner-server time
+    from nitro import cost
+
+    assert result.cpu_seconds > 0 and info["cpu_seconds"] == result.cpu_seconds
+    sampling = info["sampling"]
+    assert 0 < sampling["cpu_seconds"] < result.cpu_seconds and sampling["invocations"] >= sum(
+        sum(ep.actors) for ep in result.episodes)
+    expected = cost.learner_cost(result.cpu_seconds - sampling["cpu_seconds"], cost.Prices()) + cost.lambda_cost(
+        sampling["billed_ms"], sampling["invocations"], 1024, cost.Prices())
+    assert result.cost_usd == pytest.approx(expected) and info["cost_usd"] == pytest.approx(expected)
+    assert result.round_seconds_ref > 0 and result.return_scale > 0 and info["return_scale"] == result.return_scale
+    assert m.load_scheduler(result.path).mode == "serve"
+
+
+def test_pretraining_settings_are_validated():
+    from nitro.minions_pretrain import PretrainSettings
+
+    assert PretrainSettings().validate().env_id == "Hopper-v5"
+    for change, message in ((dict(episodes=0), "episodes"), (dict(eval_episodes=0), "needs the evaluation return"),
+                            (dict(episodes_per_update=0), "episodes_per_update"), (dict(gamma=1.5), "gamma"),
+                            (dict(return_scale=-1.0), "return_scale"), (dict(budget_usd=math.nan), "budget"),
+                            (dict(i_max=True), "i_max"), (dict(env_id=""), "env"),
+                            (dict(budget_min_usd=1.0), "budget_min")):
+        with pytest.raises(ConfigError, match=message):
+            PretrainSettings(**change).validate()
+    # each episode's budget: log-uniform in [min, budget], reproducible; min 0 gives every job the budget
+    s = PretrainSettings(budget_usd=0.01, budget_min_usd=0.001, seed=4)
+    budgets = [s.episode_budget(e) for e in range(200)]
+    assert all(0.001 <= b <= 0.01 for b in budgets) and budgets == [s.episode_budget(e) for e in range(200)]
+    assert min(budgets) < 0.0015 and max(budgets) > 0.007
+    assert 0.002 < float(np.median(budgets)) < 0.005  # geometric middle ~0.0032
+    assert PretrainSettings(budget_usd=0.01, budget_min_usd=0.0).episode_budget(3) == 0.01
+
+
+def test_jobs_whose_budget_pays_for_no_round_are_skipped(tmp_path):
+    from nitro.minions_pretrain import PretrainError, PretrainSettings, pretrain
+
+    settings = PretrainSettings("CartPole-v1", episodes=2, rounds_per_episode=2, i_max=2, steps_per_actor=8,
+                                preset="fast", eval_episodes=1, budget_usd=1e-9, budget_min_usd=0.0,
+                                out=str(tmp_path / "none.npz"))
+    lines: list[str] = []
+    with pytest.raises(PretrainError, match="no episode ran a round"):
+        pretrain(settings, log=lines.append)
+    assert len(lines) == 2 and all("does not pay for one round; skipped" in line for line in lines)
+    assert not (tmp_path / "none.npz").exists()
+
+
+def test_trajectory_key_is_the_scalers():
+    from nitro.minions_pretrain import SCALER_STATE_KEY
+    from scaler_svc.server import state_key
+
+    assert SCALER_STATE_KEY.format(job_id="j-1") == state_key("j-1")
+
+
 def test_spec_validation_of_the_scheduler(tmp_path):
     def spec(**scaler):
         return TrainingSpec(env_id="CartPole-v1", scaler=ScalerSettings(**scaler))
@@ -211,15 +400,42 @@ def test_spec_validation_of_the_scheduler(tmp_path):
     assert validate(spec(policy="minions", scheduler=path, i_min=1, i_max=8)).scaler.scheduler == path
 
 
-def test_pretrain_cli_rejects_bad_settings_before_starting_anything(capsys, tmp_path):
+@pytest.mark.parametrize("argv, message", [
+    (["--episodes", "0"], "episodes: must be an integer in [1, 100000], got 0"),
+    (["--episodes-per-update", "0"], "episodes_per_update: must be an integer in [1, 100000]"),
+    (["--eval-episodes", "0"], "the scheduler's reward needs the evaluation return"),
+    (["--return-scale", "-2"], "return_scale: must be a finite number >= 0"),
+    (["--holdout-jobs", "-1"], "holdout_jobs: must be an integer in [0, 1000]"),
+    (["--budget", "0"], "budget: must be a finite number > 0"),
+    (["--budget", "0.01", "--budget-min", "0.02"], "budget_min: must be a number in [0, budget = 0.01]"),
+    (["--env", "Hoper-v5"], "env: unknown environment id 'Hoper-v5'; did you mean"),
+    (["--preset", "turbo"], "unknown PPO preset 'turbo'"),
+    (["--target", "127.0.0.1:1"], "--target is only used with --via system"),
+    (["--work-dir", "/tmp"], "--work-dir is only used with --via system"),
+    (["--via", "system", "--target", "127.0.0.1:1", "--redis-url", ""], "--target needs --redis-url"),
+])
+def test_pretrain_cli_rejects_bad_settings_before_starting_anything(capsys, tmp_path, monkeypatch, argv, message):
     from nitro.cli import main
 
-    assert main(["pretrain-minions", "--env", "CartPole-v1", "--episodes", "0",
-                 "--state-dir", str(tmp_path)]) == 2
-    assert "episodes: must be in [1, 100000]" in capsys.readouterr().err
-    assert main(["pretrain-minions", "--env", "CartPole-v1", "--episodes", "1", "--target", "127.0.0.1:1",
-                 "--redis-url", "", "--state-dir", str(tmp_path)]) == 2
-    assert "--redis-url" in capsys.readouterr().err
+    monkeypatch.delenv("NITRO_TARGET", raising=False)
+    assert main(["pretrain-minions", "--episodes", "1", *argv, "--state-dir", str(tmp_path),
+                 "--out", str(tmp_path / "s.npz")]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "s.npz").exists()
+
+
+def test_pretrain_cli_prints_cost_and_decisions(capsys, tmp_path):
+    from nitro.cli import main
+
+    out = tmp_path / "cli.npz"
+    assert main(["pretrain-minions", "--env", "CartPole-v1", "--episodes", "2", "--episodes-per-update", "2",
+                 "--rounds-per-episode", "2", "--i-max", "3", "--steps-per-actor", "16", "--preset", "fast",
+                 "--eval-episodes", "1", "--holdout-jobs", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"scheduler checkpoint  {out}" in text and "CPU time" in text and "cost        $" in text
+    assert "in 1 held-out jobs" in text and "on the inputs of the last update's jobs" in text
+    assert "   3 actors" in text and m.pretraining_info(out)["cpu_seconds"] > 0
 
 
 # --- through the real system --------------------------------------------------------------------------
@@ -240,7 +456,8 @@ def pretrained(system, client, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("minions") / "scheduler.npz"
     settings = PretrainSettings("CartPole-v1", episodes=2, rounds_per_episode=3, i_max=I_MAX, steps_per_actor=64,
-                                budget_usd=0.05, eval_episodes=1, seed=1, out=str(out))
+                                budget_usd=0.05, budget_min_usd=0.0, eval_episodes=1, seed=1, preset="fast",
+                                out=str(out))
     lines = []
     result = pretrain(settings, client, connect(system.redis_url), log=lines.append)
     return result, lines
@@ -249,13 +466,16 @@ def pretrained(system, client, tmp_path_factory):
 @pytest.mark.timeout(240)
 def test_pretraining_through_the_system_writes_a_loadable_checkpoint(pretrained):
     result, lines = pretrained
-    assert len(result.episodes) == 2 and len(lines) == 2
+    assert result.via == "system" and len(result.episodes) == 2
+    assert [line.split(":")[0] for line in lines] == ["episode 1/2", "episode 2/2", "update after episode 2"]
     for ep in result.episodes:
         assert ep.state == "SUCCEEDED", ep.message
         assert ep.trained and ep.rounds == 3 and len(ep.rewards) == 3 and not ep.reached_target
         assert all(1 <= a <= I_MAX for a in ep.actors) and ep.cost_usd > 0
     assert result.jobs_cost_usd == pytest.approx(sum(ep.cost_usd for ep in result.episodes))
-    assert result.cost_usd == pytest.approx(result.jobs_cost_usd + result.update_cost_usd)
+    assert result.cost_usd == pytest.approx(result.jobs_cost_usd + result.cpu_cost_usd)
+    assert result.cpu_seconds > 0 and set(result.decisions) == {"last_episodes"}
+    assert sum(result.decisions["last_episodes"].values()) == sum(ep.rounds for ep in result.episodes)
     assert result.wall_seconds > 0 and result.round_seconds_ref > 0
     sched = m.load_scheduler(result.path)
     assert sched.mode == "serve" and sched.i_max == I_MAX

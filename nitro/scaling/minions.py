@@ -7,11 +7,14 @@ training jobs run through the real system; at serving time it acts greedily (arg
 This module is numpy only, so the scaler process never imports torch.
 
 Pure pieces: `observation(inputs)` (the 8 features, OBS_NAMES), `round_penalty` /
-`episode_rewards` (the reward), `Scheduler.choose` (the decision). `MinionsPolicy`
-adapts them to the ScalingPolicy protocol. docs/minions.md has the details.
+`progress_rewards` / `episode_rewards` (the reward), `Scheduler.choose` (the decision),
+`decision_distribution` (which actor counts a scheduler picks over a set of inputs).
+`MinionsPolicy` adapts them to the ScalingPolicy protocol. docs/minions.md has the details.
 
 Checkpoint: one .npz (numpy, allow_pickle=False) holding the actor and critic weights
-under nitro.models.Policy's state-dict names plus a JSON `__meta__` entry: format name,
+and the running mean and variance of the observations seen in pre-training (the
+network's inputs are standardised with them, as obs_norm does for a PPO policy)
+under nitro.models.Policy's state-dict names, plus a JSON `__meta__` entry: format name,
 format version, mode ("serve" = argmax, "explore" = sample; pre-training writes the
 latter), and a fingerprint of what the weights were trained for (I_max, observation
 layout, network shape). A missing or unreadable file is SchedulerCheckpointError
@@ -37,7 +40,7 @@ from nitro.errors import ConfigError
 from nitro.scaling.base import RoundInputs, clip
 
 CHECKPOINT_FORMAT = "nitro-minions-scheduler"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: observations standardised with the stored obs_mean / obs_var
 # Order is the network's input order; changing it (or any scaling below) bumps OBS_VERSION.
 OBS_NAMES = ("round", "loss", "eval_return", "approx_kl", "learner_time", "actor_time", "round_time",
              "budget_left")
@@ -45,6 +48,8 @@ OBS_VERSION = 1
 OBS_DIM = len(OBS_NAMES)
 HIDDEN_SIZES = (64, 64)
 ACTIVATION = "tanh"
+OBS_NORM = "running mean/var"  # the features are standardised with pre-training's statistics before the network
+OBS_NORM_CLIP = 10.0  # as nitro.model_spec.OBS_CLIP: standardised features are clipped to +-10
 MODES = ("serve", "explore")
 META_KEY = "__meta__"
 
@@ -54,6 +59,7 @@ KL_UNIT = 1e-3  # approx KL is read on a log scale from 1e-3 (tiny update) to 1 
 ROUND_SECONDS_MAX = 3600.0  # the longest round deadline a spec allows
 
 # Reward defaults (see episode_rewards()).
+PROGRESS_WEIGHT = 1.0
 COST_WEIGHT = 1.0
 TIME_WEIGHT = 1.0
 TARGET_BONUS = 2.0
@@ -168,24 +174,60 @@ def target_reached(final_eval_return: float, target_return: float, total_cost_us
             and _num(total_cost_usd, math.inf) <= budget_usd + USD_TOLERANCE)
 
 
+def progress_rewards(eval_returns: Sequence[float], *, return_scale: float,
+                     initial_eval_return: float | None = None, weight: float = PROGRESS_WEIGHT) -> list[float]:
+    """What each round bought: weight * (eval return after round t - before it) / return_scale.
+
+    Decision t chose round t's actors, and round t's samples made update t, so the change
+    of the evaluation return across round t is its consequence. Before round 0 the return
+    is `initial_eval_return` (None: unknown, so decision 0 gets 0). A round that was not
+    evaluated (NaN) keeps the last known return. Over a job the terms sum to the job's
+    return gain in units of `return_scale`.
+    """
+    if not (math.isfinite(return_scale) and return_scale > 0):
+        raise ConfigError(f"progress_rewards needs return_scale > 0, got {return_scale!r}")
+    out = []
+    prev = _num(initial_eval_return, math.nan) if initial_eval_return is not None else math.nan
+    for ret in eval_returns:
+        cur = _num(ret, math.nan)
+        if math.isnan(cur):
+            cur = prev
+        out.append(0.0 if math.isnan(prev) or math.isnan(cur) else weight * (cur - prev) / return_scale)
+        prev = cur
+    return out
+
+
 def episode_rewards(round_costs_usd: Sequence[float], round_seconds: Sequence[float], *, budget_usd: float,
                     rounds: int, round_seconds_ref: float, target_return: float, final_eval_return: float,
                     cost_weight: float = COST_WEIGHT, time_weight: float = TIME_WEIGHT,
-                    bonus: float = TARGET_BONUS) -> list[float]:
-    """Reward of each decision of one job: r_t = -round_penalty(round t), plus `bonus` on the last one
-    when the job reached its target return within budget (target_reached).
+                    bonus: float = TARGET_BONUS, eval_returns: Sequence[float] | None = None,
+                    return_scale: float = 0.0, initial_eval_return: float | None = None,
+                    progress_weight: float = PROGRESS_WEIGHT) -> list[float]:
+    """Reward of each decision of one job:
 
-    Decision t chose round t's actors, so round t's cost and time are its consequence.
-    The bonus (2) exceeds what a successful job can lose to penalties at the reference
-    pace (cost share <= 1, time share ~ 1), so reaching the target always beats failing
-    cheaply; among successful jobs the cheaper and faster score higher, and ending early
-    saves the remaining rounds' penalties.
+        r_t = progress_rewards(...)[t] - round_penalty(round t)   (+ `bonus` on the last one when
+                                                                  the job reached its target within budget)
+
+    Decision t chose round t's actors, so round t's cost, time and return change are its
+    consequence. Without `eval_returns` (or with return_scale 0) there is no progress term:
+    then every extra actor only adds cost and time, and unless the target bonus is within
+    reach the best schedule is always the fewest actors. The progress term is what the
+    actors buy. The bonus (2) exceeds what a successful job can lose to penalties at the
+    reference pace (cost share <= 1, time share ~ 1), so reaching the target always beats
+    failing cheaply; among successful jobs the cheaper and faster score higher, and ending
+    early saves the remaining rounds' penalties.
     """
     if len(round_costs_usd) != len(round_seconds):
         raise ConfigError(f"episode_rewards: {len(round_costs_usd)} costs but {len(round_seconds)} round times")
     out = [-round_penalty(c, s, budget_usd=budget_usd, rounds=rounds, round_seconds_ref=round_seconds_ref,
                           cost_weight=cost_weight, time_weight=time_weight)
            for c, s in zip(round_costs_usd, round_seconds)]
+    if eval_returns is not None and return_scale > 0:
+        if len(eval_returns) != len(out):
+            raise ConfigError(f"episode_rewards: {len(out)} rounds but {len(eval_returns)} eval returns")
+        out = [r + p for r, p in zip(out, progress_rewards(eval_returns, return_scale=return_scale,
+                                                             initial_eval_return=initial_eval_return,
+                                                             weight=progress_weight))]
     total = sum(max(_num(c), 0.0) for c in round_costs_usd)
     if out and target_reached(final_eval_return, target_return, total, budget_usd):
         out[-1] += bonus
@@ -198,7 +240,7 @@ def episode_rewards(round_costs_usd: Sequence[float], round_seconds: Sequence[fl
 def fingerprint(i_max: int) -> dict:
     """What a checkpoint's weights were trained for; serving anything else is a mismatch."""
     return {"i_max": int(i_max), "obs_names": list(OBS_NAMES), "obs_version": OBS_VERSION,
-            "hidden_sizes": list(HIDDEN_SIZES), "activation": ACTIVATION}
+            "obs_norm": OBS_NORM, "hidden_sizes": list(HIDDEN_SIZES), "activation": ACTIVATION}
 
 
 def fingerprint_id(fp: dict) -> str:
@@ -217,8 +259,10 @@ def _layer_shapes(prefix: str, out_dim: int) -> dict[str, tuple[int, ...]]:
 
 
 def weight_shapes(i_max: int) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the actor and critic (nitro.models.Policy naming, so PPO can resume them)."""
-    return {**_layer_shapes("actor", i_max), **_layer_shapes("critic", 1)}
+    """Names and shapes of the actor, the critic and the observation statistics (nitro.models.Policy
+    naming, so PPO can resume them)."""
+    return {**_layer_shapes("actor", i_max), **_layer_shapes("critic", 1), "obs_mean": (OBS_DIM,),
+            "obs_var": (OBS_DIM,)}
 
 
 def _uniform(seed: int, round_index: int) -> float:
@@ -235,9 +279,16 @@ class Scheduler:
     explore_seed: int
     meta: dict = field(repr=False)
     weights: tuple = field(repr=False)  # ((W^T, b), ...) of the actor, float32
+    obs_mean: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(OBS_DIM))
+    obs_std: np.ndarray = field(repr=False, default_factory=lambda: np.ones(OBS_DIM))
+
+    def standardise(self, obs: np.ndarray) -> np.ndarray:
+        """The features as the network sees them: (obs - mean) / std of pre-training's inputs, clipped."""
+        z = (np.asarray(obs, dtype=np.float64).reshape(-1) - self.obs_mean) / self.obs_std
+        return np.clip(z, -OBS_NORM_CLIP, OBS_NORM_CLIP).astype(np.float32)
 
     def logits(self, obs: np.ndarray) -> np.ndarray:
-        x = np.asarray(obs, dtype=np.float32).reshape(-1)
+        x = self.standardise(obs)
         for w, b in self.weights[:-1]:
             x = np.tanh(x @ w + b)
         w, b = self.weights[-1]
@@ -332,19 +383,61 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray
         a = arrays.get(name)
         if a is None or a.shape != shape or a.dtype.kind != "f" or not np.all(np.isfinite(a)):
             raise SchedulerCheckpointError(f"checkpoint {path!r} has a missing or corrupt weight {name!r}")
+    if np.any(arrays["obs_var"] < 0):
+        raise SchedulerCheckpointError(f"checkpoint {path!r} has a missing or corrupt weight 'obs_var' (negative)")
     return meta, arrays
+
+
+def scheduler_from_state(state: dict[str, np.ndarray], i_max: int, *, mode: str = "serve", explore_seed: int = 0,
+                         meta: dict | None = None) -> Scheduler:
+    """A Scheduler straight from weights (nitro.models.Policy names), as load_scheduler would build it."""
+    if mode not in MODES:
+        raise ConfigError(f"invalid scheduler mode {mode!r}; allowed: {list(MODES)}")
+    n_hidden = len(HIDDEN_SIZES)
+    names = [(f"actor.layers.{i}.weight", f"actor.layers.{i}.bias") for i in range(n_hidden)]
+    names.append(("actor.out.weight", "actor.out.bias"))
+    weights = tuple((np.ascontiguousarray(np.asarray(state[w]).T, dtype=np.float32),
+                     np.asarray(state[b]).astype(np.float32)) for w, b in names)
+    mean = np.asarray(state["obs_mean"], dtype=np.float64).reshape(OBS_DIM)
+    std = np.sqrt(np.asarray(state["obs_var"], dtype=np.float64).reshape(OBS_DIM) + 1e-8)  # as Policy.normalize
+    return Scheduler(i_max=int(i_max), mode=mode, explore_seed=int(explore_seed), meta=dict(meta or {}),
+                     weights=weights, obs_mean=mean, obs_std=std)
 
 
 def load_scheduler(path: str | os.PathLike) -> Scheduler:
     meta, arrays = read_checkpoint(path)
-    i_max = meta["fingerprint"]["i_max"]
-    n_hidden = len(HIDDEN_SIZES)
-    names = [(f"actor.layers.{i}.weight", f"actor.layers.{i}.bias") for i in range(n_hidden)]
-    names.append(("actor.out.weight", "actor.out.bias"))
-    weights = tuple((np.ascontiguousarray(arrays[w].T, dtype=np.float32), arrays[b].astype(np.float32))
-                    for w, b in names)
-    return Scheduler(i_max=i_max, mode=meta["mode"], explore_seed=int(meta.get("explore_seed", 0)),
-                     meta={**meta, "path": os.fspath(path)}, weights=weights)
+    return scheduler_from_state(arrays, meta["fingerprint"]["i_max"], mode=meta["mode"],
+                                explore_seed=int(meta.get("explore_seed", 0)),
+                                meta={**meta, "path": os.fspath(path)})
+
+
+def decision_distribution(scheduler: Scheduler | str | os.PathLike, observations, *, i_min: int = 1) -> dict[int, int]:
+    """How often `scheduler` (or the checkpoint at that path) serving greedily (argmax) picks each
+    actor count over `observations` (an (N, OBS_DIM) array, or RoundInputs): {actors: count},
+    every count from i_min to I_max present (0 when never chosen). Counts below i_min are
+    raised to it, as the job's floor would.
+    """
+    sched = scheduler if isinstance(scheduler, Scheduler) else load_scheduler(scheduler)
+    if not 1 <= i_min <= sched.i_max:
+        raise ConfigError(f"decision_distribution: i_min must be in [1, {sched.i_max}], got {i_min!r}")
+    rows = [observation(o) if isinstance(o, RoundInputs) else o for o in observations]
+    obs = np.asarray(rows, dtype=np.float32).reshape(-1, OBS_DIM) if rows else np.zeros((0, OBS_DIM), np.float32)
+    hist = {n: 0 for n in range(i_min, sched.i_max + 1)}
+    for row in obs:
+        hist[max(i_min, int(np.argmax(sched.logits(row))) + 1)] += 1
+    return hist
+
+
+def format_distribution(hist: dict[int, int], width: int = 40) -> list[str]:
+    """A text histogram of decision_distribution's result: one line per actor count, with its share."""
+    total = sum(hist.values())
+    top = max(hist.values(), default=0)
+    lines = []
+    for n in sorted(hist):
+        c = hist[n]
+        bar = "#" * (round(width * c / top) if top else 0)
+        lines.append(f"{n:>4} actors  {c:>5}  {100.0 * c / total if total else 0.0:5.1f}%  {bar}")
+    return lines
 
 
 def pretraining_info(path: str | os.PathLike) -> dict:
