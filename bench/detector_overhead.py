@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from nitro.algos.ppo import PPOLearner, collate  # noqa: E402
+from nitro.algos.ppo import PPOLearner  # noqa: E402
 from nitro.config import ppo_config  # noqa: E402
 from nitro.detector import detect  # noqa: E402
 from nitro.detector.hvp import make_hvp, ppo_objective, select_subset  # noqa: E402
@@ -50,7 +50,11 @@ ENV, ACTORS, STEPS_PER_ACTOR, TARGET = "Hopper-v5", 16, 256, 0.10
 
 
 def trained_round(warmup_rounds: int, seed: int):
-    """Train a few rounds, then sample and update once more; return (learner, that round's samples, update s)."""
+    """Train a few rounds, then sample and update once more; return (learner, that round's samples, update s).
+
+    The samples are `learner.last_data`, the update's own: advantages after the `paper` preset's
+    whole-batch standardisation (normalize_batch_advantages), as the detector scores them in the
+    service; detect() repeats only a per-minibatch standardisation (`normalize_advantages`)."""
     cfg = ppo_config("paper")
     obs_space, act_space = env_spaces(ENV)
     spec = spec_for_spaces(obs_space, act_space, hidden_sizes=cfg.hidden_sizes, activation=cfg.activation,
@@ -71,7 +75,7 @@ def trained_round(warmup_rounds: int, seed: int):
         learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in batches]))
     for s in samplers:
         s.close()
-    return learner, collate(batches, cfg.gamma, cfg.gae_lambda), stats.seconds
+    return learner, learner.last_data, stats.seconds
 
 
 def _subset_tensors(samples, idx):

@@ -19,6 +19,7 @@ from learner_svc.jobs import Job
 from learner_svc.rounds import LearnerDeps
 from learner_svc.stellaris import StellarisLoop
 from nitro import codec, cost
+from nitro.algos.impact import IMPACTLearner
 from nitro.algos.ppo import PPOLearner
 from nitro.algos.stellaris import (
     ParameterServer,
@@ -33,16 +34,17 @@ from nitro.algos.stellaris import (
     global_truncated_ratio,
     make_parcel,
     parcel_key,
+    prepare,
     skip_record,
     staleness_bound,
     staleness_weight,
     update_stream_key,
 )
-from nitro.config import impact_config, ppo_config
+from nitro.config import impact_config, ppo_config, preset_names
 from nitro.envs import env_spaces
 from nitro.errors import ConfigError
 from nitro.inference import PolicyRunner
-from nitro.models import policy_to_blob, spec_for_spaces
+from nitro.models import Policy, policy_to_blob, spec_for_spaces
 from nitro.rollout import Sampler
 from nitro.spec import InvalidSpec, TrainingSpec, from_proto, to_proto, validate
 from nitro.store import PolicyStore
@@ -144,8 +146,8 @@ def test_certainly_dropped():
 
 # -- the weight really scales what is applied ---------------------------------------------------------
 
-def _spec_and_cfg(algo="ppo", **hp):
-    cfg = (ppo_config if algo == "ppo" else impact_config)("fast", hidden_sizes=(16, 16), **hp)
+def _spec_and_cfg(algo="ppo", preset="fast", **hp):
+    cfg = (ppo_config if algo == "ppo" else impact_config)(preset, hidden_sizes=(16, 16), **hp)
     obs, act = env_spaces(ENV)
     return spec_for_spaces(obs, act, hidden_sizes=cfg.hidden_sizes), cfg
 
@@ -316,8 +318,11 @@ def _batch(spec, policy, steps=256, seed=1):
         s.close()
 
 
-def test_fresh_update_is_the_central_ppo_update():
-    spec, cfg = _spec_and_cfg(epochs=3, minibatch_size=64)
+@pytest.mark.parametrize("preset", preset_names("ppo"))
+def test_fresh_update_is_the_central_ppo_update(preset):
+    # Every preset: `paper` standardises advantages once over the batch and caps the squared value
+    # error (value_clip_mode "rllib"); `tuned` and `fast` standardise per minibatch (PPO2 value loss).
+    spec, cfg = _spec_and_cfg(preset=preset, epochs=3, minibatch_size=64)
     central = PPOLearner(spec, cfg, seed=4)
     base = copy.deepcopy(central.policy)
     batch = _batch(spec, base)
@@ -325,7 +330,60 @@ def test_fresh_update_is_the_central_ppo_update():
     central.update([batch])
     assert stats["sgd_steps"] == 12 and stats["rho_mean"] == pytest.approx(1.0, abs=1e-5)
     assert np.allclose(g, (flat_parameters(base) - flat_parameters(central.policy)).numpy(), atol=1e-6)
-    assert np.abs(g).max() > 1e-3  # and it did move
+    assert np.abs(g).max() > cfg.lr  # and it did move (Adam: about lr per step)
+
+
+def _moved(policy, scale, seed):
+    """A copy of `policy` with its actor perturbed: a behaviour or newer version that differs from it."""
+    out, rng = copy.deepcopy(policy), np.random.default_rng(seed)
+    with torch.no_grad():
+        for t in out.actor.parameters():
+            t.add_(torch.as_tensor(rng.normal(scale=scale, size=t.shape), dtype=t.dtype))
+    return out
+
+
+@pytest.mark.parametrize("preset", ["paper", "fast"])
+def test_local_impact_update_on_stale_data_is_the_impact_update(preset):
+    # No newer version (R empty) and rho_bar >= pg_rho_bar: the single weight min(pg_rho_bar, rho) is
+    # V-trace's own min(pg_rho_bar, pi_2/mu), so the learner function's update is IMPACT's with pi_2 as
+    # the target network: the weight once in the advantage, ratio pi_theta / max(pi_2, mu / is_ratio_clip).
+    spec, cfg = _spec_and_cfg("impact", preset, epochs=2, minibatch_size=64)
+    central = IMPACTLearner(spec, cfg, seed=4)
+    base = copy.deepcopy(central.policy)
+    batch = _batch(spec, _moved(base, 0.5, seed=7))  # stale: sampled by another version mu
+    data, _ = prepare(base, [batch], cfg, "impact", rho_bar=2.0)
+    assert float(data["rho"].min()) < 0.9 and float(data["rho"].max()) > 1.1  # really off-policy
+    g, _ = compute_update(base, [batch], cfg, "impact", rho_bar=2.0, seed=4)
+    central.update([batch])
+    assert np.allclose(g, (flat_parameters(base) - flat_parameters(central.policy)).numpy(), atol=1e-6)
+    assert np.abs(g).max() > cfg.lr
+    assert np.allclose(data["advantages"].numpy(), central.last_data["advantages"], rtol=1e-6, atol=1e-6)
+    assert np.allclose(data["logp_ref"].numpy(), central.last_data["logp_target"], atol=1e-6)
+    assert torch.equal(data["is_weights"], torch.ones(len(batch["rewards"])))
+
+
+def test_impact_mode_applies_the_global_truncation_once_in_the_advantage():
+    spec, cfg = _spec_and_cfg("impact", "fast", pg_rho_bar=1.5)
+    base = Policy(spec)
+    base.requires_grad_(False)
+    batch = _batch(spec, _moved(base, 0.5, seed=7))
+    newest = _moved(base, 0.5, seed=8)
+    local, _ = prepare(base, [batch], cfg, "impact", rho_bar=2.0)
+    glob, _ = prepare(base, [batch], cfg, "impact", rho_bar=2.0, recent=(newest,))
+    own = torch.exp(local["logp_base"].double() - local["logp"].double())  # pi_2 / mu
+    w = torch.clamp(glob["rho"].double(), max=1.5)  # min(pg_rho_bar, rho)
+    assert bool((w < own.clamp(max=1.5) - 1e-3).any())  # the newest version truncates some samples
+    # A_t = min(pg_rho_bar, rho_t) (r_t + gamma v_{t+1} - V(x_t)): V-trace's min(pg_rho_bar, pi_2/mu) replaced
+    expect = local["advantages"].double() * w / own.clamp(max=1.5)
+    assert torch.allclose(glob["advantages"].double(), expect, rtol=1e-5, atol=1e-6)
+    assert torch.equal(glob["returns"], local["returns"])  # the value targets stay V-trace's against pi_2
+    for d in (local, glob):  # and the surrogate adds no second weight
+        assert torch.equal(d["is_weights"], torch.ones_like(d["rho"]))
+        ref = torch.maximum(d["logp_base"].double(), d["logp"].double() - math.log(cfg.is_ratio_clip)).float()
+        assert torch.allclose(d["logp_ref"], ref)
+    _, ppo_cfg = _spec_and_cfg("ppo")  # PPO mode: GAE carries no weight, rho weights the surrogate
+    ppo, _ = prepare(base, [batch], ppo_cfg, "ppo", rho_bar=2.0, recent=(newest,))
+    assert torch.equal(ppo["is_weights"], ppo["rho"]) and torch.equal(ppo["logp_ref"], ppo["logp_base"])
 
 
 def test_stale_data_is_truncated_by_the_newest_policy():

@@ -22,18 +22,30 @@ policy disagrees: when the global policy has already moved away from an
 action, the stale learner cannot over-weight it. rho_t is data (no gradient).
 With fresh data (mu = pi_2, R empty) and rho_bar >= 1, rho_t = 1.
 
-The learner's loss, per minibatch, with r = pi_theta / pi_2 and A the PPO
-(GAE on the behaviour values) or IMPACT (V-trace against pi_2) advantage:
+The learner's loss, per minibatch, applies rho once. PPO: A is GAE on the
+behaviour values (no importance weight in it), standardised as PPOLearner does
+(`normalize_batch_advantages` over the batch, `normalize_advantages` per
+minibatch), r = pi_theta / pi_2, and rho weights the surrogate:
 
     L = -mean(rho min(r A, clip(r, 1-eps, 1+eps) A)) + kl_coeff mean(KL(pi_2 || pi_theta))
-        + value_coeff L_V - entropy_coeff mean(H)
+        + value_coeff L_V - entropy_coeff mean(H)            (L_V: PPO's, `value_clip_mode`)
 
-It is IMPACT's surrogate with pi_2 as the target network and rho replacing
-IMPACT's is_ratio_clip weight; for fresh data it is exactly PPO's loss. The
-function runs the algorithm's epochs x minibatches of Adam on it, starting
-from pi_2, and pushes the flat update g = theta_{v_g} - theta_local (the
-learning-rate-scaled sum of its gradient steps; one plain SGD step of rate
-eta gives g = eta grad L).
+For fresh data it is exactly PPO's loss, so the update is PPOLearner's for every
+preset. IMPACT: the loss is IMPACT's with pi_2 as the target network. Its
+V-trace advantage already carries an importance weight, so the global
+truncation goes there instead of on top of it, replacing V-trace's
+min(pg_rho_bar, pi_2/mu):
+
+    A_t = min(pg_rho_bar, rho_t) (r_t + gamma v_{t+1} - V_2(x_t))   (v: V-trace targets against pi_2)
+    r   = pi_theta / max(pi_2, mu / is_ratio_clip)                   (nitro.algos.impact.reference_logp)
+    L   = -mean(min(r A, clip(r, 1-eps, 1+eps) A)) + kl_coeff mean(KL(pi_2 || pi_theta))
+          + value_coeff 0.5 mean((V - v)^2) - entropy_coeff mean(H)
+
+With R empty and rho_bar >= pg_rho_bar it is exactly IMPACT's update with
+target network pi_2. The function runs the algorithm's epochs x minibatches of
+Adam on the loss, starting from pi_2, and pushes the flat update g =
+theta_{v_g} - theta_local (the learning-rate-scaled sum of its gradient steps;
+one plain SGD step of rate eta gives g = eta grad L).
 
 Staleness-aware aggregation. The version clock v counts published policy
 versions: every aggregation that applies something publishes one and advances
@@ -80,8 +92,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nitro.algos.impact import impact_surrogate
-from nitro.algos.ppo import collate, normalize, value_loss
+from nitro.algos.impact import impact_surrogate, reference_logp
+from nitro.algos.ppo import collate, normalize, standardize_batch, value_loss
 from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
 from nitro.algos.vtrace import vtrace_batches
 from nitro.errors import ConfigError
@@ -227,24 +239,35 @@ def global_truncated_ratio(logp_learner: torch.Tensor, logp_behaviour: torch.Ten
     logp_recent: log pi_j(a_t|x_t) of the newest versions after the base, shape (K, N); None or K = 0
       gives the learner-local truncation min(rho_bar, pi_2/mu).
     """
+    return torch.exp(_log_truncated_ratio(logp_learner, logp_behaviour, logp_recent, rho_bar)).to(logp_learner.dtype)
+
+
+def _log_truncated_ratio(logp_learner: torch.Tensor, logp_behaviour: torch.Tensor,
+                         logp_recent: torch.Tensor | None, rho_bar: float) -> torch.Tensor:
+    """log rho_t in float64 (see `global_truncated_ratio`)."""
     if not rho_bar > 0:
         raise ValueError(f"rho_bar must be > 0, got {rho_bar!r}")
-    log_r = (logp_learner - logp_behaviour).detach().double()
+    log_r = (logp_learner.detach().double() - logp_behaviour.detach().double())
     if logp_recent is not None and logp_recent.numel():
         newest = (logp_recent.detach().double() - logp_behaviour.detach().double()).min(dim=0).values
         log_r = torch.minimum(log_r, newest)
-    return torch.exp(log_r.clamp(max=math.log(rho_bar))).to(logp_learner.dtype)
+    return log_r.clamp(max=math.log(rho_bar))
 
 
 # -- the learner function's loss and update ---------------------------------------------------------
 
-def stellaris_loss(logp_new: torch.Tensor, logp_base: torch.Tensor, rho: torch.Tensor, adv: torch.Tensor,
+def stellaris_loss(logp_new: torch.Tensor, logp_ref: torch.Tensor, weights: torch.Tensor, adv: torch.Tensor,
                    v_new: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor,
                    kl: torch.Tensor, *, clip: float, kl_coeff: float, value_coeff: float, entropy_coeff: float,
-                   value_clip: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """-mean(rho min(r A, clip(r) A)) + kl_coeff KL + value_coeff L_V - entropy_coeff H, r = pi_theta / pi_base."""
-    pg = -impact_surrogate(logp_new, logp_base, rho, adv, clip)
-    vl = value_loss(v_new, v_old, returns, value_clip)
+                   value_clip: float = 0.0, value_clip_mode: str = "ppo2"
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """-mean(w min(r A, clip(r) A)) + kl_coeff KL + value_coeff L_V - entropy_coeff H, r = pi_theta / exp(logp_ref).
+
+    `prepare` gives logp_ref and w: PPO log pi_2 and rho, IMPACT log max(pi_2, mu / is_ratio_clip) and 1.
+    L_V is PPO's `value_loss` (IMPACT: value_clip 0, the plain 0.5 mean((V - v_s)^2)).
+    """
+    pg = -impact_surrogate(logp_new, logp_ref, weights, adv, clip)
+    vl = value_loss(v_new, v_old, returns, value_clip, value_clip_mode)
     ent = entropy.mean()
     kl_mean = kl.mean()
     total = pg + kl_coeff * kl_mean + value_coeff * vl - entropy_coeff * ent
@@ -259,30 +282,47 @@ def _logp_values(policy: Policy, obs: torch.Tensor, actions: torch.Tensor):
 
 def prepare(base: Policy, batches: list[dict], config, algo: str, *, rho_bar: float,
             recent: Sequence[Policy] = ()) -> tuple[dict[str, torch.Tensor], torch.distributions.Distribution]:
-    """Advantages, value targets and truncated weights for `batches`, with `base` as pi_2.
+    """Advantages, value targets, truncated weights and the surrogate's fields for `batches`, with `base` as pi_2.
 
-    PPO: GAE(gamma, lambda) on the behaviour values, value targets R = A + V_mu.
-    IMPACT: V-trace (rho_bar, c_bar, pg_rho_bar of the config) with pi_2's log-probs and values.
-    Both: rho = global_truncated_ratio(pi_2, mu, recent, rho_bar).
+    Both: rho = global_truncated_ratio(pi_2, mu, recent, rho_bar); logp_base = log pi_2.
+    PPO: GAE(gamma, lambda) on the behaviour values, standardised over the batch when
+    `normalize_batch_advantages` (as PPOLearner), value targets R = A + V_mu; the surrogate
+    divides by pi_2 and is weighted by rho (logp_ref = logp_base, is_weights = rho).
+    IMPACT: V-trace (rho_bar, c_bar of the config) with pi_2's log-probs and values; the
+    advantage's importance weight is min(pg_rho_bar, rho) instead of V-trace's
+    min(pg_rho_bar, pi_2/mu), and the surrogate adds none: logp_ref = log max(pi_2, mu /
+    is_ratio_clip) (`reference_logp`), is_weights = 1.
     """
     obs = torch.as_tensor(np.concatenate([b["obs"] for b in batches]))
     actions = torch.as_tensor(np.concatenate([b["actions"] for b in batches]))
     logp_mu = torch.as_tensor(np.concatenate([b["logp"] for b in batches]).astype(np.float32))
     logp_base, values_base, base_dist = _logp_values(base, obs, actions)
     logp_recent = torch.stack([_logp_values(p, obs, actions)[0] for p in recent]) if recent else None
-    rho = global_truncated_ratio(logp_base, logp_mu, logp_recent, rho_bar)
+    log_rho = _log_truncated_ratio(logp_base, logp_mu, logp_recent, rho_bar)
+    rho = torch.exp(log_rho).to(logp_base.dtype)
     if algo == "ppo":
         data = collate(batches, config.gamma, config.gae_lambda, config.reward_clip)
         adv, targets, v_old = data["advantages"], data["returns"], data["values"]
+        if config.normalize_batch_advantages:  # once, over the whole batch, as PPOLearner.update
+            adv = standardize_batch(adv)
+        logp_ref, weights = logp_base, rho
     elif algo == "impact":
         vb = values_base.numpy()
         targets, adv = vtrace_batches(batches, logp_base.numpy(), vb, config)
+        # V-trace's advantage is min(pg_rho_bar, pi_2/mu) * td; rescale it to min(pg_rho_bar, rho) * td
+        # (rho <= pi_2/mu, so the factor is in [0, 1]; exactly 1 where the truncation does not bind).
+        log_pg = math.log(config.pg_rho_bar)
+        log_own = (logp_base.double() - logp_mu.double()).clamp(max=log_pg)
+        factor = torch.nan_to_num(torch.exp(log_rho.clamp(max=log_pg) - log_own), nan=0.0)  # pi_2 = 0: A is 0
+        adv = (torch.as_tensor(adv, dtype=torch.float64) * factor).float().numpy()
         v_old = vb
+        logp_ref = reference_logp(logp_base.double(), logp_mu.double(), config.is_ratio_clip).to(logp_base.dtype)
+        weights = torch.ones_like(rho)
     else:
         raise ConfigError(f"unknown algo {algo!r}; allowed: ['impact', 'ppo']")
     return {"obs": obs, "actions": actions, "logp": logp_mu, "logp_base": logp_base, "rho": rho,
-            "advantages": torch.as_tensor(adv), "returns": torch.as_tensor(targets),
-            "values": torch.as_tensor(v_old)}, base_dist
+            "logp_ref": logp_ref, "is_weights": weights, "advantages": torch.as_tensor(adv),
+            "returns": torch.as_tensor(targets), "values": torch.as_tensor(v_old)}, base_dist
 
 
 def compute_update(base: Policy, batches: list[dict], config, algo: str = "ppo", *, kl_coeff: float | None = None,
@@ -291,8 +331,10 @@ def compute_update(base: Policy, batches: list[dict], config, algo: str = "ppo",
 
     g = theta_base - theta_local as float32 in `parameters()` order. Adam starts fresh (a
     function keeps no optimiser state between batches); minibatches are drawn as
-    PPOLearner draws them from the same seed, so a fresh-data update reproduces a central
-    PPO update on that batch.
+    PPOLearner draws them from the same seed, and advantages are standardised and the value
+    loss clipped as the config says (PPOLearner.update), so a fresh-data update reproduces a
+    central PPO update on that batch (and, with no recent versions, an IMPACT update with
+    target network pi_2).
     """
     cfg = config
     kl_coeff = cfg.kl_coeff if kl_coeff is None else kl_coeff
@@ -307,10 +349,11 @@ def compute_update(base: Policy, batches: list[dict], config, algo: str = "ppo",
         dist = policy.distribution(obs[idx])
         adv = normalize(data["advantages"][idx]) if cfg.normalize_advantages else data["advantages"][idx]
         return stellaris_loss(
-            policy.log_prob(dist, actions[idx]), data["logp_base"][idx], data["rho"][idx], adv,
+            policy.log_prob(dist, actions[idx]), data["logp_ref"][idx], data["is_weights"][idx], adv,
             policy.value(obs[idx]), data["values"][idx], data["returns"][idx], policy.entropy(dist),
             kl_term(base_dist, dist, idx, kl_coeff), clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff,
-            entropy_coeff=cfg.entropy_coeff, value_clip=getattr(cfg, "value_clip", 0.0))
+            entropy_coeff=cfg.entropy_coeff, value_clip=getattr(cfg, "value_clip", 0.0),  # IMPACT: none
+            value_clip_mode=getattr(cfg, "value_clip_mode", "ppo2"))
 
     sgd = minibatch_sgd(list(policy.parameters()), optimizer, generator, n, epochs=cfg.epochs,
                         minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm,

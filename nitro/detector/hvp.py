@@ -7,16 +7,19 @@ eigenvalues, which would turn R = -lambda_max / lambda_min into 1 / R.
     L(theta) = mean_t min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t),
     r_t = exp(log pi_theta(a_t | s_t) - logp_behaviour_t)
 
-For IMPACT (`impact_objective`) it is the surrogate IMPACT maximises, against
-the target network the update used (nitro.algos.impact):
+For IMPACT (`impact_objective`) it is a weighted clipped surrogate whose ratio
+divides by the sample's `logp_target`:
 
     L(theta) = mean_t w_t min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t),
-    r_t = exp(log pi_theta(a_t | s_t) - logp_target_t),  w_t = min(is_ratio_clip, pi_target / mu)
+    r_t = exp(log pi_theta(a_t | s_t) - logp_target_t),  w_t = is_weights_t
 
-so the detector's sample subset carries logp_target and is_weights (the
-truncated weights exactly as the update used them) besides obs, actions and
-the V-trace advantages. Neither objective includes the KL penalty, value or
-entropy terms: the detector reads the curvature of the surrogate alone.
+so the detector's sample subset carries logp_target and is_weights, as the
+update used them, besides obs, actions and the advantages. From
+IMPACTLearner.last_data that is IMPACT's own surrogate (nitro.algos.impact):
+logp_target = log max(pi_target, mu / is_ratio_clip) (`reference_logp`) and
+w_t = 1, since the V-trace advantages already carry the importance weight
+min(pg_rho_bar, pi_target / mu). Neither objective includes the KL penalty,
+value or entropy terms: the detector reads the curvature of the surrogate alone.
 
 The ratio r == 1 needs no special case: clamp is the identity (gradient 1) on
 the closed range [1 - eps, 1 + eps], so near r == 1 both branches of the min
