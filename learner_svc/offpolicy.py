@@ -168,7 +168,7 @@ class OffPolicyLoop(RoundLoop):
             cloud["detect"] = score_resp.cpu_seconds
             n = max(acc["updates"], 1)
             means = {name: v / n for name, v in acc["sums"].items()}
-            last = self.async_plan_inputs(means, phases, acc["t"])
+            last = self.async_plan_inputs(means, cloud)
             with metrics.timed("plan", phases):
                 next_plan = self.plan(k + 1, score_resp.score, means.get("gradient_noise_scale", 0.0), fallback, last,
                                       cloud_seconds=cloud_round_seconds(cloud))

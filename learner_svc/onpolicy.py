@@ -304,9 +304,10 @@ class OnPolicyLoop(RoundLoop):
         # On the cloud the detector scores on the learner server while the learner evaluates.
         cloud["detect"] = cloud_detect_wait(score_resp.cpu_seconds, cloud.get("evaluate", 0.0))
         with metrics.timed("plan", phases):
+            # A learned scheduler reads times on the cloud clock: they do not move with this machine's load.
             last = {"loss": pending["policy_loss"] + pending["value_loss"], "eval_return": self.last_eval(eval_return),
-                    "kl": pending["kl"], "update_seconds": phases.get("update", 0.0),
-                    "actor_seconds": phases.get("sample", 0.0), "round_seconds": time.time() - pending["t_round"]}
+                    "kl": pending["kl"], "update_seconds": cloud.get("update", 0.0),
+                    "actor_seconds": cloud.get("sample", 0.0), "round_seconds": cloud_round_seconds(cloud)}
             next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last,
                                   cloud_seconds=cloud_round_seconds(cloud))
         if next_plan.budget_exhausted and math.isnan(eval_return):  # the job's last round: always evaluated

@@ -354,12 +354,12 @@ class RoundLoop:
             notes.append(f"detector unavailable ({exc.code().name}); fallback plan of {fallback}")
             return detector_pb2.ScoreResponse(), fallback
 
-    def async_plan_inputs(self, means: dict, phases: dict, t_round: float) -> dict:
-        """The last round's inputs for a learned scheduler, from an asynchronous round's accumulators."""
+    def async_plan_inputs(self, means: dict, cloud: dict) -> dict:
+        """The last round's inputs for a learned scheduler, from an asynchronous round's accumulators;
+        times on the cloud clock, so they do not move with this machine's load."""
         return {"loss": means.get("policy_loss", 0.0) + means.get("value_loss", 0.0), "kl": means.get("kl", 0.0),
-                "update_seconds": phases.get("update", 0.0), "actor_seconds": phases.get("sample", 0.0),
-                "round_seconds": time.time() - t_round,
-                "eval_return": self.last_eval(math.nan)}
+                "update_seconds": cloud.get("update", 0.0), "actor_seconds": cloud.get("sample", 0.0),
+                "round_seconds": nitro_cost.cloud_round_seconds(cloud), "eval_return": self.last_eval(math.nan)}
 
     # -- data plane ---------------------------------------------------------------------
     def publish(self) -> None:

@@ -45,7 +45,7 @@ import numpy as np
 
 from learner_svc.rounds import POLICY_TTL_S, RoundLoop, derived_seed, slot_index
 from nitro import codec, metrics
-from nitro.algos.ppo import collate
+from nitro.algos.ppo import collate, standardize_batch
 from nitro.algos.stellaris import (
     ParameterServer,
     aggregate_queue,
@@ -138,7 +138,7 @@ class StellarisLoop(RoundLoop):
                 score_resp, fallback = self.score_or_fallback(k, ref, spec.algo, acc["notes"])
             cloud["detect"] = score_resp.cpu_seconds
             means = self._means(acc)  # for the plan; the report recomputes them (the waits below apply more)
-            last = self.async_plan_inputs(means, phases, acc["t"])
+            last = self.async_plan_inputs(means, cloud)
             with metrics.timed("plan", phases):
                 next_plan = self.plan(k + 1, score_resp.score, 0.0, fallback, last,
                                       cloud_seconds=cloud_round_seconds(cloud))
@@ -411,10 +411,14 @@ class StellarisLoop(RoundLoop):
         if not batches:
             return None
         if self.spec.algo == "ppo":
-            return collate(batches, self.cfg.gamma, self.cfg.gae_lambda, self.cfg.reward_clip)
+            data = collate(batches, self.cfg.gamma, self.cfg.gae_lambda, self.cfg.reward_clip)
+            if self.cfg.normalize_batch_advantages:  # as the update saw them (the paper presets)
+                data["advantages"] = standardize_batch(data["advantages"])
+            return data
+        # IMPACT mode: the surrogate as the learner functions apply it, the weight once, in the advantage.
         data, _ = prepare(self.learner.policy, batches, self.cfg, "impact", rho_bar=self.st.rho_bar)
         return {"obs": data["obs"].numpy(), "actions": data["actions"].numpy(), "logp": data["logp"].numpy(),
-                "logp_target": data["logp_base"].numpy(), "is_weights": data["rho"].numpy(),
+                "logp_target": data["logp_ref"].numpy(), "is_weights": data["is_weights"].numpy(),
                 "advantages": data["advantages"].numpy()}
 
     # -- reports ------------------------------------------------------------------------------
