@@ -162,28 +162,24 @@ def fig15(seeds: int = 3, rounds: int = 15) -> dict:
 
 
 def _minions_checkpoint() -> dict | None:
-    """Pre-train the MinionsRL scheduler once (CartPole-size jobs through the real system)."""
+    """Pre-train the MinionsRL scheduler once, in process, on the figure's own environment and scale
+    (docs/minions.md: a scheduler pre-trained on CartPole never asked for more than I_min here)."""
     out = RESULTS / "fig15" / "minions-scheduler.npz"
     info_path = out.with_suffix(".json")
     if info_path.exists():
-        return json.loads(info_path.read_text())
-    try:
-        from nitro.local_system import LocalSystem
-        from nitro.minions_pretrain import PretrainSettings, pretrain, redis_for_state_dir
-        from nitro.sdk import NitroClient
-    except ImportError:
-        return None
-    state = RESULTS / "fig15" / ".nitro-pretrain"
-    system = LocalSystem(state_dir=state).start()
-    try:
-        with NitroClient(system.learner_address) as client:
-            settings = PretrainSettings(env_id="CartPole-v1", episodes=4, rounds_per_episode=4, i_max=I_MAX,
-                                        steps_per_actor=64, out=str(out), seed=0)
-            res = pretrain(settings, client, redis_for_state_dir(state))
-    finally:
-        system.stop()
-    info = {"path": str(res.path), "episodes": settings.episodes, "wall_s": res.wall_seconds,
-            "cost_usd": res.cost_usd}
+        info = json.loads(info_path.read_text())
+        if info.get("env_id") == ENV:
+            return info
+    from nitro.minions_pretrain import PretrainSettings, pretrain
+    from nitro.scaling.minions import format_distribution
+
+    settings = PretrainSettings(env_id=ENV, episodes=32, rounds_per_episode=5, i_max=I_MAX, steps_per_actor=STEPS,
+                                out=str(out), seed=0)
+    res = pretrain(settings)
+    info = {"path": str(res.path), "env_id": ENV, "episodes": settings.episodes, "wall_s": res.wall_seconds,
+            "cpu_s": res.cpu_seconds, "cost_usd": res.cost_usd,
+            "decisions": {k: format_distribution(v) for k, v in res.decisions.items()}}
+    info_path.parent.mkdir(parents=True, exist_ok=True)
     info_path.write_text(json.dumps(info, indent=2) + "\n")
     return info
 
