@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The grids behind docs/results.md (issue 14), in the order they run, each resumable: run this script again
+# after an interruption and finished runs are skipped. All from one clone at one commit, so every run of a
+# comparison ran the same code:   COMMIT=134243b nohup experiments/grids.sh > results/protocol-logs/grids.log 2>&1 &
+set -uo pipefail
+cd "$(dirname "$0")/.."
+COMMIT=${COMMIT:?set COMMIT to the commit the grids run}
+CLONE=${CLONE:-/work/grid-clone}
+P=(.venv/bin/python -m experiments)
+CORE=nitro,fixed:imin,fixed:nbar,schedule,shuffled
+grid() { "${P[@]}" "$@" --clone "$CLONE" --commit "$COMMIT" || echo "grid failed: $*"; }
+
+# Wait for a grid already running in the clone (its lock file names its pid).
+while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-protocol.lock")" 2>/dev/null; do sleep 30; done
+
+grid protocol --env Hopper-v5 --schemes "$CORE" --seeds 10                       # PPO tuned, 10 seeds
+grid protocol --env Hopper-v5 --schemes max,nitro-floor --seeds 5                # the costly controls, 5 seeds
+grid protocol --env Walker2d-v5 --schemes "$CORE" --seeds 10
+grid protocol --env Walker2d-v5 --schemes max,nitro-floor --seeds 5
+grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5         # the paper's Table 1 settings
+grid protocol --env Hopper-v5 --algo impact --schemes "$CORE" --seeds 5
+grid protocol-budget --env Hopper-v5 --schemes "$CORE",max --seeds 10            # return at equal modelled dollars
