@@ -65,9 +65,8 @@ def run_ours() -> dict:
     import os
 
     os.environ["NITRO_TORCH_THREADS"] = str(OUR_THREADS)
-    from nitro.inference import PolicyRunner
     from nitro.local_system import LocalSystem
-    from nitro.models import ModelSpec, Policy
+    from nitro.policy_io import load_policy
     from nitro.rollout import evaluate
     from nitro.sdk import NitroClient
 
@@ -83,14 +82,10 @@ def run_ours() -> dict:
                 reports = list(client.watch(job.job_id))
                 wall = time.perf_counter() - t0
                 status = client.get(job.job_id)
-            ck = torch.load(status.checkpoint_path, weights_only=False)
+            policy = load_policy(status.checkpoint_path)  # before the state dir goes
         finally:
             system.stop()
-    mspec = ModelSpec.from_dict(ck["model_spec"])
-    policy = Policy(mspec)
-    policy.load_state_dict(ck["learner"]["policy"])
-    runner = PolicyRunner(mspec, policy.numpy_state(), ck["version"])
-    returns = [evaluate(runner, ENV, 1, seed=10_000 + ep)[0] for ep in range(5)]
+    returns = evaluate(policy.runner, ENV, 5, seed=10_000)  # episode i on seed 10_000 + i
     return {"wall_s": wall, "steps": reports[-1].total_env_steps, "eval_return": float(np.mean(returns)),
             "rounds": len(reports), "cost_usd": reports[-1].total_cost_usd}
 

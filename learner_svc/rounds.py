@@ -4,7 +4,8 @@ and resuming, and assembling round reports.
 
 Durability: after each round's update the learner writes `checkpoint.pt` (model,
 optimiser, RNG states, counters and the half-built report of that round); the
-report is appended to `reports.pb` once the round is complete. A learner that
+report is appended to `reports.pb` once the round is complete, and `best.pt`, a
+copy of the checkpoint of the best evaluated round so far, just before. A learner that
 dies between the two finishes that round on resume (score, evaluate, plan,
 report) instead of skipping it; one that dies while sampling redoes the round
 with the same invocation ids, so batches that did arrive are deduplicated.
@@ -17,6 +18,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import struct
 import time
 from collections.abc import Callable
@@ -428,7 +430,24 @@ class RoundLoop:
         reported = reports[-1].round if reports else -1
         return ck["pending"] if ck["round"] > reported else None
 
+    def keep_best(self, report: training_pb2.RoundReport) -> None:
+        """Copy the round's checkpoint to best.pt when its evaluation beats every earlier round's.
+
+        checkpoint.pt holds exactly the policy evaluated: every loop checkpoints round k before it
+        evaluates it and trains no further in between. Ties keep the earlier round, as
+        nitro.results.summarize's best_round does."""
+        if not report.evaluated:
+            return
+        best = max((r.eval_return for r in self.job.reports if r.evaluated), default=-math.inf)
+        if not report.eval_return > best:
+            return
+        path = os.path.join(self.dir, "best.pt")
+        shutil.copyfile(os.path.join(self.dir, "checkpoint.pt"), path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic, like the checkpoint itself
+
     def append_report(self, report: training_pb2.RoundReport) -> None:
+        # best.pt first: a learner killed in between finishes the round again on resume and redoes both.
+        self.keep_best(report)
         data = report.SerializeToString()
         with open(os.path.join(self.dir, "reports.pb"), "ab") as f:
             f.write(struct.pack("<I", len(data)) + data)

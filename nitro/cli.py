@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -570,6 +571,14 @@ def _final_status(client: NitroClient, job: str, last, wait_s: float):
         return last
 
 
+def _copy_checkpoint(path: str, dest: Path) -> str:
+    """Copy the learner's file into the results when it is reachable from here; the line that says where it is."""
+    if path and os.path.isfile(path):
+        shutil.copy2(path, dest)
+        return str(dest)
+    return f"{path} (not reachable from here)" if path else "none"
+
+
 def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
     from nitro import results
 
@@ -577,12 +586,8 @@ def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
     results.write_rounds_csv(out / "rounds.csv", reports)
     summary = results.write_summary(out / "summary.json", status, reports, wall_s)
     results.plot_training(out / "training.png", reports)
-    ckpt = status.checkpoint_path
-    if ckpt and os.path.isfile(ckpt):
-        shutil.copy2(ckpt, out / "checkpoint.pt")
-        ckpt_line = f"{out / 'checkpoint.pt'}"
-    else:
-        ckpt_line = f"{ckpt} (not reachable from here)" if ckpt else "none"
+    ckpt_line = _copy_checkpoint(status.checkpoint_path, out / "checkpoint.pt")
+    best_line = _copy_checkpoint(summary["best_checkpoint_path"], out / "best.pt")
 
     def num(v, fmt):
         return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
@@ -599,6 +604,9 @@ def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
           f"(serverful comparator ${summary['serverful_cost_usd']:.4f})")
     print(f"  wall time     {wall_s:.1f} s on this machine")
     print(f"  checkpoint    {ckpt_line}")
+    if summary["best_checkpoint_path"]:
+        use = f"; try `nitro eval {best_line}`" if best_line == str(out / "best.pt") else ""
+        print(f"  best policy   {best_line} (round {summary['best_round']}{use})")
     print(f"  results       {out}/ (rounds.csv, summary.json, training.png)", flush=True)
     return out
 
@@ -794,9 +802,107 @@ def cmd_pretrain_minions(args) -> int:
     return 0
 
 
+# --- nitro eval / export --------------------------------------------------------------------------
+
+
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="run deterministic episodes with a trained policy: mean, IQM and a 95% CI",
+                       description="Load a checkpoint (checkpoint.pt, best.pt) or an export directory and run "
+                                   "deterministic episodes, episode i on seed S+i, as the learner evaluates. "
+                                   "Prints the mean return and the interquartile mean with a 95% bootstrap CI; "
+                                   "exit code 2 for a missing or unreadable policy, an environment whose spaces "
+                                   "do not fit it, or bad flags.")
+    p.add_argument("policy", metavar="CHECKPOINT", help="checkpoint.pt, best.pt, or a directory from `nitro export`")
+    p.add_argument("--env", default="", metavar="ID",
+                   help="Gymnasium id (default: the environment the policy was trained on)")
+    p.add_argument("--episodes", type=_at_least(1), default=10, metavar="N", help="episodes (default: %(default)s)")
+    p.add_argument("--seed", type=_at_least(0), default=0, metavar="S",
+                   help="episode i runs on seed S+i (default: %(default)s)")
+    p.add_argument("--video", default=None, metavar="PATH",
+                   help="record the first episode to PATH, .mp4 or .gif (rgb_array frames)")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON object on stdout (the readable lines go to stderr)")
+    p.set_defaults(func=cmd_eval)
+
+
+def _policy_line(path: str, info: dict) -> str:
+    known = [f"{info['env_id']} ({info.get('algo') or '?'})" if info.get("env_id") else ""]
+    known += [f"{name} {info[key]}" for key, name in (("round", "round"), ("version", "policy version"))
+              if info.get(key) is not None]
+    return f"{path}: " + ", ".join(k for k in known if k)
+
+
+def cmd_eval(args) -> int:
+    from nitro.errors import NitroError
+    from nitro.policy_eval import evaluate_policy
+    from nitro.policy_io import load_policy
+
+    out = sys.stderr if args.json else sys.stdout
+    try:
+        policy = load_policy(args.policy)
+        print(f"policy    {_policy_line(args.policy, policy.info)}", file=out, flush=True)
+        result = evaluate_policy(policy, args.env, args.episodes, args.seed, args.video)
+    except NitroError as exc:  # PolicyError, ConfigError, UnknownEnvironmentError: all bad input
+        raise CliError(str(exc), exit_code=2) from None
+    doc = {"policy": args.policy, "policy_info": policy.info, **result.to_dict()}
+    last = f"{result.seed}..{result.seed + len(result.returns) - 1}" if len(result.returns) > 1 else str(result.seed)
+    print(f"episodes  {len(result.returns)} on {result.env_id}, seeds {last}, deterministic", file=out)
+    print(f"return    mean {doc['mean']:.2f} (std {doc['std']:.2f}, min {doc['min']:.2f}, max {doc['max']:.2f})",
+          file=out)
+    low, high = result.iqm_ci95
+    print(f"IQM       {result.iqm:.2f}, 95% CI [{low:.2f}, {high:.2f}] ({result.ci_method})", file=out)
+    if result.video:
+        print(f"video     {result.video}: episode 0 (seed {result.seed}), {result.video_frames} frames", file=out)
+    if args.json:
+        print(json.dumps(doc))
+    return 0
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a trained policy as weights + JSON, loadable without nitro's services",
+                       description="Write policy.json (model spec, observation normalisation, source) and the "
+                                   "weights (safetensors when installed, else numpy .npz) into DIR; "
+                                   "nitro.load_policy(DIR) and `nitro eval DIR` read it back.")
+    p.add_argument("policy", metavar="CHECKPOINT", help="checkpoint.pt, best.pt, or a directory from `nitro export`")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args) -> int:
+    from nitro.errors import PolicyError
+    from nitro.policy_io import export_policy, load_policy
+
+    try:
+        policy = load_policy(args.policy)
+        path = export_policy(policy, args.out)
+    except PolicyError as exc:
+        raise CliError(str(exc), exit_code=2) from None
+    except OSError as exc:
+        raise CliError(f"--out {args.out}: {exc.strerror or exc}", exit_code=2) from None
+    weights = json.loads(path.read_text())["weights"]
+    print(f"exported {_policy_line(args.policy, policy.info)}")
+    print(f"  to      {path.parent}/ ({path.name}, {weights})")
+    print(f"  use     nitro.load_policy({str(path.parent)!r}) or nitro eval {path.parent}")
+    return 0
+
+
 # --- entry point ---------------------------------------------------------------------------------
 
-COMMANDS = (_add_up, _add_down, _add_status, _add_train, _add_deploy_lambda, _add_pretrain_minions)
+COMMANDS = (_add_up, _add_down, _add_status, _add_train, _add_eval, _add_export, _add_deploy_lambda,
+            _add_pretrain_minions)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,3 +23,7 @@ class UnknownEnvironmentError(NitroError, LookupError):
         if hint:
             extra += f"; {hint}"
         super().__init__(f"unknown environment id {env_id!r}{extra}")
+
+
+class PolicyError(NitroError, ValueError):
+    """A trained policy cannot be loaded, or does not fit the environment or observations it is given."""

@@ -104,10 +104,16 @@ def summarize(status, reports: Sequence, wall_s: float) -> dict:
         "actors_launched": sum(r.get("actors_launched", 0) for r in reps),
         "wall_s": wall_s,
         "checkpoint_path": st.get("checkpoint_path", ""),
+        "best_checkpoint_path": best_checkpoint_path(st.get("checkpoint_path", "")) if finite else "",
         "created_unix": st.get("created_unix"),
         "finished_unix": st.get("finished_unix"),
         "spec": spec,
     }
+
+
+def best_checkpoint_path(checkpoint_path: str) -> str:
+    """Where the learner keeps best.pt: beside checkpoint.pt (learner_svc.rounds.RoundLoop.keep_best)."""
+    return os.path.join(os.path.dirname(checkpoint_path), "best.pt") if checkpoint_path else ""
 
 
 def _cloud_serverful(reps: list[dict], spec: dict) -> float:

@@ -21,6 +21,8 @@ Batch fields (numpy arrays of length T unless noted):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from nitro.envs import make_env
@@ -101,14 +103,19 @@ class Sampler:
 
 
 def evaluate(runner: PolicyRunner, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,
-             max_steps: int = 1_000_000) -> list[float]:
-    """Deterministic evaluation: mean action (Box) or argmax (Discrete), fresh env per call."""
-    env = make_env(env_id, **(env_kwargs or {}))
+             max_steps: int = 1_000_000, on_frame: Callable[[np.ndarray], None] | None = None) -> list[float]:
+    """Deterministic evaluation: mean action (Box) or argmax (Discrete), fresh env per call, episode i
+    on seed + i. `on_frame` receives every rgb_array frame of the first episode (for a video)."""
+    kwargs = dict(env_kwargs or {}, **({"render_mode": "rgb_array"} if on_frame else {}))
+    env = make_env(env_id, **kwargs)
     rng = np.random.default_rng(seed)
     returns = []
     try:
         for ep in range(episodes):
             obs, _ = env.reset(seed=seed + ep)
+            record = on_frame if ep == 0 else None
+            if record:
+                record(env.render())
             total, steps, done = 0.0, 0, False
             while not done and steps < max_steps:
                 action, _, _ = runner.act(obs, rng, deterministic=True, with_value=False)
@@ -116,6 +123,8 @@ def evaluate(runner: PolicyRunner, env_id: str, episodes: int, seed: int, env_kw
                 total += float(r)
                 steps += 1
                 done = term or trunc
+                if record:
+                    record(env.render())
             returns.append(total)
     finally:
         env.close()

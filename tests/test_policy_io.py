@@ -1,0 +1,227 @@
+"""After training: a CartPole policy trained through the real local system is loaded, acts on one
+observation and on a batch, is evaluated and recorded, exported and reloaded; best.pt is the best
+evaluated round; bad inputs fail with errors that say what is wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import imageio.v3 as iio
+import numpy as np
+import pytest
+import torch
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+from learner_svc.rounds import EVAL_SEED_TAG, derived_seed
+from nitro import cli, load_policy, results
+from nitro.errors import ConfigError, PolicyError
+from nitro.policy_eval import evaluate_policy, iqm_interval
+from nitro.policy_io import export_policy
+from tests.system import module_system
+
+pytestmark = pytest.mark.timeout(300)
+
+system = module_system("policy-io")
+SEED = 1
+
+
+class DrawnCartPole(CartPoleEnv):
+    """CartPole drawing its own frames with numpy: gymnasium's renderer needs pygame, not a dependency.
+    Two bars count the frames, so no two are alike (a GIF writer merges equal neighbours)."""
+
+    renders = 0
+
+    def render(self):
+        self.renders += 1
+        frame = np.full((60, 120, 3), 255, np.uint8)
+        frame[:4, :self.renders % 120] = 0
+        frame[4:8, :self.renders // 120] = 0
+        x = int(np.clip(60 + 20 * self.state[0], 6, 114))
+        frame[40:50, x - 6:x + 6] = (0, 0, 200)
+        return frame
+
+
+gym.register("DrawnCartPole-v1", entry_point=DrawnCartPole, max_episode_steps=500)
+
+
+@pytest.fixture(scope="module")
+def trained(client):
+    """4 rounds with observation normalisation, evaluated after rounds 1 and 3 only (eval_every 2)."""
+    status = client.start_training({
+        "env_id": "CartPole-v1", "preset": "fast", "rounds": 4, "steps_per_actor": 256, "eval_episodes": 2,
+        "eval_every": 2, "budget_usd": 1.0, "seed": SEED, "hyperparameters": {"obs_norm": 1},
+        "scaler": {"policy": "fixed", "fixed_actors": 2, "i_min": 1, "i_max": 2}})
+    reports = list(client.watch(status.job_id))
+    status = client.get(status.job_id)
+    assert status.state_name == "SUCCEEDED", status.message
+    return status, reports
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained):
+    return trained[0].checkpoint_path
+
+
+def observations(n: int, seed: int = 0) -> np.ndarray:
+    """Observations from real CartPole episodes, so the normalisation statistics matter."""
+    env, out = gym.make("CartPole-v1"), []
+    obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    while len(out) < n:
+        out.append(obs)
+        obs, _, term, trunc, _ = env.step(int(rng.integers(2)))
+        if term or trunc:
+            obs, _ = env.reset()
+    return np.asarray(out, dtype=np.float32)
+
+
+def test_best_pt_is_the_best_evaluated_round(trained, checkpoint):
+    status, reports = trained
+    evaluated = [r for r in reports if r.evaluated]
+    assert [r.round for r in evaluated] == [1, 3]
+    best = max(evaluated, key=lambda r: r.eval_return)  # the first of equals, as the learner keeps it
+    best_path = os.path.join(os.path.dirname(checkpoint), "best.pt")
+    assert torch.load(best_path, weights_only=True)["round"] == best.round
+    assert torch.load(checkpoint, weights_only=True)["round"] == 3
+    # The learner's evaluation of that round, reproduced from best.pt on the same seeds.
+    seed = derived_seed(SEED, best.round, EVAL_SEED_TAG, 0) % (2**31)
+    again = evaluate_policy(load_policy(best_path), episodes=2, seed=seed)
+    assert again.mean == best.eval_return
+    summary = results.summarize(status, reports, 1.0)
+    assert summary["best_round"] == best.round and summary["best_checkpoint_path"] == best_path
+
+
+def test_results_copy_and_name_best_pt(trained, tmp_path, capsys):
+    status, reports = trained
+    out = cli._write_results(tmp_path / "job", status, reports, 1.0)
+    assert (out / "best.pt").read_bytes() == open(os.path.join(os.path.dirname(status.checkpoint_path),
+                                                               "best.pt"), "rb").read()
+    assert f"best policy   {out / 'best.pt'} (round" in capsys.readouterr().out
+
+
+def test_predict_single_and_batch(checkpoint):
+    policy = load_policy(checkpoint)
+    assert policy.env_id == "CartPole-v1" and policy.spec.obs_norm and policy.info["round"] == 3
+    assert policy.state["obs_count"] > 1  # statistics were learned, so normalisation is exercised
+    batch = observations(64)
+    actions, state = policy.predict(batch, deterministic=True)
+    assert state is None and actions.shape == (64,) and actions.dtype == np.int64
+    single = [policy.predict(o, deterministic=True)[0] for o in batch]
+    assert all(a.shape == () for a in single) and np.array_equal(np.stack(single), actions)
+    # The torch module normalises and acts alike.
+    with torch.no_grad():
+        logits = policy.module.distribution(torch.as_tensor(batch)).logits
+    assert np.array_equal(logits.argmax(-1).numpy(), actions)
+    assert policy.predict(batch[:0])[0].shape == (0,)
+    sampled = [load_policy(checkpoint, seed=7).predict(batch)[0] for _ in range(2)]
+    assert np.array_equal(*sampled) and set(np.unique(sampled[0])) <= {0, 1}
+    with pytest.raises(PolicyError, match=r"observation: expected shape \(4,\) or \(n, 4\), got \(3,\)"):
+        policy.predict(np.zeros(3))
+
+
+def test_eval_command_prints_mean_iqm_and_json(checkpoint, capsys):
+    assert cli.main(["eval", checkpoint, "--episodes", "3", "--seed", "5", "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["env_id"] == "CartPole-v1" and doc["seed"] == 5 and doc["episodes"] == 3
+    assert doc["returns"] == evaluate_policy(load_policy(checkpoint), episodes=3, seed=5).returns
+    assert doc["mean"] == pytest.approx(np.mean(doc["returns"]))
+    assert doc["iqm_ci95"][0] <= doc["iqm"] <= doc["iqm_ci95"][1]
+    assert "seeds 5..7" in captured.err and "IQM" in captured.err and "95% CI" in captured.err
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_video_of_the_first_episode(checkpoint, tmp_path, suffix):
+    policy = load_policy(checkpoint)
+    path = tmp_path / f"episode{suffix}"
+    result = evaluate_policy(policy, "DrawnCartPole-v1", episodes=2, seed=0, video=str(path))
+    # Rendering changes nothing: the same returns as plain CartPole, one frame per step plus the first.
+    assert result.returns == evaluate_policy(policy, "CartPole-v1", episodes=2, seed=0).returns
+    assert result.video_frames == int(result.returns[0]) + 1
+    if suffix == ".gif":  # CartPole runs at 50 fps: every frame is kept
+        assert iio.improps(path).shape == (result.video_frames, 60, 120, 3)
+    else:
+        import cv2
+
+        assert int(cv2.VideoCapture(str(path)).get(cv2.CAP_PROP_FRAME_COUNT)) == result.video_frames
+
+
+def test_export_reloads_with_identical_predictions(checkpoint, tmp_path):
+    out = tmp_path / "export"
+    assert cli.main(["export", checkpoint, "--out", str(out)]) == 0
+    doc = json.loads((out / "policy.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == sorted(["policy.json", doc["weights"]])
+    original, exported = load_policy(checkpoint), load_policy(out)
+    batch = observations(256, seed=3)
+    assert np.array_equal(original.predict(batch, deterministic=True)[0], exported.predict(batch, deterministic=True)[0])
+    assert exported.info == original.info and exported.spec == original.spec
+    assert evaluate_policy(exported, episodes=2, seed=4).returns == evaluate_policy(original, episodes=2, seed=4).returns
+    # policy.json says enough to act without nitro at all: normalise, run the actor MLP, argmax.
+    if doc["weights"].endswith(".npz"):
+        w = dict(np.load(out / doc["weights"]))
+    else:
+        from safetensors.numpy import load_file
+
+        w = load_file(out / doc["weights"])
+    norm = doc["observation_normalization"]
+    assert norm["enabled"]
+    x = (batch.astype(np.float64) - w[norm["mean"]]) / np.sqrt(w[norm["var"]] + norm["epsilon"])
+    x = np.clip(x, -norm["clip"], norm["clip"]).astype(np.float32)
+    for i in range(len(doc["model_spec"]["hidden_sizes"])):
+        x = np.tanh(x @ w[f"actor.layers.{i}.weight"].T + w[f"actor.layers.{i}.bias"])
+    logits = x @ w["actor.out.weight"].T + w["actor.out.bias"]
+    assert np.array_equal(logits.argmax(-1), exported.predict(batch, deterministic=True)[0])
+
+
+def test_an_mlp_export_loads_without_torch(checkpoint, tmp_path):
+    export_policy(checkpoint, tmp_path / "export")
+    code = ("import sys; import nitro; p = nitro.load_policy(sys.argv[1]); p.predict([0.0, 0.1, 0.0, -0.1]); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "export")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_bad_inputs_give_clear_errors(checkpoint, tmp_path, capsys):
+    def error(*argv) -> str:
+        assert cli.main(list(argv)) == 2
+        return capsys.readouterr().err
+
+    assert "no such file or directory" in error("eval", str(tmp_path / "missing.pt"))
+    (tmp_path / "corrupt.pt").write_bytes(open(checkpoint, "rb").read()[:5000])
+    assert "not a checkpoint" in error("eval", str(tmp_path / "corrupt.pt"))
+    assert "obs_shape is (3,) in the environment, (4,) in the policy" in error("eval", checkpoint, "--env",
+                                                                               "Pendulum-v1")
+    assert "unknown environment id 'NoSuchEnv-v0'" in error("eval", checkpoint, "--env", "NoSuchEnv-v0")
+    assert "must end in .mp4 or .gif" in error("eval", checkpoint, "--video", str(tmp_path / "x.avi"))
+    assert "no policy.json" in error("export", str(tmp_path), "--out", str(tmp_path / "e"))
+    (tmp_path / "file").write_text("")
+    assert "exists and is not a directory" in error("export", checkpoint, "--out", str(tmp_path / "file"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", checkpoint, "--episodes", "0"])
+    assert exit_info.value.code == 2 and "--episodes: must be an integer >= 1, got 0" in capsys.readouterr().err
+    export_policy(checkpoint, tmp_path / "e")
+    doc = json.loads((tmp_path / "e" / "policy.json").read_text())
+    (tmp_path / "e" / "policy.json").write_text(json.dumps({**doc, "format_version": 99}))
+    with pytest.raises(PolicyError, match="format_version: this nitro reads 1, got 99"):
+        load_policy(tmp_path / "e")
+    if importlib.util.find_spec("pygame") is None:  # gymnasium's CartPole renderer
+        with pytest.raises(ConfigError, match="cannot render rgb_array frames: pygame is not installed"):
+            evaluate_policy(load_policy(checkpoint), episodes=1, video=str(tmp_path / "v.gif"))
+
+
+def test_iqm_interval_without_rliable_agrees_with_it(monkeypatch):
+    values = [10.0, 12.0, 13.0, 15.0, 20.0, 21.0, 22.0, 40.0, 41.0, 90.0]
+    with_rliable = iqm_interval(values)
+    monkeypatch.setitem(sys.modules, "rliable", None)  # import rliable now raises ImportError
+    iqm, low, high, method = iqm_interval(values)
+    assert "rliable" not in method and "rliable" in with_rliable[3]
+    assert iqm == pytest.approx(with_rliable[0]) == pytest.approx(np.mean(sorted(values)[2:8]))  # the middle 50%
+    assert low < iqm < high
+    assert low == pytest.approx(with_rliable[1], rel=0.1) and high == pytest.approx(with_rliable[2], rel=0.1)
+    assert iqm_interval([5.0] * 4)[:3] == (5.0, 5.0, 5.0)
