@@ -126,8 +126,9 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
         score = boosting_score(window, request.round, p["decay"], p["window"])
         seconds = time.perf_counter() - t0
         metrics.DETECTOR_SECONDS.observe(seconds)
-        metrics.BOOSTING_SCORE.labels(request.job_id).set(score)
-        metrics.CONVEXITY_RATIO.labels(request.job_id).set(res.ratio)
+        metrics.set_job(metrics.BOOSTING_SCORE, request.job_id, score)
+        metrics.set_job(metrics.CONVEXITY_RATIO, request.job_id, res.ratio)
+        metrics.forget_idle_jobs()
         return detector_pb2.ScoreResponse(
             lambda_max=_finite(res.lambda_max), lambda_min=_finite(res.lambda_min), convexity_ratio=res.ratio,
             score=score, converged=res.converged, convergence_delta=_finite(res.convergence_delta),

@@ -48,7 +48,7 @@ class OffPolicyLoop(RoundLoop):
     # -- launching ----------------------------------------------------------------------
     def _launch_round(self, k: int, actors: int) -> dict:
         wave = self.new_wave(k)
-        metrics.ACTORS_PER_ROUND.labels(self.job.job_id).set(actors)
+        metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
         return {"k": k, "actors": actors, "version": self.version, "start": time.perf_counter(),
                 "future": self.pool.submit(self.launch, k, list(range(actors)), wave), "resp": None,
                 "done_at": None, "covered": set(), "failed": set(), "steps": 0, "batches": 0}
@@ -147,7 +147,7 @@ class OffPolicyLoop(RoundLoop):
             phases: dict[str, float] = {}
             cloud = {"carried": sum(carried.values())}  # the same phases on the cloud clock (docs/cost.md)
             acc = self._new_acc()
-            metrics.CURRENT_ROUND.labels(self.job.job_id).set(k)
+            metrics.set_job(metrics.CURRENT_ROUND, self.job.job_id, k)
             self._train_until_closed(rnd, acc, phases, cloud)
             rejected, duplicates = self.export_reader_counters()
             if self.job.stop_requested.is_set():

@@ -208,7 +208,7 @@ class OnPolicyLoop(RoundLoop):
                 return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {plan.reason}"
             if job.stop_requested.is_set():
                 return training_pb2.JOB_STATE_STOPPED, f"stopped: {job.stop_reason}"
-            metrics.CURRENT_ROUND.labels(job.job_id).set(k)
+            metrics.set_job(metrics.CURRENT_ROUND, job.job_id, k)
             report, plan = self._round(k, plan, resumed)
             if report is None:
                 if job.stop_requested.is_set():
@@ -231,7 +231,7 @@ class OnPolicyLoop(RoundLoop):
         cloud: dict[str, float] = {}  # the same phases on the cloud clock (docs/cost.md)
         t_round = time.perf_counter()
         actors = plan.actors
-        metrics.ACTORS_PER_ROUND.labels(job.job_id).set(actors)
+        metrics.set_job(metrics.ACTORS_PER_ROUND, job.job_id, actors)
         got = self._collect(k, actors, phases, cloud)
         rejected, duplicates = self.export_reader_counters()
         if job.stop_requested.is_set() and len(got.batches) < actors:

@@ -135,6 +135,7 @@ class RoundLoop:
             end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
         finally:
             self.shutdown()
+            metrics.forget_job(job.job_id)  # a finished job leaves no series behind
         resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
         if resumable:
             end_message += f"; resume with `nitro train --resume {job.job_id}`"
@@ -284,8 +285,8 @@ class RoundLoop:
         for phase, seconds in cloud_phases.items():
             metrics.CLOUD_PHASE_SECONDS.labels(phase).observe(seconds)
         if math.isfinite(eval_return):
-            metrics.EVAL_RETURN.labels(self.job.job_id).set(eval_return)
-        metrics.BUDGET_LEFT_USD.labels(self.job.job_id).set(cost.budget_left_usd)
+            metrics.set_job(metrics.EVAL_RETURN, self.job.job_id, eval_return)
+        metrics.set_job(metrics.BUDGET_LEFT_USD, self.job.job_id, cost.budget_left_usd)
         return dict(
             job_id=self.job.job_id,
             train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),

@@ -115,8 +115,8 @@ class StellarisLoop(RoundLoop):
             phases: dict[str, float] = {}
             acc = self._new_acc(k)
             acc["busy"] = sum(carried.values())
-            metrics.CURRENT_ROUND.labels(self.job.job_id).set(k)
-            metrics.STALENESS_BOUND.labels(self.job.job_id).set(self.bound)
+            metrics.set_job(metrics.CURRENT_ROUND, self.job.job_id, k)
+            metrics.set_job(metrics.STALENESS_BOUND, self.job.job_id, self.bound)
             self._pump_until(lambda: self._round_closed(rnd), rnd, acc, phases)
             if self.job.stop_requested.is_set():
                 return training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}"
@@ -181,7 +181,7 @@ class StellarisLoop(RoundLoop):
     def _launch_round(self, k: int, actors: int) -> dict:
         wave = self.new_wave(k)
         self.actor_versions = {self.version}  # actors load it whenever they start: keep it published
-        metrics.ACTORS_PER_ROUND.labels(self.job.job_id).set(actors)
+        metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
         return {"k": k, "actors": actors, "version": self.version, "start": time.perf_counter(),
                 "future": self.pool.submit(self.launch, k, list(range(actors)), wave), "resp": None,
                 "done_at": None, "covered": set(), "failed": set(), "batches": 0}

@@ -7,11 +7,16 @@ gauges; never a round or an actor.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from nitro.clock import critical_path_cpu_seconds
+
+# The training job's label. Not "job": Prometheus gives every scraped target a `job` label of its own.
+JOB_LABEL = "job_id"
+JOB_IDLE_S = 15 * 60  # per-job series of the scaler and detector, which never hear that a job ended
 
 PHASES = ("sample", "ingest", "update", "detect", "plan", "invoke", "publish", "evaluate")
 
@@ -34,18 +39,18 @@ CLOUD_PHASE_SECONDS = Histogram(
 REJECTED_PAYLOADS = Counter("nitro_rejected_payloads_total", "Stream entries rejected before unpickling.",
                             ["reason"])
 DUPLICATE_BATCHES = Counter("nitro_duplicate_batches_total", "Trajectory batches dropped as duplicates.")
-CURRENT_ROUND = Gauge("nitro_current_round", "Round a job is in.", ["job"])
+CURRENT_ROUND = Gauge("nitro_current_round", "Round a job is in.", [JOB_LABEL])
 ACTORS_IN_FLIGHT = Gauge("nitro_actors_in_flight", "Actor invocations currently running.")
-ACTORS_PER_ROUND = Gauge("nitro_actors_per_round", "Actors launched in the job's latest round.", ["job"])
-BUDGET_LEFT_USD = Gauge("nitro_budget_left_usd", "Budget a job has left.", ["job"])
-BOOSTING_SCORE = Gauge("nitro_boosting_score", "Latest boosting score S_k.", ["job"])
-CONVEXITY_RATIO = Gauge("nitro_convexity_ratio", "Latest convexity ratio R.", ["job"])
-EVAL_RETURN = Gauge("nitro_eval_return", "Latest deterministic evaluation return.", ["job"])
+ACTORS_PER_ROUND = Gauge("nitro_actors_per_round", "Actors launched in the job's latest round.", [JOB_LABEL])
+BUDGET_LEFT_USD = Gauge("nitro_budget_left_usd", "Budget a job has left.", [JOB_LABEL])
+BOOSTING_SCORE = Gauge("nitro_boosting_score", "Latest boosting score S_k.", [JOB_LABEL])
+CONVEXITY_RATIO = Gauge("nitro_convexity_ratio", "Latest convexity ratio R.", [JOB_LABEL])
+EVAL_RETURN = Gauge("nitro_eval_return", "Latest deterministic evaluation return.", [JOB_LABEL])
 SCHEDULER_ACTORS = Gauge("nitro_scheduler_actors",
                          "Actors the learned scheduler (minions) chose for a job's next round, before the budget guard.",
-                         ["job"])
+                         [JOB_LABEL])
 SCHEDULER_INPUT = Gauge("nitro_scheduler_input", "Latest normalised observation of the learned scheduler (minions).",
-                        ["job", "input"])
+                        [JOB_LABEL, "input"])
 POLICY_LAG = Histogram("nitro_policy_lag", "Learner policy version minus the version that sampled a batch.",
                        buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256))
 # learner_mode "stellaris": every update a learner function produced is applied or dropped, once.
@@ -55,7 +60,7 @@ GRADIENT_STALENESS = Histogram("nitro_gradient_staleness",
 GRADIENTS_PRODUCED = Counter("nitro_gradients_produced_total", "Learner-function updates received (no duplicates).")
 GRADIENTS_APPLIED = Counter("nitro_gradients_applied_total", "Learner-function updates applied with their weight.")
 GRADIENTS_DROPPED = Counter("nitro_gradients_dropped_total", "Learner-function updates dropped.", ["reason"])
-STALENESS_BOUND = Gauge("nitro_staleness_bound", "Largest staleness a job applies in its current round.", ["job"])
+STALENESS_BOUND = Gauge("nitro_staleness_bound", "Largest staleness a job applies in its current round.", [JOB_LABEL])
 LEARNER_INVOCATIONS = Counter("nitro_learner_function_invocations_total", "Learner function invocations started.")
 DETECTOR_SECONDS = Histogram("nitro_detector_seconds", "Time to score one policy (HVPs + Lanczos).",
                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
@@ -85,3 +90,43 @@ def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
     """Expose /metrics on host:port (port 0 picks a free one); returns the port."""
     server, _ = start_http_server(port, addr=host)
     return server.server_address[1]
+
+
+# -- per-job series --------------------------------------------------------------------------------------
+# Every per-job gauge is set through set_job, which remembers the series, so that the learner can drop a
+# job's series when it ends (forget_job) and the scaler and detector can drop those of jobs they have not
+# heard from in JOB_IDLE_S (forget_idle_jobs): a finished job leaves no series behind.
+
+_job_series: dict[str, set[tuple[Gauge, tuple[str, ...]]]] = {}
+_job_touched: dict[str, float] = {}
+_job_lock = threading.Lock()
+
+
+def set_job(gauge: Gauge, job_id: str, value: float, *labels: str) -> None:
+    """gauge{job_id=job_id, *labels} = value."""
+    gauge.labels(job_id, *labels).set(value)
+    with _job_lock:
+        _job_series.setdefault(job_id, set()).add((gauge, (job_id, *labels)))
+        _job_touched[job_id] = time.monotonic()
+
+
+def forget_job(job_id: str) -> None:
+    """Remove every series set_job made for this job."""
+    with _job_lock:
+        series = _job_series.pop(job_id, set())
+        _job_touched.pop(job_id, None)
+    for gauge, labels in series:
+        try:
+            gauge.remove(*labels)
+        except KeyError:  # already gone
+            pass
+
+
+def forget_idle_jobs(max_idle_s: float = JOB_IDLE_S) -> list[str]:
+    """Forget the jobs whose series nobody set for max_idle_s; returns their ids."""
+    now = time.monotonic()
+    with _job_lock:
+        idle = [j for j, t in _job_touched.items() if now - t > max_idle_s]
+    for job_id in idle:
+        forget_job(job_id)
+    return idle

@@ -187,9 +187,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         else:
             desired, new_state, reason = policy.decide(policy_state, inputs)
         if base == "minions":
-            metrics.SCHEDULER_ACTORS.labels(request.job_id).set(desired)
+            metrics.set_job(metrics.SCHEDULER_ACTORS, request.job_id, desired)
             for input_name, value in zip(OBS_NAMES, observation(inputs)):
-                metrics.SCHEDULER_INPUT.labels(request.job_id, input_name).set(float(value))
+                metrics.set_job(metrics.SCHEDULER_INPUT, request.job_id, float(value), input_name)
         # Estimates on the budget's clock. Learner time per round, padded: a plan must stay
         # affordable even if the round runs long.
         cloud = clock == "cloud"
@@ -217,7 +217,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         pipe.hincrby(key, "rounds_planned", 1)
         pipe.expire(key, STATE_TTL_S)
         pipe.execute()
-        metrics.BUDGET_LEFT_USD.labels(request.job_id).set(ledger["left"])
+        metrics.set_job(metrics.BUDGET_LEFT_USD, request.job_id, ledger["left"])
+        metrics.forget_idle_jobs()
         return scaler_pb2.PlanResponse(**plan)
 
     def Launch(self, request, context):

@@ -467,11 +467,11 @@ def test_compose_commands_are_the_services_own_flags(compose):
 # --- Prometheus and Grafana ---------------------------------------------------------------------
 
 
-def test_prometheus_scrapes_all_three_services_with_their_job_label_kept(compose):
+def test_prometheus_scrapes_all_three_services_without_label_tricks(compose):
     prom = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
     targets = {}
     for job in prom["scrape_configs"]:
-        assert job.get("honor_labels") is True, job["job_name"]
+        assert "honor_labels" not in job, job["job_name"]  # nitro's job_id never clashes with Prometheus' job
         for sc in job["static_configs"]:
             for t in sc["targets"]:
                 host, port = t.rsplit(":", 1)
@@ -483,7 +483,7 @@ def test_prometheus_scrapes_all_three_services_with_their_job_label_kept(compose
         assert rule in mounts and (DOCKER / mounts[rule]).is_file(), rule
     k8s = yaml.safe_load((MONITORING / "prometheus-k8s.yml").read_text())
     (job,) = k8s["scrape_configs"]
-    assert job["honor_labels"] is True
+    assert "honor_labels" not in job
     keep = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
     assert any(set(SERVICES) <= set(r["regex"].strip("()").split("|")) for r in keep)
 
@@ -509,9 +509,15 @@ def test_grafana_provisioning_and_dashboard(compose):
     assert (DOCKER / mounts[dash_dir] / "nitro.json").is_file()
     assert (DOCKER / mounts["/etc/grafana/provisioning"] / "datasources").is_dir()
     d = dashboard()
+    # Importable into any Grafana: every query's data source is the dashboard's `datasource` variable.
     uids = {p["datasource"]["uid"] for p in d["panels"] if "datasource" in p}
     uids |= {t["datasource"]["uid"] for p in d["panels"] for t in p.get("targets", [])}
-    assert uids == {source["uid"]}
+    uids |= {v["datasource"]["uid"] for v in d["templating"]["list"] if "datasource" in v}
+    assert uids == {"${datasource}"}
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert "job_id" in variables["job_id"]["definition"]
+    assert source["type"] == "prometheus" and source.get("isDefault") is True  # what the variable picks
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
     titles = " | ".join(p["title"].lower() for p in d["panels"])
@@ -566,6 +572,7 @@ def test_dashboard_and_alerts_use_only_declared_metrics_and_labels():
                 assert label in labels, f"{expr}: no label {label!r}"
         for label in re.findall(r"\{(\w+)=~?", expr):
             assert label in labels or (label == "job" and "up{" in expr), f"{expr}: no label {label!r}"
+            assert label != "job" or "up{" in expr, f"{expr}: per-job series are labelled job_id"
     for p in dashboard()["panels"]:
         for t in p.get("targets", []):
             labels = set().union(*(declared[m] for m in METRIC_RE.findall(t["expr"])))
@@ -585,17 +592,22 @@ def live_scrape(tmp_path_factory):
     try:
         with NitroClient(system.learner_address) as client:
             job = client.start_training({
-                "env_id": "CartPole-v1", "preset": "fast", "rounds": 2, "steps_per_actor": 64, "eval_episodes": 1,
+                "env_id": "CartPole-v1", "preset": "fast", "rounds": 4, "steps_per_actor": 64, "eval_episodes": 1,
                 "budget_usd": 1.0, "seed": 1, "scaler": {"policy": "nitro", "i_min": 2, "i_max": 3}})
-            list(client.watch(job.job_id))
-            assert client.get(job.job_id).state_name == "SUCCEEDED"
-        import urllib.request
+            import urllib.request
 
-        scrapes = {}
-        for svc in SERVICES:
-            port = system.components[svc].metrics_port
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-            scrapes[svc] = list(text_string_to_metric_families(text))
+            def scrape(svc: str) -> list:
+                port = system.components[svc].metrics_port
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                return list(text_string_to_metric_families(text))
+
+            scrapes = {}
+            for i, _ in enumerate(client.watch(job.job_id)):
+                if i == 0:  # the job is still running: its per-job series are there
+                    scrapes["learner-during"] = scrape("learner")
+            assert client.get(job.job_id).state_name == "SUCCEEDED"
+            for svc in SERVICES:
+                scrapes[svc] = scrape(svc)
         return scrapes
     finally:
         system.stop()
@@ -612,4 +624,7 @@ def test_every_metric_the_dashboard_and_alerts_use_is_in_a_live_scrape(live_scra
     learner = {f.name: f for f in live_scrape["learner"]}
     phases = {s.labels["phase"] for s in learner["nitro_round_phase_seconds"].samples if s.name.endswith("_count")}
     assert {"sample", "update", "detect"} <= phases
-    assert any(s.labels.get("job") for s in learner["nitro_actors_per_round"].samples)
+    # Per-job series: present while the job runs, removed from the learner when it ended.
+    during = {f.name: f for f in live_scrape["learner-during"]}
+    assert any(s.labels.get("job_id") for s in during["nitro_actors_per_round"].samples)
+    assert not any(s.labels.get("job_id") for s in learner["nitro_actors_per_round"].samples)

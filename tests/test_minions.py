@@ -516,8 +516,8 @@ def test_minions_end_to_end_for_three_rounds(system, client, pretrained):
         assert reason.startswith(f"minions: k={r.round + 1}/3 loss=") and "(argmax" in reason, reason
         assert f"of 1..{I_MAX} actors" in reason and "budget_left=$" in reason
     scaler = scrape(system.components["scaler"].metrics_port)
-    assert 1 <= sample_value(scaler["nitro_scheduler_actors"], "nitro_scheduler_actors", job=status.job_id) <= I_MAX
-    inputs_seen = {s.labels["input"] for s in scaler["nitro_scheduler_input"] if s.labels["job"] == status.job_id}
+    assert 1 <= sample_value(scaler["nitro_scheduler_actors"], "nitro_scheduler_actors", job_id=status.job_id) <= I_MAX
+    inputs_seen = {s.labels["input"] for s in scaler["nitro_scheduler_input"] if s.labels["job_id"] == status.job_id}
     assert inputs_seen == set(m.OBS_NAMES)
 
 

@@ -1,0 +1,45 @@
+"""Per-job series: labelled job_id, and gone once their job is over."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from nitro import metrics
+
+
+def series(gauge: Gauge) -> set[tuple]:
+    return {tuple(s.labels.values()) for m in gauge.collect() for s in m.samples}
+
+
+def test_per_job_gauges_are_labelled_job_id_not_job():
+    for gauge in (metrics.CURRENT_ROUND, metrics.EVAL_RETURN, metrics.BUDGET_LEFT_USD, metrics.SCHEDULER_INPUT):
+        assert gauge._labelnames[0] == "job_id"  # Prometheus gives every target a `job` label of its own
+
+
+def test_forget_job_removes_exactly_that_jobs_series():
+    reg = CollectorRegistry()
+    g = Gauge("t_round", "test", ["job_id"], registry=reg)
+    g2 = Gauge("t_input", "test", ["job_id", "input"], registry=reg)
+    metrics.set_job(g, "a", 1)
+    metrics.set_job(g, "b", 2)
+    metrics.set_job(g2, "a", 0.5, "loss")
+    metrics.set_job(g2, "a", 0.7, "kl")
+    metrics.forget_job("a")
+    assert series(g) == {("b",)} and series(g2) == set()
+    metrics.forget_job("a")  # twice is harmless
+    metrics.forget_job("b")
+    assert series(g) == set()
+
+
+def test_forget_idle_jobs_drops_only_the_quiet_ones(monkeypatch):
+    reg = CollectorRegistry()
+    g = Gauge("t_score", "test", ["job_id"], registry=reg)
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+    metrics.set_job(g, "old", 1)
+    clock[0] += 600
+    metrics.set_job(g, "new", 1)
+    clock[0] += 400  # "old" quiet for 1000 s, "new" for 400 s
+    assert metrics.forget_idle_jobs(900) == ["old"]
+    assert series(g) == {("new",)}
+    metrics.forget_job("new")
