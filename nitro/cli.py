@@ -857,6 +857,8 @@ def cmd_eval(args) -> int:
         result = evaluate_policy(policy, args.env, args.episodes, args.seed, args.video)
     except NitroError as exc:  # PolicyError, ConfigError, UnknownEnvironmentError: all bad input
         raise CliError(str(exc), exit_code=2) from None
+    except OSError as exc:  # e.g. a video path that cannot be written
+        raise CliError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), exit_code=2) from None
     doc = {"policy": args.policy, "policy_info": policy.info, **result.to_dict()}
     last = f"{result.seed}..{result.seed + len(result.returns) - 1}" if len(result.returns) > 1 else str(result.seed)
     print(f"episodes  {len(result.returns)} on {result.env_id}, seeds {last}, deterministic", file=out)

@@ -118,6 +118,9 @@ def test_predict_single_and_batch(checkpoint):
         logits = policy.module.distribution(torch.as_tensor(batch)).logits
     assert np.array_equal(logits.argmax(-1).numpy(), actions)
     assert policy.predict(batch[:0])[0].shape == (0,)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    env.step(policy.predict(obs, deterministic=True)[0])  # the action is what the environment accepts
     sampled = [load_policy(checkpoint, seed=7).predict(batch)[0] for _ in range(2)]
     assert np.array_equal(*sampled) and set(np.unique(sampled[0])) <= {0, 1}
     with pytest.raises(PolicyError, match=r"observation: expected shape \(4,\) or \(n, 4\), got \(3,\)"):
@@ -225,3 +228,32 @@ def test_iqm_interval_without_rliable_agrees_with_it(monkeypatch):
     assert low < iqm < high
     assert low == pytest.approx(with_rliable[1], rel=0.1) and high == pytest.approx(with_rliable[2], rel=0.1)
     assert iqm_interval([5.0] * 4)[:3] == (5.0, 5.0, 5.0)
+
+
+def test_box_actions_are_clipped_means_and_survive_export(tmp_path):
+    from nitro.envs import env_spaces
+    from nitro.models import Policy, spec_for_spaces
+    from nitro.policy_io import TrainedPolicy
+
+    spec = spec_for_spaces(*env_spaces("Pendulum-v1"), hidden_sizes=(16,), obs_norm=True)
+    module = Policy(spec)
+    with torch.no_grad():
+        module.actor.out.bias.fill_(1.5)  # means beyond the bounds [-2, 2] for some observations
+        module.actor.out.weight.mul_(200.0)
+    policy = TrainedPolicy(spec, module.numpy_state(), {"env_id": "Pendulum-v1"})
+    batch = np.random.default_rng(0).uniform(-1, 1, size=(32, 3)).astype(np.float32)
+    actions, _ = policy.predict(batch, deterministic=True)
+    assert actions.shape == (32, 1) and actions.dtype == np.float32 and policy.predict(batch[0])[0].shape == (1,)
+    with torch.no_grad():
+        means = module.distribution(torch.as_tensor(batch)).mean.numpy()
+    assert np.abs(means).max() > 2.0 and np.allclose(actions, np.clip(means, -2.0, 2.0), atol=1e-5)
+    reloaded = load_policy(export_policy(policy, tmp_path / "pendulum").parent)
+    assert np.array_equal(reloaded.predict(batch, deterministic=True)[0], actions)
+    assert np.array_equal(reloaded.state["log_std"], policy.state["log_std"])
+
+
+@pytest.mark.parametrize("fps,step,gif_fps", [(50, 1, 50.0), (125, 5, 25.0), (20, 1, 20.0), (60, 3, 20.0)])
+def test_gif_keeps_real_time_in_whole_hundredths(fps, step, gif_fps):
+    from nitro.video import _gif_timing
+
+    assert _gif_timing(fps) == (step, gif_fps)
