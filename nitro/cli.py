@@ -819,7 +819,7 @@ def _at_least(low: int):
 
 
 def _add_eval(sub) -> None:
-    p = sub.add_parser("eval", help="run deterministic episodes with a trained policy: mean, IQM and a 95% CI",
+    p = sub.add_parser("eval", help="run deterministic episodes with a trained policy: mean, IQM and a 95%% CI",
                        description="Load a checkpoint (checkpoint.pt, best.pt) or an export directory and run "
                                    "deterministic episodes, episode i on seed S+i, as the learner evaluates. "
                                    "Prints the mean return and the interquartile mean with a 95% bootstrap CI; "

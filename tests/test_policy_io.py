@@ -257,3 +257,10 @@ def test_gif_keeps_real_time_in_whole_hundredths(fps, step, gif_fps):
     from nitro.video import _gif_timing
 
     assert _gif_timing(fps) == (step, gif_fps)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["eval", "--help"], ["export", "--help"]])
+def test_help_renders(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 0 and "eval" in capsys.readouterr().out
