@@ -262,6 +262,26 @@ def spearman(x, y) -> float:
     return float(spearmanr(x[ok], y[ok]).statistic)
 
 
+def partial_spearman(x, y, z) -> float:
+    """Spearman's rho of x and y with z (the round index) partialled out: the correlation of the ranks'
+    residuals after a linear fit on z's ranks. A signal that only tracks the round scores ~0 here."""
+    from scipy.stats import rankdata
+
+    x, y, z = (np.asarray(v, float) for v in (x, y, z))
+    ok = np.isfinite(x) & np.isfinite(y) & np.isfinite(z)
+    if ok.sum() < 4:
+        return float("nan")
+    rx, ry, rz = (rankdata(v[ok]) for v in (x, y, z))
+    design = np.column_stack([np.ones_like(rz), rz])
+
+    def resid(r):
+        return r - design @ np.linalg.lstsq(design, r, rcond=None)[0]
+
+    ex, ey = resid(rx), resid(ry)
+    denom = np.sqrt((ex @ ex) * (ey @ ey))
+    return float(ex @ ey / denom) if denom > 0 else float("nan")
+
+
 def clustered_ci(records: list[dict], fn, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """fn(records) and its 95% percentile CI from resampling whole seeds with replacement."""
     by_seed: dict[int, list[dict]] = {}
@@ -296,11 +316,14 @@ def report(out: Path, m: int = 3) -> str:
     lines = [f"Signal test: {len(records)} branches over {len(seeds)} seeds ({out})",
              f"B_k: mean {np.mean(benefit):+.1f}, median {np.median(benefit):+.1f}, "
              f"share > 0: {np.mean(np.asarray(benefit) > 0):.2f}", "",
-             "| signal | Spearman rho with B_k | 95% CI (seed bootstrap) |", "|---|---:|---|"]
+             "| signal | Spearman rho with B_k | 95% CI (seed bootstrap) | rho with the round index partialled out "
+             "| 95% CI |", "|---|---:|---|---:|---|"]
     for name in SIGNALS:
         rho, lo, hi = clustered_ci(records, lambda rs, n=name: spearman([r["signals"][n] for r in rs],
                                                                        [r["benefit"] for r in rs]))
-        lines.append(f"| {name} | {rho:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
+        prho, plo, phi = clustered_ci(records, lambda rs, n=name: partial_spearman(
+            [r["signals"][n] for r in rs], [r["benefit"] for r in rs], [r["k"] for r in rs]))
+        lines.append(f"| {name} | {rho:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {prho:+.3f} | [{plo:+.3f}, {phi:+.3f}] |")
     rel = [spearman([r["signals"]["R_sub_seeds"][0] for r in records], [r["signals"]["R_sub_seeds"][j] for r in records])
            for j in range(1, len(records[0]["signals"]["R_sub_seeds"]))]
     lines += ["", "R_k reliability across subset seeds (Spearman of seed 0 with the others): "

@@ -78,3 +78,17 @@ def test_report_orients_signals_by_the_other_seeds(tmp_path):
             if line.startswith("| ") and line.count("|") == 3}
     assert rows["S_sub"] == rows["best possible"] == rows["gns"], text  # both perfect signals pick the best rounds
     assert float(rows["random"]) < float(rows["best possible"])
+
+
+def test_partial_spearman_removes_what_the_round_index_explains():
+    from experiments.signal import partial_spearman
+
+    rng = np.random.default_rng(1)
+    k = np.arange(60) % 10
+    benefit = -k + rng.normal(size=60)
+    only_round = -k + 0.01 * rng.normal(size=60)  # tracks the round, nothing else
+    extra = rng.normal(size=60)
+    informative = benefit - (-k) + 0.1 * rng.normal(size=60)  # predicts what the round does not
+    assert spearman(only_round, benefit) > 0.6 and abs(partial_spearman(only_round, benefit, k)) < 0.3
+    assert partial_spearman(informative, benefit, k) > 0.8
+    assert abs(partial_spearman(extra, benefit, k)) < 0.3
