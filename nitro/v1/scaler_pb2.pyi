@@ -66,7 +66,7 @@ class PlanResponse(_message.Message):
     def __init__(self, actors: _Optional[int] = ..., reason: _Optional[str] = ..., budget_exhausted: _Optional[bool] = ..., estimated_round_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave", "kind", "payload_ref", "reset_episodes")
+    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave", "kind", "payload_ref", "reset_episodes", "env_kwargs_json")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,7 @@ class LaunchRequest(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_REF_FIELD_NUMBER: _ClassVar[int]
     RESET_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    ENV_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     policy_version: int
@@ -99,7 +100,8 @@ class LaunchRequest(_message.Message):
     kind: str
     payload_ref: str
     reset_episodes: bool
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ..., kind: _Optional[str] = ..., payload_ref: _Optional[str] = ..., reset_episodes: _Optional[bool] = ...) -> None: ...
+    env_kwargs_json: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ..., kind: _Optional[str] = ..., payload_ref: _Optional[str] = ..., reset_episodes: _Optional[bool] = ..., env_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class InvocationResult(_message.Message):
     __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts", "modelled_ms", "modelled_init_ms", "modelled_cold")
