@@ -243,6 +243,9 @@ TRAIN_FIELDS = [
     ("--rho-bar", "stellaris.rho_bar", float, "cap of the global importance-sampling truncation (stellaris)"),
     ("--recent-versions", "stellaris.recent_versions", int,
      "newest policy versions whose ratios truncate a learner's weights; 0 = learner-local (stellaris)"),
+    ("--hidden-sizes", "hidden_sizes", lambda text: parse_widths(text), "hidden layer widths of the policy's MLPs, "
+     "comma-separated, e.g. 64,64 [the preset's: 256,256]"),
+    ("--activation", "activation", str, "hidden activation of the MLPs: tanh or relu [the preset's: tanh]"),
 ]
 
 
@@ -273,6 +276,26 @@ def parse_hp(text: str) -> tuple[str, float]:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{name}: value must be finite, got {raw!r}")
     return name, value
+
+
+def parse_widths(text: str) -> list[int]:
+    """--hidden-sizes 64,64: layer widths (ranges are the server's to check)."""
+    try:
+        return [int(w) for w in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 64,64, got {text!r}") from None
+
+
+def parse_env_kwarg(text: str) -> tuple[str, object]:
+    """--env-kwarg NAME=VALUE: VALUE is read as JSON (50, true, [1, 2], "x"), else kept as a string."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, e.g. max_episode_steps=200, got {text!r}")
+    try:
+        return name, json.loads(raw)
+    except ValueError:
+        return name, raw
 
 
 def parse_scaler(text: str) -> tuple[str, int | None]:
@@ -319,8 +342,8 @@ def _add_train(sub) -> None:
     spec = p.add_argument_group("training spec")
     for flag, field, typ, text in TRAIN_FIELDS:
         default = _default_of(field)
-        shown = f" [{default}]" if default not in ("", None) else ""
-        metavar = {int: "N", float: "X"}.get(typ, field.upper())
+        shown = f" [{default}]" if default not in ("", None, [], {}) else ""
+        metavar = {int: "N", float: "X", str: field.upper()}.get(typ, "W,W")
         spec.add_argument(flag, dest=_dest(field), type=typ, default=None, metavar=metavar, help=text + shown)
     spec.add_argument("--scaler", type=parse_scaler, default=None, metavar="POLICY",
                       help=f"scaling policy: {SCALER_POLICIES} [{_SCALER_DEFAULTS.policy}]")
@@ -329,6 +352,12 @@ def _add_train(sub) -> None:
                            "(PPO, central learner; docs/algorithms.md)")
     spec.add_argument("--hp", type=parse_hp, action="append", default=[], metavar="NAME=VALUE",
                       help="override a numeric hyperparameter of the preset; repeatable")
+    spec.add_argument("--env-kwarg", type=parse_env_kwarg, action="append", default=[], metavar="NAME=VALUE",
+                      help="keyword argument for every environment of the job (gym.make), VALUE read as JSON, "
+                           "e.g. max_episode_steps=200; repeatable")
+    spec.add_argument("--config", metavar="FILE", default=None,
+                      help="a spec file (YAML or JSON, the SDK's dict spec); flags given as well override it "
+                           "(see `nitro presets` and docs/cli.md)")
     run = p.add_argument_group("running")
     _add_target(run, "learner address")
     _add_state_dir(run)
@@ -375,14 +404,21 @@ def build_spec(args) -> dict:
         spec["reproducible"] = True
     if args.hp:
         spec["hyperparameters"] = dict(args.hp)
+    if getattr(args, "env_kwarg", None):
+        spec["env_kwargs"] = dict(args.env_kwarg)
     scheduler = spec.get("scaler", {}).get("scheduler")
     if scheduler:  # the services resolve paths against their own working directory
         spec["scaler"]["scheduler"] = os.path.abspath(os.path.expanduser(scheduler))
+    from nitro import spec_file
+
+    if getattr(args, "config", None):  # the file, then the flags over it
+        spec = spec_file.merge(spec_file.load(args.config), spec)
+    spec_file.check_keys(spec)  # e.g. a hyperparameter name the algorithm does not have
     from nitro.presets import is_env_preset
 
     if not spec.get("env_id") and not is_env_preset(spec.get("preset", "")):
         raise InvalidSpec("env_id", "is required: pass --env, e.g. --env CartPole-v1, or an environment preset "
-                                    "such as --preset hopper-ppo")
+                                    "such as --preset hopper-ppo, or env_id in a --config file")
     return spec
 
 
@@ -903,8 +939,22 @@ def cmd_export(args) -> int:
 
 # --- entry point ---------------------------------------------------------------------------------
 
+def _add_presets(sub) -> None:
+    p = sub.add_parser("presets", help="list the algorithm and environment presets and what each sets",
+                       description="One line per preset: algorithm presets (--preset with --algo) and environment "
+                                   "presets (--preset alone).")
+    p.set_defaults(func=cmd_presets)
+
+
+def cmd_presets(args) -> int:
+    from nitro.preset_catalog import lines
+
+    print("\n".join(lines()))
+    return 0
+
+
 COMMANDS = (_add_up, _add_down, _add_status, _add_train, _add_eval, _add_export, _add_deploy_lambda,
-            _add_pretrain_minions)
+            _add_pretrain_minions, _add_presets)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 import grpc
 
 from nitro import auth, grpc_util
-from nitro.spec import InvalidSpec, TrainingSpec, to_proto
+from nitro.spec import InvalidSpec, TrainingSpec, env_kwargs_to_wire, to_proto
 from nitro.v1 import common_pb2, training_pb2, training_pb2_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -191,7 +191,8 @@ def spec_to_proto(spec) -> training_pb2.TrainingSpec:
     A dict sets only the fields it names, so the server's defaults apply to the
     rest. Its keys are TrainingSpec's field names; "scaler" is a dict of
     ScalerSpec fields or a policy string ("nitro", "fixed:16", ...); "stellaris"
-    a dict of StellarisSpec fields.
+    a dict of StellarisSpec fields; "hyperparameters" a dict of numeric overrides;
+    "hidden_sizes" a list of layer widths; "env_kwargs" a dict of JSON values.
     """
     if isinstance(spec, training_pb2.TrainingSpec):
         return spec
@@ -216,11 +217,26 @@ def spec_to_proto(spec) -> training_pb2.TrainingSpec:
         elif name == "stellaris":
             _set_stellaris(msg.stellaris, value)
         elif name == "hyperparameters":
-            for key, v in dict(value).items():
+            if not isinstance(value, Mapping):
+                raise InvalidSpec(name, f"must be a dict of numeric overrides, e.g. {{'lr': 3e-4}}, got {value!r}")
+            for key, v in value.items():
                 _set(msg.hyperparameters, key, v, f"hyperparameters.{key}")
+        elif name == "hidden_sizes":
+            _set_hidden_sizes(msg, value)
+        elif name == "env_kwargs":
+            msg.env_kwargs_json = env_kwargs_to_wire(value)
         else:
             _set(msg, name, value, name)
     return msg
+
+
+def _set_hidden_sizes(msg, value) -> None:
+    if not isinstance(value, list | tuple) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
+        raise InvalidSpec("hidden_sizes", f"must be a list of layer widths, e.g. [64, 64], got {value!r}")
+    try:
+        msg.hidden_sizes.extend(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSpec("hidden_sizes", f"bad value {value!r}: {exc}") from None
 
 
 def _set_scaler(msg, value) -> None:

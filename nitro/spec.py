@@ -28,11 +28,14 @@ MAX_ROUNDS = 100_000
 MAX_STEPS_PER_ACTOR = 1_000_000
 MAX_BUDGET_USD = 1_000_000.0
 MAX_STALENESS_BOUND = 10_000
+MAX_HIDDEN_LAYERS = 8
+MAX_HIDDEN_WIDTH = 4096
 
 
 class InvalidSpec(ConfigError):
     def __init__(self, field_name: str, message: str):
         self.field = field_name
+        self.detail = message
         super().__init__(f"{field_name}: {message}")
 
 
@@ -95,6 +98,11 @@ class TrainingSpec:
     # The bill the budget binds on: "cloud" (the modelled AWS bill, docs/cost.md) or "machine".
     budget_clock: str = "cloud"
     eval_every: int = 1  # evaluate after every eval_every-th round and after the last one
+    # The policy's MLP: hidden layer widths and activation; empty means the algorithm preset's.
+    hidden_sizes: list[int] = field(default_factory=list)
+    activation: str = ""
+    # Keyword arguments of every environment the job builds (learner and actors), see nitro.env_kwargs.
+    env_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stellaris, dict):  # from a saved job.json or checkpoint
@@ -141,8 +149,11 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
                           f"{sorted(ALGO_PRESETS[spec.algo])} or an environment preset {env_preset_names()}")
     for name, value in spec.hyperparameters.items():
         _finite(f"hyperparameters.{name}", value)
+    _validate_model(spec)
     try:
         make_config(spec.algo, spec.preset, **_typed_overrides(spec.hyperparameters, spec.algo))
+    except InvalidSpec:
+        raise
     except ConfigError as exc:
         raise InvalidSpec("hyperparameters", str(exc)) from exc
 
@@ -201,9 +212,48 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     _validate_stellaris(spec)
     if spec.job_id and not JOB_ID_RE.match(spec.job_id):
         raise InvalidSpec("job_id", "must be 1-64 characters of letters, digits, '-' or '_'")
+    _validate_env_kwargs(spec)  # last: it may build the environment
     if not spec.job_id:
         spec.job_id = new_job_id(spec.env_id)
     return spec
+
+
+def _validate_model(spec: TrainingSpec) -> None:
+    """hidden_sizes and activation: the MLP of the policy (the Atari CNN's layers are fixed)."""
+    from nitro.config import ACTIVATIONS
+    from nitro.envs import is_atari
+
+    hs = spec.hidden_sizes
+    if not isinstance(hs, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hs):
+        raise InvalidSpec("hidden_sizes", f"must be a list of layer widths (integers), got {hs!r}")
+    if len(hs) > MAX_HIDDEN_LAYERS or not all(1 <= h <= MAX_HIDDEN_WIDTH for h in hs):
+        raise InvalidSpec("hidden_sizes", f"must be 1 to {MAX_HIDDEN_LAYERS} widths in [1, {MAX_HIDDEN_WIDTH}] "
+                                          f"(empty: the preset's), got {list(hs)}")
+    if spec.activation not in ("", *sorted(ACTIVATIONS)):
+        raise InvalidSpec("activation", f"unknown {spec.activation!r}; allowed: {sorted(ACTIVATIONS)} (empty: the "
+                                        "preset's)")
+    if (hs or spec.activation) and is_atari(spec.env_id):
+        name = "hidden_sizes" if hs else "activation"
+        raise InvalidSpec(name, f"applies to MLP policies; {spec.env_id} uses the fixed Atari CNN (leave it empty)")
+
+
+def _validate_env_kwargs(spec: TrainingSpec) -> None:
+    """Structure first (nitro.env_kwargs), then build the environment once: a keyword it does not
+    take fails here, as INVALID_ARGUMENT, rather than in every actor."""
+    from nitro import env_kwargs
+    from nitro.envs import make_env
+
+    try:
+        spec.env_kwargs = env_kwargs.check(spec.env_kwargs)
+    except env_kwargs.EnvKwargsError as exc:
+        raise InvalidSpec("env_kwargs", exc.detail) from None
+    if not spec.env_kwargs:
+        return
+    try:
+        make_env(spec.env_id, **spec.env_kwargs).close()
+    except Exception as exc:  # whatever the environment's constructor raises for arguments it rejects
+        raise InvalidSpec("env_kwargs", f"{spec.env_id} does not accept {spec.env_kwargs}: "
+                          f"{type(exc).__name__}: {exc}"[:1000]) from None
 
 
 def _validate_stellaris(spec: TrainingSpec) -> None:
@@ -291,6 +341,13 @@ def new_job_id(env_id: str) -> str:
     return f"{stem}-{uuid.uuid4().hex[:8]}"
 
 
+_NUMERIC_TYPES = ("int", "float", "bool", int, float, bool)
+# Where the config fields the wire's numeric map cannot carry are set instead.
+_NON_NUMERIC_HOME = {"hidden_sizes": "with the spec's hidden_sizes field, e.g. [64, 64]",
+                     "activation": "with the spec's activation field ('tanh' or 'relu')",
+                     "value_clip_mode": "by preset (or PPOConfig in Python)"}
+
+
 def _typed_overrides(hp: dict[str, float], algo: str = "ppo") -> dict:
     """Numeric wire values -> the algorithm config's field types (ints stay ints, bools from 0/1)."""
     from nitro.config import CONFIG_CLASSES
@@ -299,9 +356,12 @@ def _typed_overrides(hp: dict[str, float], algo: str = "ppo") -> dict:
     out = {}
     for k, v in hp.items():
         t = types.get(k)
+        if t is not None and t not in _NUMERIC_TYPES:
+            raise InvalidSpec(f"hyperparameters.{k}", f"is not numeric, so the hyperparameters map cannot carry "
+                                                      f"it; set it {_NON_NUMERIC_HOME.get(k, 'by preset')}")
         if t in ("int", int):
             if float(v) != int(v):
-                raise ConfigError(f"{k} must be an integer, got {v}")
+                raise InvalidSpec(f"hyperparameters.{k}", f"must be an integer, got {v}")
             out[k] = int(v)
         elif t in ("bool", bool):
             out[k] = bool(v)
@@ -311,11 +371,15 @@ def _typed_overrides(hp: dict[str, float], algo: str = "ppo") -> dict:
 
 
 def algo_config(spec: TrainingSpec):
-    """The spec's hyperparameters: a PPOConfig or IMPACTConfig (by `spec.algo`) from its preset plus overrides."""
+    """The spec's hyperparameters: a PPOConfig or IMPACTConfig (by `spec.algo`) from its preset plus
+    overrides, with the spec's hidden_sizes and activation when it sets them."""
     from nitro.config import make_config
 
     apply_env_preset(spec)
-    return make_config(spec.algo, spec.preset, **_typed_overrides(spec.hyperparameters, spec.algo))
+    model = {"hidden_sizes": tuple(spec.hidden_sizes)} if spec.hidden_sizes else {}
+    if spec.activation:
+        model["activation"] = spec.activation
+    return make_config(spec.algo, spec.preset, **_typed_overrides(spec.hyperparameters, spec.algo), **model)
 
 
 # Spec fields an environment preset fills in ("scaler.x" for scaler settings).
@@ -387,6 +451,9 @@ def from_proto(msg) -> TrainingSpec:
         spec.learner_mode = msg.learner_mode
     if msg.budget_clock:
         spec.budget_clock = msg.budget_clock
+    spec.hidden_sizes = list(msg.hidden_sizes)
+    spec.activation = msg.activation
+    spec.env_kwargs = env_kwargs_from_wire(msg.env_kwargs_json)
     if msg.HasField("stellaris"):
         for name in _STELLARIS_STRINGS:
             if getattr(msg.stellaris, name):
@@ -421,6 +488,26 @@ def from_proto(msg) -> TrainingSpec:
     return apply_env_preset(spec, explicit)
 
 
+def env_kwargs_from_wire(text: str) -> dict:
+    """TrainingSpec.env_kwargs_json -> dict; InvalidSpec naming env_kwargs when malformed."""
+    from nitro import env_kwargs
+
+    try:
+        return env_kwargs.from_json(text)
+    except env_kwargs.EnvKwargsError as exc:
+        raise InvalidSpec("env_kwargs", exc.detail) from None
+
+
+def env_kwargs_to_wire(kwargs) -> str:
+    """dict -> TrainingSpec.env_kwargs_json ("" for none); InvalidSpec naming env_kwargs when malformed."""
+    from nitro import env_kwargs
+
+    try:
+        return env_kwargs.to_json(kwargs)
+    except env_kwargs.EnvKwargsError as exc:
+        raise InvalidSpec("env_kwargs", exc.detail) from None
+
+
 def to_proto(spec: TrainingSpec):
     from nitro.v1 import common_pb2, training_pb2
 
@@ -431,5 +518,7 @@ def to_proto(spec: TrainingSpec):
                                      **{n: getattr(sc, n) for n in _SCALER_FIELDS}),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
         learner_mode=spec.learner_mode, budget_clock=spec.budget_clock,
+        hidden_sizes=spec.hidden_sizes, activation=spec.activation,
+        env_kwargs_json=env_kwargs_to_wire(spec.env_kwargs),
         stellaris=training_pb2.StellarisSpec(**{n: getattr(st, n) for n in _STELLARIS_STRINGS + _STELLARIS_OPTIONAL}),
         **{n: getattr(spec, n) for n in _SCALAR_FIELDS})

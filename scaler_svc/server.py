@@ -28,7 +28,7 @@ from nitro.scaling.base import RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
 from nitro.scaling.policies import make_policy
-from nitro.spec import JOB_ID_RE, MAX_ACTORS, MAX_BUDGET_USD, SCALER_POLICIES
+from nitro.spec import JOB_ID_RE, MAX_ACTORS, MAX_BUDGET_USD, SCALER_POLICIES, InvalidSpec, env_kwargs_from_wire
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
 
@@ -242,6 +242,10 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                           "letters, digits and '_:.#-'")
         if not 0 < request.deadline_s <= 3600:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_s: must be in (0, 3600]")
+        try:
+            env_kwargs = env_kwargs_from_wire(request.env_kwargs_json)
+        except InvalidSpec as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"env_kwargs_json: {exc.detail}")
         memory = request.actor_memory_mb or 1024
         slots = list(request.slots) or list(range(request.actors))
         if len(slots) != request.actors or len(set(slots)) != len(slots) or min(slots) < 0 or request.wave < 0:
@@ -257,6 +261,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 event.update(env_id=request.env_id, num_steps=request.steps_per_actor, seed=(request.seed + i) % (2**62))
                 if request.reset_episodes:
                     event["reset_episodes"] = True
+                if env_kwargs:
+                    event["env_kwargs"] = env_kwargs
             else:
                 event["payload_ref"] = request.payload_ref
             invocations.append(Invocation(inv_id, event))

@@ -41,7 +41,7 @@ def test_only_given_flags_are_set():
 
 
 def test_every_spec_field_has_a_flag():
-    covered = {f for _, f, _, _ in cli.TRAIN_FIELDS} | {"scaler.policy", "hyperparameters", "reproducible"}
+    covered = {f for _, f, _, _ in cli.TRAIN_FIELDS} | {"scaler.policy", "hyperparameters", "reproducible", "env_kwargs"}
     wanted = {f.name for f in dataclasses.fields(TrainingSpec) if f.name not in ("scaler", "stellaris")}
     wanted |= {f"scaler.{f.name}" for f in dataclasses.fields(ScalerSettings)}
     wanted |= {f"stellaris.{f.name}" for f in dataclasses.fields(StellarisSettings)}
