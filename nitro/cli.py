@@ -4,6 +4,7 @@ One `_add_<command>` function builds each subcommand's parser and points it at
 `cmd_<command>`; a new subcommand is one more pair and one more entry in
 COMMANDS. Errors end as one line on stderr, "error: <STATUS>: <message>",
 with exit code 2 for bad input and 1 otherwise; Ctrl-C exits with 130.
+`train` and `watch` end with the job's state: 0 SUCCEEDED, 1 FAILED, 3 STOPPED.
 """
 
 from __future__ import annotations
@@ -176,15 +177,18 @@ def cmd_status(args) -> int:
     except NitroRpcError as exc:
         print(f"jobs: unavailable ({exc})")
         return 1
-    if not jobs:
-        print("jobs: none")
-    else:
-        print(f"jobs:\n  {'JOB':<32} {'STATE':<10} {'ROUNDS':>9} {'CLOUD $':>10} {'MACHINE $':>10}  MESSAGE")
-        for j in jobs:
-            rounds = f"{j.rounds_done}/{j.spec.rounds}" if j.HasField("spec") else str(j.rounds_done)
-            print(f"  {j.job_id:<32} {j.state_name:<10} {rounds:>9} {format(j.cloud_total_cost_usd, '.4f'):>10} "
-                  f"{format(j.total_cost_usd, '.4f'):>10}  {j.message}".rstrip())
+    print("jobs: none" if not jobs else "jobs:\n" + "\n".join("  " + line for line in _job_table(jobs)))
     return 0 if healthy else 1
+
+
+def _job_table(jobs) -> list[str]:
+    """A header and a row per job: id, state, rounds done/planned, both cost clocks (docs/cost.md), message."""
+    lines = [f"{'JOB':<32} {'STATE':<10} {'ROUNDS':>9} {'CLOUD $':>10} {'MACHINE $':>10}  MESSAGE"]
+    for j in jobs:
+        rounds = f"{j.rounds_done}/{j.spec.rounds}" if j.HasField("spec") else str(j.rounds_done)
+        lines.append(f"{j.job_id:<32} {j.state_name:<10} {rounds:>9} {format(j.cloud_total_cost_usd, '.4f'):>10} "
+                     f"{format(j.total_cost_usd, '.4f'):>10}  {j.message}".rstrip())
+    return lines
 
 
 # --- nitro train ----------------------------------------------------------------------------------
@@ -374,9 +378,20 @@ def _add_train(sub) -> None:
     run.add_argument("--resume", metavar="JOB_ID", default=None,
                      help="continue an interrupted job from its last checkpoint (its spec is the saved one; "
                           "spec flags are ignored)")
-    run.add_argument("--results-dir", default="results", help="where results/<job>/ goes (default: %(default)s)")
-    run.add_argument("--no-progress", action="store_true", help="a plain line per round instead of a progress bar")
+    _add_outputs(p)
     p.set_defaults(func=cmd_train)
+
+
+def _add_outputs(p: argparse.ArgumentParser) -> None:
+    """Flags of the commands that follow a job and write its results (train, watch)."""
+    out = p.add_argument_group("results and tracking")
+    out.add_argument("--results-dir", default="results", help="where results/<job>/ goes (default: %(default)s)")
+    out.add_argument("--no-progress", action="store_true", help="a plain line per round instead of a progress bar")
+    out.add_argument("--tensorboard", default=None, metavar="DIR",
+                     help="also log every round to TensorBoard event files in DIR/<job>/ (needs tensorboard)")
+    out.add_argument("--wandb-project", default=None, metavar="NAME",
+                     help="also log every round to a Weights & Biases run in project NAME (needs wandb; "
+                          "WANDB_MODE=offline logs without a network)")
 
 
 def build_spec(args) -> dict:
@@ -528,13 +543,14 @@ def _aws_backend(args) -> dict:
 
 def cmd_train(args) -> int:
     spec = {"job_id": args.resume} if args.resume else build_spec(args)
+    trackers = _trackers(args)  # a missing tracking package is bad input, before a system or job starts
     if args.backend == "aws":
         args.aws_system = _aws_backend(args)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_signals(_raise_interrupt, (signal.SIGTERM,)))  # a kill ends it like Ctrl-C
         target = stack.enter_context(_local_for_job(args)) if args.local else _resolve_target(args)
         client = stack.enter_context(_client(args, target))
-        return _run_job(client, spec, args)
+        return _run_job(client, spec, args, trackers)
 
 
 def _round_line(r) -> str:
@@ -543,44 +559,90 @@ def _round_line(r) -> str:
             f"cost cloud ${r.cloud_total_cost_usd:.4f} / this machine ${r.total_cost_usd:.4f}")
 
 
-def _run_job(client: NitroClient, spec: dict, args) -> int:
+JOB_EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}  # any other state (still running): 1
+
+
+def _trackers(args):
+    from nitro.tracking import TrackingError, open_trackers
+
+    try:
+        return open_trackers(getattr(args, "tensorboard", None), getattr(args, "wandb_project", None))
+    except TrackingError as exc:
+        raise CliError(str(exc), exit_code=2) from None
+
+
+def _run_job(client: NitroClient, spec: dict, args, trackers=None) -> int:
+    t0 = time.monotonic()
+    trackers = trackers if trackers is not None else _trackers(args)
+    status = client.resume(args.resume) if getattr(args, "resume", None) else client.start_training(spec)
+    return _follow(client, status, args, trackers, t0)
+
+
+def _follow(client: NitroClient, status, args, trackers, t0: float | None = None, leave_running: bool = False) -> int:
+    """Show a job's rounds from round 0 on as they arrive, append each to rounds.csv and the trackers, and
+    write the results once the job has ended; the exit code is its state's (JOB_EXIT_CODES).
+
+    Ctrl-C stops the job, or with `leave_running` (watch) leaves it running. t0 None: the wall time is the
+    job's own (created to finished), for a job followed from elsewhere."""
     from tqdm import tqdm
 
-    t0 = time.monotonic()
-    status = client.resume(args.resume) if getattr(args, "resume", None) else client.start_training(spec)
+    from nitro import results
+
     job = status.job_id
     s = status.spec
     print(f"job {job}: {s.env_id} {s.algo}, scaler {s.scaler.policy}, {s.rounds} rounds", flush=True)
+    out = Path(args.results_dir) / job
     plain = args.no_progress or not sys.stderr.isatty()
     bar = tqdm(total=s.rounds or None, unit="round", desc=job, disable=plain, dynamic_ncols=True)
     reports, interrupted, failure = [], False, None
-    try:
-        for r in client.watch(job):
+    trackers.start(job, status.to_dict()["spec"] or {})
+    with results.RoundsCsvWriter(out / "rounds.csv") as rounds_csv:
+
+        def take(r) -> None:
             reports.append(r)
-            bar.update(1)
-            bar.set_postfix_str(f"actors {r.actors_launched} eval {r.eval_return:.1f} "
-                                f"cloud ${r.cloud_total_cost_usd:.4f} score {r.score:.2f}")
-            if plain:
-                print(_round_line(r), flush=True)
-    except KeyboardInterrupt:
-        interrupted = True
-        bar.close()
-        print(f"\ninterrupted: stopping job {job} (Ctrl-C again to leave without waiting) ...", flush=True)
-        with contextlib.suppress(NitroRpcError):
-            status = client.stop(job)
-    except NitroRpcError as exc:
-        failure = exc  # write what arrived, then report the error
-    finally:
-        bar.close()
-    # The stream can close just before the state flips; a stopped job finishes its round in flight.
-    status = _final_status(client, job, status, wait_s=0 if failure else 60 if interrupted else 15)
-    if interrupted and status.finished:
-        reports += _remaining_reports(client, job, reports)
-    out = _write_results(Path(args.results_dir) / job, status, reports, time.monotonic() - t0)
+            rounds_csv.append(r)  # flushed: rounds.csv grows while the job runs
+            trackers.log_round(r.to_dict())
+
+        try:
+            for r in client.watch(job):
+                take(r)
+                bar.update(1)
+                bar.set_postfix_str(f"actors {r.actors_launched} eval {r.eval_return:.1f} "
+                                    f"cloud ${r.cloud_total_cost_usd:.4f} score {r.score:.2f}")
+                if plain:
+                    print(_round_line(r), flush=True)
+        except KeyboardInterrupt:
+            interrupted = True
+            bar.close()
+            if leave_running:
+                print(f"\ninterrupted: job {job} keeps running (`nitro stop {job}` stops it)", flush=True)
+            else:
+                print(f"\ninterrupted: stopping job {job} (Ctrl-C again to leave without waiting) ...", flush=True)
+                with contextlib.suppress(NitroRpcError):
+                    status = client.stop(job)
+        except NitroRpcError as exc:
+            failure = exc  # write what arrived, then report the error
+        finally:
+            bar.close()
+        # The stream can close just before the state flips; a stopped job finishes its round in flight.
+        wait_s = 0 if failure or (interrupted and leave_running) else 60 if interrupted else 15
+        status = _final_status(client, job, status, wait_s=wait_s)
+        if interrupted and status.finished:
+            for r in _remaining_reports(client, job, reports):
+                take(r)
+    wall_s = time.monotonic() - t0 if t0 is not None else _job_seconds(status)
+    out = _write_results(out, status, reports, wall_s, trackers)
     if failure:
         print(f"results so far in {out}/", file=sys.stderr)
         raise failure
-    return 130 if interrupted else (1 if status.state_name == "FAILED" else 0)
+    return 130 if interrupted else JOB_EXIT_CODES.get(status.state_name, 1)
+
+
+def _job_seconds(status) -> float:
+    """A job's wall time by the learner's clock: created to finished, or to now while it runs."""
+    if not status.created_unix:
+        return 0.0
+    return (status.finished_unix if status.finished and status.finished_unix else time.time()) - status.created_unix
 
 
 def _remaining_reports(client: NitroClient, job: str, reports: list) -> list:
@@ -615,11 +677,11 @@ def _copy_checkpoint(path: str, dest: Path) -> str:
     return f"{path} (not reachable from here)" if path else "none"
 
 
-def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
+def _write_results(out: Path, status, reports: list, wall_s: float, trackers=None) -> Path:
+    """summary.json, training.png and the checkpoints (rounds.csv was written as the rounds arrived)."""
     from nitro import results
 
     out.mkdir(parents=True, exist_ok=True)
-    results.write_rounds_csv(out / "rounds.csv", reports)
     summary = results.write_summary(out / "summary.json", status, reports, wall_s)
     results.plot_training(out / "training.png", reports)
     ckpt_line = _copy_checkpoint(status.checkpoint_path, out / "checkpoint.pt")
@@ -643,8 +705,96 @@ def _write_results(out: Path, status, reports: list, wall_s: float) -> Path:
     if summary["best_checkpoint_path"]:
         use = f"; try `nitro eval {best_line}`" if best_line == str(out / "best.pt") else ""
         print(f"  best policy   {best_line} (round {summary['best_round']}{use})")
+    for line in trackers.finish(summary) if trackers is not None else []:
+        print(f"  {line}")
     print(f"  results       {out}/ (rounds.csv, summary.json, training.png)", flush=True)
     return out
+
+
+# --- nitro watch / stop / list --------------------------------------------------------------------
+
+
+def _add_job_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id", metavar="JOB", help="job id (`nitro list` shows them)")
+    run = p.add_argument_group("running")
+    _add_target(run, "learner address")
+    _add_state_dir(run)
+
+
+def _add_watch(sub) -> None:
+    p = sub.add_parser("watch", help="follow a running or finished job to its end and write its results",
+                       description="Replay a job's round reports from round 0, follow it until it ends and write "
+                                   "results/<job>/ as `nitro train` does (rounds.csv row by row, then "
+                                   "summary.json and training.png), with the same progress display and tracking "
+                                   "flags. Ctrl-C leaves the job running. Exit code 0 when the job SUCCEEDED, "
+                                   "1 FAILED, 3 STOPPED; 2 for an unknown job id.")
+    _add_job_target(p)
+    _add_outputs(p)
+    p.set_defaults(func=cmd_watch)
+
+
+def cmd_watch(args) -> int:
+    trackers = _trackers(args)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_signals(_raise_interrupt, (signal.SIGTERM,)))  # a kill leaves like Ctrl-C
+        client = stack.enter_context(_client(args, _resolve_target(args)))
+        status = client.get(args.job_id)  # an unknown id is NOT_FOUND before anything is written
+        return _follow(client, status, args, trackers, leave_running=True)
+
+
+def _add_stop(sub) -> None:
+    p = sub.add_parser("stop", help="stop a job and print its state",
+                       description="Ask the learner to stop a job, wait for it to end (its round in flight ends "
+                                   "first) and print its state. The checkpoint and reports so far stay. Exit code 0 "
+                                   "once the job has ended (or had already), 1 when it still runs after --wait, "
+                                   "2 for an unknown job id.")
+    _add_job_target(p)
+    p.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to wait for the job to end; 0 returns once the request is sent "
+                        "(default: %(default)s)")
+    p.set_defaults(func=cmd_stop)
+
+
+def _state_line(status) -> str:
+    planned = f"/{status.spec.rounds}" if status.HasField("spec") else ""
+    return (f"{status.state_name}" + (f": {status.message}" if status.message else "")
+            + f" ({status.rounds_done}{planned} rounds, cloud ${status.cloud_total_cost_usd:.4f}, "
+              f"this machine ${status.total_cost_usd:.4f})")
+
+
+def cmd_stop(args) -> int:
+    with _client(args, _resolve_target(args)) as client:
+        status = client.stop(args.job_id)
+        if status.finished:
+            print(f"job {status.job_id} had already ended: {_state_line(status)}")
+            return 0
+        if args.wait > 0:
+            print(f"stopping job {status.job_id} (waiting up to {args.wait:g} s for its round in flight) ...",
+                  flush=True)
+            status = _final_status(client, status.job_id, status, wait_s=args.wait)
+    if status.finished:
+        print(f"job {status.job_id} {_state_line(status)}")
+        return 0
+    print(f"job {status.job_id} stop requested; still {_state_line(status)}")
+    return 0 if args.wait <= 0 else 1
+
+
+def _add_list(sub) -> None:
+    p = sub.add_parser("list", help="the learner's jobs as a table: state, rounds, both cost clocks",
+                       description="One row per job the learner knows, running or ended: id, state, rounds "
+                                   "done/planned, the modelled cloud cost and this machine's (docs/cost.md), "
+                                   "and why it ended.")
+    run = p.add_argument_group("running")
+    _add_target(run, "learner address")
+    _add_state_dir(run)
+    p.set_defaults(func=cmd_list)
+
+
+def cmd_list(args) -> int:
+    with _client(args, _resolve_target(args)) as client:
+        jobs = client.list()
+    print("\n".join(_job_table(jobs)) if jobs else "no jobs")
+    return 0
 
 
 # --- nitro deploy-lambda --------------------------------------------------------------------------
@@ -953,8 +1103,8 @@ def cmd_presets(args) -> int:
     return 0
 
 
-COMMANDS = (_add_up, _add_down, _add_status, _add_train, _add_eval, _add_export, _add_deploy_lambda,
-            _add_pretrain_minions, _add_presets)
+COMMANDS = (_add_up, _add_down, _add_status, _add_train, _add_watch, _add_stop, _add_list, _add_eval,
+            _add_export, _add_deploy_lambda, _add_pretrain_minions, _add_presets)
 
 
 def build_parser() -> argparse.ArgumentParser:

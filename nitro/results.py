@@ -1,6 +1,7 @@
 """Writers for a training run's results: rounds.csv, summary.json and training.png.
 
-Pure functions of what the SDK returned, so experiment scripts can reuse them.
+Pure functions of what the SDK returned, so experiment scripts can reuse them;
+RoundsCsvWriter writes rounds.csv a row at a time while a job runs.
 Reports and statuses may be SDK wrappers (nitro.sdk.RoundReport/TrainingStatus),
 proto messages or plain dicts with the proto's field names.
 """
@@ -31,26 +32,68 @@ _PHASE_COLUMNS = {"phases": "phase_{}_s", "cloud_phases": "cloud_phase_{}_s"}  #
 
 
 def round_rows(reports: Iterable) -> tuple[list[str], list[dict]]:
-    """Flat CSV rows: phases become phase_<name>_s columns (cloud_phases cloud_phase_<name>_s), notes one
-    '; '-joined string."""
-    rows, columns, phase_cols = [], [], []
-    for report in reports:
-        d = dict(as_dict(report))
-        phase_sets = {key: _phase_dict(d.pop(key, None)) for key in _PHASE_COLUMNS}
-        row = {k: ("; ".join(v) if isinstance(v, list) else v) for k, v in d.items()}
-        for key, phases in phase_sets.items():
-            for name, seconds in phases.items():
-                col = _PHASE_COLUMNS[key].format(name)
-                row[col] = seconds
-                if col not in phase_cols:
-                    phase_cols.append(col)
-        columns += [k for k in d if k not in columns]
-        rows.append(row)
+    """Flat CSV rows (`flat_row`) and the columns they use: report fields, then phase columns."""
+    rows = [flat_row(r) for r in reports]
     if not rows:  # header only: the fields a report would have
-        from nitro.v1 import training_pb2
-
-        columns = [f.name for f in training_pb2.RoundReport.DESCRIPTOR.fields if f.name not in _PHASE_COLUMNS]
+        return _report_fields(), []
+    columns, phase_cols = [], []
+    for row in rows:
+        for key in row:
+            target = phase_cols if key.startswith(("phase_", "cloud_phase_")) else columns
+            if key not in target:
+                target.append(key)
     return columns + phase_cols, rows
+
+
+def flat_row(report) -> dict:
+    """One report as a CSV row: phases become phase_<name>_s columns (cloud_phases cloud_phase_<name>_s),
+    notes one '; '-joined string."""
+    d = as_dict(report)
+    row = {k: ("; ".join(v) if isinstance(v, list) else v) for k, v in d.items() if k not in _PHASE_COLUMNS}
+    for key, column in _PHASE_COLUMNS.items():
+        for name, seconds in _phase_dict(d.get(key)).items():
+            row[column.format(name)] = seconds
+    return row
+
+
+def _report_fields() -> list[str]:
+    from nitro.v1 import training_pb2
+
+    return [f.name for f in training_pb2.RoundReport.DESCRIPTOR.fields if f.name not in _PHASE_COLUMNS]
+
+
+def stable_columns() -> list[str]:
+    """A header that fits every report: all RoundReport fields, then a column per phase on both clocks
+    (nitro.metrics.PHASES names every phase a loop times)."""
+    from nitro.metrics import PHASES
+
+    return _report_fields() + [column.format(p) for column in _PHASE_COLUMNS.values() for p in PHASES]
+
+
+class RoundsCsvWriter:
+    """rounds.csv written while a job runs: the stable header at once, then one flushed row per report,
+    so the file can be read (or tailed) before the job ends."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "w", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=stable_columns(), restval="", extrasaction="ignore")
+        self._writer.writeheader()
+        self._file.flush()
+
+    def append(self, report) -> None:
+        self._writer.writerow(flat_row(report))
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> RoundsCsvWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _phase_dict(value) -> dict[str, float]:
