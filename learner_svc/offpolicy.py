@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from learner_svc.rounds import RoundLoop, slot_index
+from learner_svc.rounds import DIAGNOSTICS, RoundLoop, slot_index
 from nitro import metrics
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
@@ -124,10 +124,10 @@ class OffPolicyLoop(RoundLoop):
             acc["steps"] += steps
             metrics.ENV_STEPS.inc(steps)
             for b in batches:
-                self.recent_returns.extend(b["episode_returns"])
-            self.recent_returns = self.recent_returns[-20:]
+                self.note_episodes(b)
         acc["updates"] += 1
-        for name in ("policy_loss", "value_loss", "entropy", "kl", "gradient_noise_scale"):
+        for name in ("policy_loss", "value_loss", "entropy", "kl", "gradient_noise_scale",
+                     *DIAGNOSTICS.values()):
             acc["sums"][name] = acc["sums"].get(name, 0.0) + float(getattr(stats, name))
 
     # -- the loop -------------------------------------------------------------------------
@@ -209,6 +209,8 @@ class OffPolicyLoop(RoundLoop):
             policy_loss=means.get("policy_loss", 0.0), value_loss=means.get("value_loss", 0.0),
             entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=resp.retries,
             gradient_noise_scale=means.get("gradient_noise_scale", 0.0),
+            **{key: means.get(name, 0.0) for key, name in DIAGNOSTICS.items()},
+            kl_coeff=self.learner.kl_coeff,
             duplicates_dropped=duplicates, rejected_batches=rejected,
             **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
                                          phases=phases, round_seconds=time.time() - acc["t"], notes=notes,

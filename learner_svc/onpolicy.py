@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from learner_svc.rounds import LOST_BATCH_GRACE_S, RoundLoop, invocation_id, slot_index
+from learner_svc.rounds import DIAGNOSTICS, LOST_BATCH_GRACE_S, RoundLoop, invocation_id, slot_index
 from nitro import metrics
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
@@ -248,8 +248,7 @@ class OnPolicyLoop(RoundLoop):
                              f"(min_sample_fraction {spec.min_sample_fraction:g})")
         behaviour_version = self.version
         for b in got.batches:
-            self.recent_returns.extend(b["episode_returns"])
-        self.recent_returns = self.recent_returns[-20:]
+            self.note_episodes(b)
 
         with metrics.timed("update", phases, cloud):
             stats = self.learner.update(got.batches)
@@ -264,6 +263,7 @@ class OnPolicyLoop(RoundLoop):
             "duplicates_dropped": duplicates + got.duplicates, "rejected_batches": rejected, "stale_batches_dropped": got.stale,
             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss, "entropy": stats.entropy,
             "kl": stats.kl, "gradient_noise_scale": stats.gradient_noise_scale, "notes": got.notes[:50],
+            **{key: float(getattr(stats, name)) for key, name in DIAGNOSTICS.items()}, "kl_coeff": stats.kl_coeff,
             "phases": dict(phases), "cloud_phases": dict(cloud),
             "t_round": time.time() - (time.perf_counter() - t_round),
         }
@@ -318,6 +318,8 @@ class OnPolicyLoop(RoundLoop):
             "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "actors_replaced",
             "env_steps", "total_env_steps", "invocation_retries", "duplicates_dropped", "rejected_batches",
             "stale_batches_dropped", "policy_loss", "value_loss", "entropy", "kl", "gradient_noise_scale")}
+        # Absent from the pending round of a checkpoint written before the diagnostics were reported.
+        keep.update({key: pending.get(key, 0.0) for key in (*DIAGNOSTICS, "kl_coeff")})
         report = training_pb2.RoundReport(
             **keep, resumed=resumed,
             **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,

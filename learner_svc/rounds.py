@@ -114,6 +114,7 @@ class RoundLoop:
         self.total_steps = 0
         self.next_round = 0
         self.recent_returns: list[float] = []
+        self.recent_lengths: list[int] = []  # of the same episodes as recent_returns
         self.last_actors = self.spec.scaler.i_min
         self.last_plan_time = time.monotonic()
         self.rng = np.random.default_rng(self.spec.seed)
@@ -272,6 +273,11 @@ class RoundLoop:
         return self.rpc(self.deps.scaler.GetCost, scaler_pb2.GetCostRequest(job_id=self.job.job_id),
                         timeout=DEADLINES["GetCost"], patience=30.0, what="GetCost")
 
+    def note_episodes(self, batch: dict) -> None:
+        """Remember the returns and lengths of the episodes that finished inside an actor batch."""
+        self.recent_returns = (self.recent_returns + list(batch["episode_returns"]))[-RECENT_EPISODES:]
+        self.recent_lengths = (self.recent_lengths + list(batch.get("episode_lengths", [])))[-RECENT_EPISODES:]
+
     def closing_report_fields(self, *, eval_return: float, score_resp, next_plan, phases: dict[str, float],
                               round_seconds: float, notes: list[str], fallback: int,
                               cloud_phases: dict[str, float] | None = None) -> dict:
@@ -290,6 +296,7 @@ class RoundLoop:
         return dict(
             job_id=self.job.job_id,
             train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
+            mean_episode_length=float(np.mean(self.recent_lengths)) if self.recent_lengths else 0.0,
             eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
             convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
             round_cost_usd=max(0.0, cost.total_cost_usd - prev_total), total_cost_usd=cost.total_cost_usd,
@@ -404,6 +411,7 @@ class RoundLoop:
                     "env_steps": self.total_steps, "spec": self.spec.to_dict(),
                     "model_spec": self.model_spec.to_dict(), "learner": self.learner.state(),
                     "np_rng": self.rng.bit_generator.state, "recent_returns": self.recent_returns,
+                    "recent_lengths": self.recent_lengths,
                     "last_actors": self.last_actors, "pending": pending}, tmp)
         os.replace(tmp, path)  # atomic: a crash mid-write leaves the previous checkpoint intact
         self.job.checkpoint_path = path
@@ -421,6 +429,7 @@ class RoundLoop:
         self.version, self.total_steps = ck["version"], ck["env_steps"]
         self.rng.bit_generator.state = ck["np_rng"]
         self.recent_returns, self.last_actors = list(ck["recent_returns"]), ck["last_actors"]
+        self.recent_lengths = list(ck.get("recent_lengths", []))  # absent from older checkpoints
         self.job.checkpoint_path = path
         reports = load_reports(self.dir)
         self.job.reports = reports
@@ -455,6 +464,7 @@ class RoundLoop:
             f.flush()
             os.fsync(f.fileno())
         self.job.add_report(report)
+        export_diagnostics(report)
 
     def save_job_state(self, state: str, message: str = "", resumable: bool = False) -> None:
         path = os.path.join(self.dir, "job.json")
@@ -463,6 +473,20 @@ class RoundLoop:
             json.dump({"job_id": self.job.job_id, "state": state, "message": message, "resumable": resumable,
                        "spec": self.spec.to_dict()}, f)
         os.replace(tmp, path)
+
+
+RECENT_EPISODES = 20  # train_return and mean_episode_length average the latest this many episodes
+# RoundReport learner diagnostics -> the UpdateStats field each averages over the round's SGD steps or updates
+# (kl_coeff, the fifth, is the learner's own after the round).
+DIAGNOSTICS = {"clip_fraction": "clip_frac", "grad_norm": "grad_norm", "explained_variance": "explained_variance"}
+
+
+def export_diagnostics(report: training_pb2.RoundReport) -> None:
+    """The round's learner diagnostics as per-job gauges (dropped with the job's other series)."""
+    for gauge, value in ((metrics.CLIP_FRACTION, report.clip_fraction), (metrics.GRAD_NORM, report.grad_norm),
+                         (metrics.EXPLAINED_VARIANCE, report.explained_variance),
+                         (metrics.KL_COEFF, report.kl_coeff), (metrics.MEAN_EPISODE_LENGTH, report.mean_episode_length)):
+        metrics.set_job(gauge, report.job_id, value)
 
 
 def _numpy(x) -> np.ndarray:

@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from learner_svc.rounds import POLICY_TTL_S, RoundLoop, derived_seed, slot_index
+from learner_svc.rounds import DIAGNOSTICS, POLICY_TTL_S, RoundLoop, derived_seed, slot_index
 from nitro import codec, metrics
 from nitro.algos.ppo import collate, standardize_batch
 from nitro.algos.stellaris import (
@@ -253,8 +253,7 @@ class StellarisLoop(RoundLoop):
         self.total_steps += e.steps
         metrics.ENV_STEPS.inc(e.steps)
         acc["batches"].append(e.batch)
-        self.recent_returns.extend(e.batch["episode_returns"])
-        self.recent_returns = self.recent_returns[-20:]
+        self.note_episodes(e.batch)
         metrics.POLICY_LAG.observe(self.version - e.policy_version)
         self.waiting.append((acc["k"], e))
 
@@ -376,7 +375,7 @@ class StellarisLoop(RoundLoop):
             if not applied:
                 metrics.GRADIENTS_DROPPED.labels("stale" if s >= 0 else "future_base").inc()
                 continue
-            for name in ("policy_loss", "value_loss", "entropy", "kl", "rho_mean"):
+            for name in ("policy_loss", "value_loss", "entropy", "kl", "rho_mean", *DIAGNOSTICS.values()):
                 acc["sums"][name] = acc["sums"].get(name, 0.0) + float(r.stats.get(name, 0.0))
         if moved:
             self.pending_obs = []
@@ -451,6 +450,7 @@ class StellarisLoop(RoundLoop):
             env_steps=acc["steps"], total_env_steps=self.total_steps,
             policy_loss=means.get("policy_loss", 0.0), value_loss=means.get("value_loss", 0.0),
             entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=resp.retries,
+            **{key: means.get(name, 0.0) for key, name in DIAGNOSTICS.items()}, kl_coeff=self.learner.kl_coeff,
             duplicates_dropped=duplicates + acc["duplicates"], rejected_batches=rejected + acc["rejected"],
             gradients_produced=acc["produced"], gradients_applied=acc["applied"], gradients_dropped=acc["dropped"],
             mean_staleness=mean_stal, staleness_bound=acc["bound"], learner_functions_launched=acc["launched"],

@@ -335,6 +335,7 @@ def _client(args, target: str) -> NitroClient:
         state = ls.running_state(args.state_dir)
         if state and state.get("learner") == target:
             token = ls.local_token(args.state_dir)
+    args.learner_target = target  # named in an UNAVAILABLE error (main)
     return NitroClient(target, token=token, tls_ca=args.tls_ca)  # token None: the SDK tries $NITRO_TOKEN(_FILE)
 
 
@@ -1121,7 +1122,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except NitroRpcError as exc:
-        hint = " (is the system up? `nitro status`)" if exc.code == grpc.StatusCode.UNAVAILABLE else ""
+        target = getattr(args, "learner_target", None)
+        hint = "" if exc.code != grpc.StatusCode.UNAVAILABLE else \
+            f" (is a learner up at {target}? `nitro status`)" if target else " (is the system up? `nitro status`)"
         print(f"error: {exc.code.name}: {exc.details}{hint}", file=sys.stderr)
         return 2 if exc.code in BAD_INPUT else 1
     except InvalidSpec as exc:

@@ -46,6 +46,14 @@ BUDGET_LEFT_USD = Gauge("nitro_budget_left_usd", "Budget a job has left.", [JOB_
 BOOSTING_SCORE = Gauge("nitro_boosting_score", "Latest boosting score S_k.", [JOB_LABEL])
 CONVEXITY_RATIO = Gauge("nitro_convexity_ratio", "Latest convexity ratio R.", [JOB_LABEL])
 EVAL_RETURN = Gauge("nitro_eval_return", "Latest deterministic evaluation return.", [JOB_LABEL])
+# Learner diagnostics of a job's latest round (RoundReport fields of the same names).
+CLIP_FRACTION = Gauge("nitro_clip_fraction", "Share of samples whose probability ratio was clipped.", [JOB_LABEL])
+GRAD_NORM = Gauge("nitro_grad_norm", "Mean global gradient norm before clipping.", [JOB_LABEL])
+EXPLAINED_VARIANCE = Gauge("nitro_explained_variance", "Value function's explained variance of its targets.",
+                           [JOB_LABEL])
+KL_COEFF = Gauge("nitro_kl_coeff", "Adaptive KL penalty coefficient.", [JOB_LABEL])
+MEAN_EPISODE_LENGTH = Gauge("nitro_mean_episode_length", "Mean length of the latest 20 training episodes.",
+                            [JOB_LABEL])
 SCHEDULER_ACTORS = Gauge("nitro_scheduler_actors",
                          "Actors the learned scheduler (minions) chose for a job's next round, before the budget guard.",
                          [JOB_LABEL])

@@ -270,8 +270,9 @@ def stellaris_loss(logp_new: torch.Tensor, logp_ref: torch.Tensor, weights: torc
     vl = value_loss(v_new, v_old, returns, value_clip, value_clip_mode)
     ent = entropy.mean()
     kl_mean = kl.mean()
+    clip_frac = ((torch.exp(logp_new - logp_ref) - 1.0).abs() > clip).float().mean()
     total = pg + kl_coeff * kl_mean + value_coeff * vl - entropy_coeff * ent
-    return total, {"policy_loss": pg, "value_loss": vl, "entropy": ent, "kl": kl_mean}
+    return total, {"policy_loss": pg, "value_loss": vl, "entropy": ent, "kl": kl_mean, "clip_frac": clip_frac}
 
 
 @torch.no_grad()
@@ -362,7 +363,10 @@ def compute_update(base: Policy, batches: list[dict], config, algo: str = "ppo",
         final_kl = float(kl_per_sample(base_dist, policy.distribution(obs), slice(None)).mean())
     g = (flat_parameters(base) - flat_parameters(policy)).numpy().astype(np.float32)
     rho = data["rho"]
-    stats = {**{k: sgd.means[k] for k in ("policy_loss", "value_loss", "entropy")}, "kl": final_kl,
+    var = float(data["returns"].var(unbiased=False))
+    ev = 1.0 - float((data["returns"] - data["values"]).var(unbiased=False)) / var if var > 1e-12 else 0.0
+    stats = {**{k: sgd.means[k] for k in ("policy_loss", "value_loss", "entropy", "clip_frac", "grad_norm")},
+             "kl": final_kl, "explained_variance": ev,
              "samples": int(n), "sgd_steps": sgd.steps, "rho_mean": float(rho.mean()),
              "truncated_fraction": float((rho < torch.exp(data["logp_base"] - data["logp"]) - 1e-6).float().mean()),
              "update_norm": float(np.linalg.norm(g))}
