@@ -39,7 +39,7 @@ from nitro.grpc_util import DEADLINES
 from nitro.inference import PolicyRunner
 from nitro.models import policy_to_blob, spec_for_spaces
 from nitro.rollout import evaluate
-from nitro.spec import algo_config
+from nitro.spec import algo_config, env_kwargs_to_wire
 from nitro.store import PolicyStore, TrajectoryReader
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
 
@@ -103,7 +103,7 @@ class RoundLoop:
         self.job, self.deps, self.spec = job, deps, job.spec
         self.device = "cpu" if self.cpu_only else deps.device
         self.cfg = algo_config(self.spec)
-        obs_space, act_space = env_spaces(self.spec.env_id)
+        obs_space, act_space = env_spaces(self.spec.env_id, **self.spec.env_kwargs)
         self.model_spec = spec_for_spaces(obs_space, act_space, hidden_sizes=self.cfg.hidden_sizes,
                                           activation=self.cfg.activation, obs_norm=self.cfg.obs_norm,
                                           init_log_std=self.cfg.init_log_std)
@@ -265,7 +265,8 @@ class RoundLoop:
             steps_per_actor=self.spec.steps_per_actor, env_id=self.spec.env_id,
             seed=derived_seed(self.spec.seed, round_index, wave), function_name=self.spec.function_name,
             deadline_s=self.spec.round_deadline_s, actor_memory_mb=self.spec.actor_memory_mb, wait=True,
-            slots=slots, wave=wave, reset_episodes=self.spec.reproducible)
+            slots=slots, wave=wave, reset_episodes=self.spec.reproducible,
+            env_kwargs_json=env_kwargs_to_wire(self.spec.env_kwargs))
         return self.rpc(self.deps.scaler.Launch, req, timeout=self.spec.round_deadline_s + 30.0,
                         patience=self.spec.round_deadline_s, what="Launch")
 
@@ -401,7 +402,8 @@ class RoundLoop:
             return float("nan")
         runner = PolicyRunner(self.model_spec, self.learner.policy.numpy_state(), self.version)
         return float(np.mean(evaluate(runner, self.spec.env_id, self.spec.eval_episodes,
-                                      seed=derived_seed(self.spec.seed, round_index, EVAL_SEED_TAG, 0) % (2**31))))
+                                      seed=derived_seed(self.spec.seed, round_index, EVAL_SEED_TAG, 0) % (2**31),
+                                      env_kwargs=self.spec.env_kwargs)))
 
     # -- durability -----------------------------------------------------------------------
     def checkpoint(self, round_index: int, pending: dict) -> None:

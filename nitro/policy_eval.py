@@ -54,9 +54,10 @@ class Evaluation:
 
 def evaluate_policy(policy: TrainedPolicy, env_id: str = "", episodes: int = 10, seed: int = 0,
                     video: str | None = None) -> Evaluation:
-    """Run `episodes` deterministic episodes on env_id (default: the one the policy was trained on);
-    `video` (.mp4 or .gif) records the first."""
+    """Run `episodes` deterministic episodes on env_id (default: the one the policy was trained on, built
+    with the training's env_kwargs); `video` (.mp4 or .gif) records the first."""
     env_id = env_id or policy.env_id
+    env_kwargs = dict(policy.info.get("env_kwargs") or {}) if env_id == policy.env_id else {}
     if not env_id:
         raise PolicyError("env: the policy does not say which environment it was trained on; name one")
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
@@ -67,7 +68,7 @@ def evaluate_policy(policy: TrainedPolicy, env_id: str = "", episodes: int = 10,
         check_video_path(video)
         if not os.environ.get("DISPLAY"):
             os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo's default (GLFW) needs a display; EGL renders headless
-    env = make_env(env_id)
+    env = make_env(env_id, **env_kwargs)
     try:
         policy.check_spaces(env.observation_space, env.action_space, env_id)
         fps = float(env.metadata.get("render_fps") or 30)
@@ -77,7 +78,8 @@ def evaluate_policy(policy: TrainedPolicy, env_id: str = "", episodes: int = 10,
         fps /= AtariOptions().frame_skip  # one step is frame_skip emulator frames
     with VideoWriter(video, fps) if video else contextlib.nullcontext() as writer:
         try:
-            returns = evaluate(policy.runner, env_id, episodes, seed, on_frame=writer.append if writer else None)
+            returns = evaluate(policy.runner, env_id, episodes, seed, env_kwargs=env_kwargs,
+                               on_frame=writer.append if writer else None)
         except gym.error.Error as exc:  # e.g. a renderer that is not installed
             raise ConfigError(f"video: {env_id} cannot render rgb_array frames: {exc}") from None
     iqm, low, high, method = iqm_interval(returns)

@@ -143,6 +143,8 @@ def _read_checkpoint(path: Path) -> tuple[ModelSpec, dict, dict]:
     train = ck.get("spec") or {}
     info = {"env_id": train.get("env_id", ""), "algo": train.get("algo", ""), "job_id": train.get("job_id", ""),
             "round": ck.get("round"), "version": ck.get("version"), "env_steps": ck.get("env_steps")}
+    if train.get("env_kwargs"):  # the training environment's keyword arguments (TrainingSpec.env_kwargs)
+        info["env_kwargs"] = dict(train["env_kwargs"])
     state = {k: v.detach().cpu().numpy() for k, v in learner["policy"].items()}
     return _model_spec(ck["model_spec"], path), state, info
 

@@ -58,8 +58,8 @@ ENV_PRESETS: dict[str, EnvPreset] = {p.name: p for p in [
 ]}
 
 
-def is_env_preset(name: str) -> bool:
-    return name in ENV_PRESETS
+def is_env_preset(name) -> bool:
+    return isinstance(name, str) and name in ENV_PRESETS  # any value: SDK dicts are checked with it before typing
 
 
 def env_preset_names() -> list[str]:

@@ -29,7 +29,7 @@ MAX_STEPS_PER_ACTOR = 1_000_000
 MAX_BUDGET_USD = 1_000_000.0
 MAX_STALENESS_BOUND = 10_000
 MAX_HIDDEN_LAYERS = 8
-MAX_HIDDEN_WIDTH = 4096
+MAX_HIDDEN_WIDTH = 1024  # 8 layers of 1024: ~15M weights for actor and critic together
 
 
 class InvalidSpec(ConfigError):

@@ -65,7 +65,7 @@ def load(path: str | os.PathLike) -> dict:
         doc = json.loads(text) if path.suffix.lower() == ".json" else yaml.load(text, Loader=_StrictLoader)
     except (ValueError, yaml.YAMLError) as exc:
         kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
-        raise SpecFileError(path, f"is not valid {kind}: {exc}") from None
+        raise SpecFileError(path, f"is not valid {kind}: {_one_line(exc)}") from None
     if not isinstance(doc, Mapping):
         raise SpecFileError(path, f"must hold a mapping of spec fields, e.g. 'env_id: CartPole-v1', got "
                                   f"{type(doc).__name__}")
@@ -75,6 +75,14 @@ def load(path: str | os.PathLike) -> dict:
     if isinstance(scheduler, str) and scheduler:  # the services resolve paths against their own directory
         doc["scaler"]["scheduler"] = str((path.parent / os.path.expanduser(scheduler)).resolve())
     return doc
+
+
+def _one_line(exc: Exception) -> str:
+    """A parser's error as one line (PyYAML's quote the offending line beneath)."""
+    mark = getattr(exc, "problem_mark", None)
+    if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
+        return f"{exc.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
 
 
 def normalise(spec: dict) -> dict:
@@ -126,9 +134,10 @@ def _known(mapping: Mapping, allowed, prefix: str, where: str) -> None:
 def _algo_of(spec: Mapping) -> str:
     from nitro.presets import ENV_PRESETS
 
-    preset = ENV_PRESETS.get(spec.get("preset"))
+    name = spec.get("preset")
+    preset = ENV_PRESETS.get(name) if isinstance(name, str) else None
     algo = spec.get("algo") or (preset.algo if preset else "ppo")
-    return algo if algo in ("ppo", "impact") else "ppo"  # the server names a wrong algo
+    return algo if algo in ("ppo", "impact") else "ppo"  # a wrong algo is the server's to name
 
 
 def numeric_hyperparameters(algo: str) -> tuple[str, ...]:
