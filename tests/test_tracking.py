@@ -7,6 +7,7 @@ import csv
 import glob
 import math
 import sys
+import time
 
 import pytest
 
@@ -84,8 +85,11 @@ def test_wandb_offline_run_logs_every_tag(tmp_path, monkeypatch):
     (line,) = trackers.finish({"state": "SUCCEEDED", "message": "done", "final_eval_return": 20.0})
     assert trackers.active and "offline; upload with: wandb sync" in line
     (records,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
-    data = open(records, "rb").read()
     # The run's records are wandb's binary log; its history keys and config values are stored as text.
+    # wandb's service process may still be writing it after finish() (it flushes by the time we exit).
+    deadline = time.monotonic() + 20
+    while b"progress/round" not in (data := open(records, "rb").read()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for tag, _ in tracking.SCALARS:
         assert tag.encode() in data, tag
     assert b"scaler.i_max" in data and b"CartPole-v1" in data
