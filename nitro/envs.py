@@ -67,13 +67,19 @@ def resolve_env_id(env_id: str) -> str:
         try:
             importlib.import_module(module)
         except (ImportError, ValueError, TypeError) as exc:
-            raise UnknownEnvironmentError(env_id) from exc
+            where = " (is its directory on the PYTHONPATH of the learner and the actors?)" \
+                if isinstance(exc, ModuleNotFoundError) and (module + ".").startswith(f"{exc.name}.") else ""
+            raise UnknownEnvironmentError(env_id, hint=f"importing module {module!r} failed: "
+                                                       f"{type(exc).__name__}: {exc}{where}") from exc
+        hint = f"module {module!r} was imported but registered no {name!r} (gymnasium.register)"
         env_id = name
+    else:
+        hint = ""
     if env_id not in gym.registry and is_atari(env_id):
         _register_ale()
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3, cutoff=0.6)
-        raise UnknownEnvironmentError(env_id, close)
+        raise UnknownEnvironmentError(env_id, close, hint=hint)
     return env_id
 
 

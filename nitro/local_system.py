@@ -326,7 +326,10 @@ class LocalSystem:
             env.pop(var, None)
         env["NITRO_HMAC_KEY"] = self.hmac_key
         env["NITRO_TOKEN"] = self.token
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), _repo_root()) if p)
+        # Absolute: the components run in the state dir, where a relative entry (PYTHONPATH=.) would point
+        # elsewhere, and user environment modules ('module:EnvId', docs/custom-envs.md) would not import.
+        user = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*user, _repo_root()]))
         env["PYTHONUNBUFFERED"] = "1"
         # Everything here is loopback: an HTTP(S) proxy from the environment must not intercept it.
         for var in ("NO_PROXY", "no_proxy"):
