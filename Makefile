@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test setup protos check-protos bench clean
 
-$(STAMP): pyproject.toml
+# The exact tested versions come from constraints.txt; pyproject.toml holds the compatible ranges.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -29,7 +30,7 @@ check-protos: setup
 	$(BIN)/python -m nitro.tools.gen_protos --check
 
 bench: setup
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -379,6 +380,78 @@ def test_actor_image_is_a_lambda_image_with_the_handler():
 
     module, func = "actor_fn.handler.handler".rsplit(".", 1)
     assert callable(getattr(importlib.import_module(module), func))
+
+
+ENV_IMAGES = ("actor-lambda", "learner", "scaler")  # the images that build environments (compose's actors: scaler)
+
+
+def final_stage(ins: list[tuple[str, str]]) -> tuple[list, list]:
+    """(the build stages, the last stage) of a Dockerfile's instructions."""
+    last_from = max(i for i, (w, _) in enumerate(ins) if w == "FROM")
+    return ins[:last_from], ins[last_from:]
+
+
+def install_step(ins: list[tuple[str, str]]) -> str:
+    (run,) = [a for w, a in ins if w == "RUN" and "-r requirements.txt" in a]
+    return run
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_install_the_exact_versions_of_constraints_txt(dockerfile):
+    ins = instructions(dockerfile)
+    copied = [src for w, a in ins if w == "COPY" and "--from=" not in a for src in a.split()[:-1]]
+    assert "constraints.txt" in copied and "pyproject.toml" in copied
+    assert " -c constraints.txt " in f" {install_step(ins)} "
+
+
+def pip_arguments(run: str, tmp_path: Path, **build_args: str) -> list[str]:
+    """The arguments the install step hands pip, with these build arguments (Docker passes ARGs to RUN
+    as environment variables); `sh -c` runs the step with pip and python stubbed."""
+    stubs = 'pip() { printf "%s\\n" "$@" > pip-args; }; python() { :; }; python3() { :; }; '
+    env = {"PATH": os.environ["PATH"], "TORCH_INDEX_URL": "https://download.invalid/whl/cpu", **build_args}
+    subprocess.run(["sh", "-c", stubs + run], cwd=tmp_path, env=env, check=True, timeout=30)
+    return (tmp_path / "pip-args").read_text().splitlines()
+
+
+@pytest.mark.parametrize("name", ENV_IMAGES)
+def test_environment_images_take_user_packages_and_the_env_module_allow_list(name, tmp_path):
+    """EXTRA_PIP_PACKAGES: requirements installed with nitro's, in the same pip run and under the same
+    constraints, one per word, found in deploy/docker/user-packages too; NITRO_ENV_MODULES: baked into
+    the runtime stage's environment (docs/custom-envs.md)."""
+    ins = instructions(DOCKER / f"{name}.Dockerfile")
+    build, final = final_stage(ins)
+    assert ("ARG", 'EXTRA_PIP_PACKAGES=""') in build
+    assert ("ARG", 'NITRO_ENV_MODULES=""') in final
+    env = " ".join(a for w, a in final if w == "ENV")
+    assert "NITRO_ENV_MODULES=${NITRO_ENV_MODULES}" in env.split()
+    copies = [a.split() for w, a in build if w == "COPY"]
+    assert ["deploy/docker/user-packages", "./user-packages"] in copies
+    run = install_step(build)
+    args = pip_arguments(run, tmp_path, EXTRA_PIP_PACKAGES="my-envs==1.2 other-envs>=3")
+    assert args[0] == "install" and args[-4:] == ["-r", "requirements.txt", "my-envs==1.2", "other-envs>=3"]
+    assert args[args.index("-c") + 1] == "constraints.txt"
+    assert args[args.index("--find-links") + 1] == "./user-packages"
+    if name == "actor-lambda":  # Lambda's task root holds the packages
+        assert args[args.index("--target") + 1] == "/opt/deps"
+    assert pip_arguments(run, tmp_path, EXTRA_PIP_PACKAGES="")[-2:] == ["-r", "requirements.txt"]
+    assert pip_arguments(run, tmp_path)[-2:] == ["-r", "requirements.txt"]  # the ARG's default
+
+
+def test_compose_passes_the_user_environment_build_arguments(compose):
+    """Set NITRO_EXTRA_PIP_PACKAGES and NITRO_ENV_MODULES (deploy/docker/.env) and `up --build`: the learner
+    and the scaler image (which runs the actors) are built with them. No service sets NITRO_ENV_MODULES
+    at run time, where an unset variable would blank the image's value."""
+    for svc in ("learner", "scaler", "actors"):
+        build = compose["services"][svc]["build"]
+        args = build["args"]
+        assert args["EXTRA_PIP_PACKAGES"] == "${NITRO_EXTRA_PIP_PACKAGES:-}"
+        assert args["NITRO_ENV_MODULES"] == "${NITRO_ENV_MODULES:-}"
+        declared = {a.split("=")[0] for w, a in instructions(DOCKER / Path(build["dockerfile"]).name) if w == "ARG"}
+        assert {"EXTRA_PIP_PACKAGES", "NITRO_ENV_MODULES"} <= declared, svc
+    for name, svc in compose["services"].items():
+        assert "NITRO_ENV_MODULES" not in (svc.get("environment") or {}), name
+    example = (DOCKER / ".env.example").read_text()
+    assert "# NITRO_EXTRA_PIP_PACKAGES=" in example and "# NITRO_ENV_MODULES=" in example
 
 
 def test_healthcheck_tool_reports_serving_and_unreachable():

@@ -15,12 +15,20 @@ ARG LAMBDA_PYTHON=3.12
 FROM public.ecr.aws/lambda/python:${LAMBDA_PYTHON} AS build
 # CPU wheels of torch: Lambda has no GPU, and the CUDA build would not fit the 10 GB image limit.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# User environments (docs/custom-envs.md): pip requirements installed beside nitro's under the same
+# constraints, e.g. --build-arg EXTRA_PIP_PACKAGES="my-envs==1.2 other-envs>=3"; wheels and sdists
+# put in deploy/docker/user-packages/ are found there.
+ARG EXTRA_PIP_PACKAGES=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions.
+COPY pyproject.toml README.md constraints.txt ./
+COPY deploy/docker/user-packages ./user-packages
+# EXTRA_PIP_PACKAGES is left unquoted on purpose: each word is one requirement.
 RUN python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
         > requirements.txt \
- && pip install --extra-index-url "${TORCH_INDEX_URL}" --target /opt/deps -r requirements.txt
+ && pip install --extra-index-url "${TORCH_INDEX_URL}" --find-links ./user-packages -c constraints.txt \
+        --target /opt/deps -r requirements.txt ${EXTRA_PIP_PACKAGES}
 COPY nitro ./nitro
 COPY actor_fn ./actor_fn
 RUN pip install --no-deps --target /opt/app . \
@@ -30,9 +38,12 @@ RUN pip install --no-deps --target /opt/app . \
 FROM public.ecr.aws/lambda/python:${LAMBDA_PYTHON}
 COPY --from=build /opt/deps ${LAMBDA_TASK_ROOT}
 COPY --from=build /opt/app ${LAMBDA_TASK_ROOT}
+# Modules that 'module:EnvId' ids may import (nitro.envs); the function's configuration overrides it.
+ARG NITRO_ENV_MODULES=""
 # Caches must go to /tmp (the only writable path). One thread per BLAS/OpenMP pool: an actor
 # runs batch-1 inference on a fraction of a vCPU, where more threads only contend.
-ENV MPLCONFIGDIR=/tmp/matplotlib \
+ENV NITRO_ENV_MODULES=${NITRO_ENV_MODULES} \
+    MPLCONFIGDIR=/tmp/matplotlib \
     XDG_CACHE_HOME=/tmp/.cache \
     OMP_NUM_THREADS=1 \
     OPENBLAS_NUM_THREADS=1 \

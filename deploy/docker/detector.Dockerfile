@@ -6,9 +6,10 @@
 ARG PYTHON_VERSION=3.12
 
 # --- build: a virtualenv with the pinned dependencies and the nitro packages -----------------
+# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions.
 FROM python:${PYTHON_VERSION}-slim AS build
 # CPU wheels of torch by default: the default index's Linux x86_64 torch pulls several GB of CUDA
-# libraries that a CPU service never loads. torch stays pinned by pyproject.toml either way.
+# libraries that a CPU service never loads. constraints.txt pins torch's version either way.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -16,10 +17,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 WORKDIR /src
 # Dependencies before code: a code change then reuses this (large) layer.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
         > requirements.txt \
- && pip install --extra-index-url "${TORCH_INDEX_URL}" -r requirements.txt
+ && pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt -r requirements.txt
 COPY nitro ./nitro
 COPY learner_svc ./learner_svc
 COPY detector_svc ./detector_svc

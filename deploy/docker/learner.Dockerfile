@@ -8,20 +8,29 @@
 ARG PYTHON_VERSION=3.12
 
 # --- build: a virtualenv with the pinned dependencies and the nitro packages -----------------
+# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions.
 FROM python:${PYTHON_VERSION}-slim AS build
 # CPU wheels of torch by default: the default index's Linux x86_64 torch pulls several GB of CUDA
-# libraries that a CPU service never loads. torch stays pinned by pyproject.toml either way.
+# libraries that a CPU service never loads. constraints.txt pins torch's version either way.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# User environments (docs/custom-envs.md): pip requirements installed beside nitro's under the same
+# constraints, e.g. --build-arg EXTRA_PIP_PACKAGES="my-envs==1.2 other-envs>=3"; wheels and sdists
+# put in deploy/docker/user-packages/ are found there. The images that build environments take it:
+# the learner, the actor function and the scaler image (it also runs compose's actor endpoint).
+ARG EXTRA_PIP_PACKAGES=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
 # Dependencies before code: a code change then reuses this (large) layer.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
+COPY deploy/docker/user-packages ./user-packages
+# EXTRA_PIP_PACKAGES is left unquoted on purpose: each word is one requirement.
 RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
         > requirements.txt \
- && pip install --extra-index-url "${TORCH_INDEX_URL}" -r requirements.txt
+ && pip install --extra-index-url "${TORCH_INDEX_URL}" --find-links ./user-packages -c constraints.txt \
+        -r requirements.txt ${EXTRA_PIP_PACKAGES}
 COPY nitro ./nitro
 COPY learner_svc ./learner_svc
 COPY detector_svc ./detector_svc
@@ -36,7 +45,10 @@ RUN groupadd --system --gid 10001 nitro \
  && useradd --system --uid 10001 --gid nitro --home-dir /var/lib/nitro --create-home --shell /usr/sbin/nologin nitro \
  && install -d -o nitro -g nitro /var/lib/nitro/data
 COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH \
+# Modules that 'module:EnvId' ids may import (nitro.envs); the container's environment overrides it.
+ARG NITRO_ENV_MODULES=""
+ENV NITRO_ENV_MODULES=${NITRO_ENV_MODULES} \
+    PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     MPLCONFIGDIR=/tmp/matplotlib \
