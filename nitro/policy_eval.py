@@ -68,6 +68,8 @@ def evaluate_policy(policy: TrainedPolicy, env_id: str = "", episodes: int = 10,
         check_video_path(video)
         if not os.environ.get("DISPLAY"):
             os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo's default (GLFW) needs a display; EGL renders headless
+        # pygame (gymnasium's classic-control renderer) greets on stdout at import, where `nitro eval --json` writes.
+        os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
     env = make_env(env_id, **env_kwargs)
     try:
         policy.check_spaces(env.observation_space, env.action_space, env_id)

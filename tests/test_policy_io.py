@@ -4,7 +4,6 @@ evaluated round; bad inputs fail with errors that say what is wrong."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -31,8 +30,8 @@ SEED = 1
 
 
 class DrawnCartPole(CartPoleEnv):
-    """CartPole drawing its own frames with numpy: gymnasium's renderer needs pygame, not a dependency.
-    Two bars count the frames, so no two are alike (a GIF writer merges equal neighbours)."""
+    """CartPole drawing its own small frames with numpy, two bars counting them, so no two are alike
+    (a GIF writer merges equal neighbours) and every frame can be counted back."""
 
     renders = 0
 
@@ -138,39 +137,79 @@ def test_eval_command_prints_mean_iqm_and_json(checkpoint, capsys):
     assert "seeds 5..7" in captured.err and "IQM" in captured.err and "95% CI" in captured.err
 
 
-@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
-def test_video_of_the_first_episode(checkpoint, tmp_path, suffix):
+def read_video(path) -> tuple[list[np.ndarray], str]:
+    """Every frame of a video file (RGB) and its codec's FourCC, read back with OpenCV."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(path))
+    fourcc = int(cap.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little").decode("ascii", "replace")
+    frames = []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(frame[:, :, ::-1])
+    cap.release()
+    return frames, fourcc
+
+
+def test_mp4_of_real_cartpole_frames_is_h264_through_imageio_ffmpeg(checkpoint, tmp_path):
+    """gymnasium's own CartPole renderer (pygame) and imageio-ffmpeg's H.264, both dependencies."""
     policy = load_policy(checkpoint)
-    path = tmp_path / f"episode{suffix}"
-    result = evaluate_policy(policy, "DrawnCartPole-v1", episodes=2, seed=0, video=str(path))
-    # Rendering changes nothing: the same returns as plain CartPole, one frame per step plus the first.
+    path = tmp_path / "cartpole.mp4"
+    result = evaluate_policy(policy, "CartPole-v1", episodes=2, seed=0, video=str(path))
+    # Rendering changes nothing: the same returns as without a video, one frame per step plus the first.
     assert result.returns == evaluate_policy(policy, "CartPole-v1", episodes=2, seed=0).returns
     assert result.video_frames == int(result.returns[0]) + 1
-    if suffix == ".gif":  # CartPole runs at 50 fps: every frame is kept
-        assert iio.improps(path).shape == (result.video_frames, 60, 120, 3)
-    else:
-        import cv2
+    frames, fourcc = read_video(path)
+    assert fourcc.lower() in ("avc1", "h264") and len(frames) == result.video_frames
+    # The first frame is CartPole's first observation as gymnasium draws it (up to compression and the
+    # encoder's padding of the width to a multiple of 16: 600 -> 608).
+    env = gym.make("CartPole-v1", render_mode="rgb_array")
+    env.reset(seed=0)
+    drawn = env.render()
+    env.close()
+    assert drawn.shape == (400, 600, 3) and frames[0].shape[0] == 400 and frames[0].shape[1] in (600, 608)
+    assert np.abs(frames[0][:, :600].astype(int) - drawn).mean() < 8.0
+    assert not np.array_equal(frames[0], frames[-1])  # the cart and the pole moved
 
-        assert int(cv2.VideoCapture(str(path)).get(cv2.CAP_PROP_FRAME_COUNT)) == result.video_frames
+
+def test_gif_keeps_every_frame(checkpoint, tmp_path):
+    policy = load_policy(checkpoint)
+    path = tmp_path / "episode.gif"
+    result = evaluate_policy(policy, "DrawnCartPole-v1", episodes=2, seed=0, video=str(path))
+    assert result.returns == evaluate_policy(policy, "CartPole-v1", episodes=2, seed=0).returns
+    # CartPole runs at 50 fps: every frame is kept
+    assert iio.improps(path).shape == (result.video_frames, 60, 120, 3)
 
 
-def test_export_reloads_with_identical_predictions(checkpoint, tmp_path):
+def test_mp4_without_imageio_ffmpeg_falls_back_to_opencv(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # find_spec now says it is not installed
+    policy = load_policy(checkpoint)
+    path = tmp_path / "episode.mp4"
+    result = evaluate_policy(policy, "DrawnCartPole-v1", episodes=1, seed=0, video=str(path))
+    frames, fourcc = read_video(path)
+    # MPEG-4 Part 2: written as "mp4v", read back by FFmpeg as "FMP4"
+    assert fourcc.lower() in ("mp4v", "fmp4") and len(frames) == result.video_frames and frames[0].shape == (60, 120, 3)
+
+
+def test_export_reloads_with_identical_predictions(checkpoint, tmp_path, capsys):
     out = tmp_path / "export"
     assert cli.main(["export", checkpoint, "--out", str(out)]) == 0
+    assert "(policy.json, weights.safetensors)" in capsys.readouterr().out
     doc = json.loads((out / "policy.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == sorted(["policy.json", doc["weights"]])
+    assert doc["weights"] == "weights.safetensors"  # safetensors is a dependency
+    assert sorted(p.name for p in out.iterdir()) == ["policy.json", "weights.safetensors"]
     original, exported = load_policy(checkpoint), load_policy(out)
     batch = observations(256, seed=3)
     assert np.array_equal(original.predict(batch, deterministic=True)[0], exported.predict(batch, deterministic=True)[0])
     assert exported.info == original.info and exported.spec == original.spec
     assert evaluate_policy(exported, episodes=2, seed=4).returns == evaluate_policy(original, episodes=2, seed=4).returns
     # policy.json says enough to act without nitro at all: normalise, run the actor MLP, argmax.
-    if doc["weights"].endswith(".npz"):
-        w = dict(np.load(out / doc["weights"]))
-    else:
-        from safetensors.numpy import load_file
+    from safetensors.numpy import load_file
 
-        w = load_file(out / doc["weights"])
+    w = load_file(out / doc["weights"])
+    assert set(w) == set(original.state)
     norm = doc["observation_normalization"]
     assert norm["enabled"]
     x = (batch.astype(np.float64) - w[norm["mean"]]) / np.sqrt(w[norm["var"]] + norm["epsilon"])
@@ -181,8 +220,28 @@ def test_export_reloads_with_identical_predictions(checkpoint, tmp_path):
     assert np.array_equal(logits.argmax(-1), exported.predict(batch, deterministic=True)[0])
 
 
+def test_without_safetensors_the_export_is_npz(checkpoint, tmp_path, monkeypatch):
+    """The fallback for an environment without safetensors: numpy .npz, read back alike; a safetensors
+    export then fails to load with a message that names the package."""
+    original = load_policy(checkpoint)
+    export_policy(original, tmp_path / "st")
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors... now raises ImportError
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    path = export_policy(original, tmp_path / "npz")
+    assert json.loads(path.read_text())["weights"] == "weights.npz"
+    assert sorted(p.name for p in (tmp_path / "npz").iterdir()) == ["policy.json", "weights.npz"]
+    with np.load(tmp_path / "npz" / "weights.npz", allow_pickle=False) as z:
+        assert set(z.files) == set(original.state)
+    batch = observations(64, seed=5)
+    assert np.array_equal(load_policy(tmp_path / "npz").predict(batch, deterministic=True)[0],
+                          original.predict(batch, deterministic=True)[0])
+    with pytest.raises(PolicyError, match=r"weights.safetensors: safetensors weights need the safetensors package"):
+        load_policy(tmp_path / "st")
+
+
 def test_an_mlp_export_loads_without_torch(checkpoint, tmp_path):
     export_policy(checkpoint, tmp_path / "export")
+    assert (tmp_path / "export" / "weights.safetensors").is_file()
     code = ("import sys; import nitro; p = nitro.load_policy(sys.argv[1]); p.predict([0.0, 0.1, 0.0, -0.1]); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "export")], capture_output=True, text=True,
@@ -213,9 +272,12 @@ def test_bad_inputs_give_clear_errors(checkpoint, tmp_path, capsys):
     (tmp_path / "e" / "policy.json").write_text(json.dumps({**doc, "format_version": 99}))
     with pytest.raises(PolicyError, match="format_version: this nitro reads 1, got 99"):
         load_policy(tmp_path / "e")
-    if importlib.util.find_spec("pygame") is None:  # gymnasium's CartPole renderer
-        with pytest.raises(ConfigError, match="cannot render rgb_array frames: pygame is not installed"):
-            evaluate_policy(load_policy(checkpoint), episodes=1, video=str(tmp_path / "v.gif"))
+
+
+def test_a_renderer_that_is_not_installed_is_a_clear_error(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pygame", None)  # gymnasium's CartPole renderer now cannot import it
+    with pytest.raises(ConfigError, match="cannot render rgb_array frames: pygame is not installed"):
+        evaluate_policy(load_policy(checkpoint), episodes=1, video=str(tmp_path / "v.gif"))
 
 
 def test_iqm_interval_without_rliable_agrees_with_it(monkeypatch):
