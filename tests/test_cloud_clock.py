@@ -1,8 +1,9 @@
 """The cloud clock does not move with the machine's load (docs/cost.md).
 
 The same reproducible job runs twice through the real local system, quietly and
-beside busy-loop processes on every core: this machine's wall-time bill grows,
-the modelled cloud bill stays within 10%.
+beside busy-loop processes on every core (checked to have competed for the
+cores): the modelled cloud bill stays within 10% (this machine's wall-time bill
+is printed beside it; it grows on an otherwise quiet machine).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -29,11 +31,16 @@ def run(client) -> list:
 
 
 def test_modelled_cloud_cost_is_the_same_quiet_and_beside_a_cpu_hog(client):
+    import psutil
+
     run(client)  # warm-up: first-call costs (torch kernels, the detector's first Score) out of the comparison
     quiet = run(client)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    t0 = time.monotonic()
     try:
         loaded = run(client)
+        wall = time.monotonic() - t0
+        hog_cpu = sum(sum(psutil.Process(h.pid).cpu_times()[:2]) for h in hogs)
     finally:
         for h in hogs:
             h.kill()
@@ -42,5 +49,6 @@ def test_modelled_cloud_cost_is_the_same_quiet_and_beside_a_cpu_hog(client):
     assert [r.eval_return for r in quiet] == [r.eval_return for r in loaded], "the same job, round for round"
     machine = loaded[-1].total_cost_usd / quiet[-1].total_cost_usd
     cloud = loaded[-1].cloud_total_cost_usd / quiet[-1].cloud_total_cost_usd
-    assert machine > 1.2, f"the hog did not load the machine (this machine's bill x{machine:.2f}); nothing was tested"
+    # The hogs competed for the cores the whole time (whatever else the machine was doing).
+    assert hog_cpu >= 0.25 * wall, f"the hogs used {hog_cpu:.1f} CPU s in {wall:.1f} s; nothing was tested"
     assert abs(cloud - 1.0) <= 0.10, f"modelled cloud cost moved x{cloud:.3f} with load (this machine's: x{machine:.2f})"
