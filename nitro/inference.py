@@ -173,7 +173,7 @@ class PolicyRunner:
     def _normalize(self, obs: np.ndarray) -> np.ndarray:
         if not self.obs_norm:
             return np.asarray(obs, dtype=np.float32)
-        z = (np.asarray(obs, dtype=np.float64) - self.mean) * self.inv_std
+        z = (np.asarray(obs, dtype=np.float64).reshape(-1) - self.mean) * self.inv_std  # statistics are flat
         return np.clip(z, -OBS_CLIP, OBS_CLIP).astype(np.float32)
 
     @property

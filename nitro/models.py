@@ -44,16 +44,23 @@ def _init(layer: nn.Module, gain: float) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """Hidden layers then a linear head; layer names are stable so numpy actors can load them."""
+    """Hidden layers then a linear head; layer names are stable so numpy actors can load them.
 
-    def __init__(self, in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str, out_gain: float):
+    Observations of `obs_ndim` dimensions other than 1 (a (4, 4) Box, a scalar) are flattened first,
+    as the numpy actors flatten them."""
+
+    def __init__(self, in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str, out_gain: float,
+                 obs_ndim: int = 1):
         super().__init__()
         dims = (in_dim, *hidden)
+        self.obs_ndim = obs_ndim
         self.layers = nn.ModuleList(_init(nn.Linear(a, b), math.sqrt(2)) for a, b in zip(dims[:-1], dims[1:]))
         self.act = _activation(activation)()
         self.out = _init(nn.Linear(dims[-1], out_dim), out_gain)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.obs_ndim != 1:
+            x = x.reshape(*x.shape[:x.dim() - self.obs_ndim], -1)
         for layer in self.layers:
             x = self.act(layer(x))
         return self.out(x)
@@ -99,7 +106,8 @@ def _body(spec: ModelSpec, out_dim: int, out_gain: float) -> nn.Module:
     if spec.arch == "cnn":
         return AtariCNN(spec.obs_shape, out_dim, out_gain)
     if spec.arch == "mlp":
-        return MLP(int(np.prod(spec.obs_shape)), spec.hidden_sizes, out_dim, spec.activation, out_gain)
+        return MLP(int(np.prod(spec.obs_shape)), spec.hidden_sizes, out_dim, spec.activation, out_gain,
+                   obs_ndim=len(spec.obs_shape))
     raise ConfigError(f"unknown model arch {spec.arch!r}; allowed: ['cnn', 'mlp']")
 
 

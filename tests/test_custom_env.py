@@ -207,8 +207,30 @@ class _Frames(gym.Env):
         return self._obs(), 1.0, self.t >= 10, False, {}
 
 
+class _Grid(gym.Env):
+    """A 4x4 board as a (4, 4) Box: not 1-D, not an image; the MLP takes it flattened."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (4, 4), np.float32)
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cell, self.t = int(self.np_random.integers(16)), 0
+        return self._obs(), {}
+
+    def _obs(self):
+        board = np.zeros((4, 4), np.float32)
+        board.flat[self.cell] = 1.0
+        return board
+
+    def step(self, action):
+        self.t += 1
+        self.cell = (self.cell + (1, -1, 4, -4)[int(action)]) % 16
+        return self._obs(), float(self.cell == 15), self.cell == 15, self.t >= 20, {}
+
+
 BROKEN = {"NitroCheckCrash-v0": _CrashesAtStep5, "NitroCheckNaN-v0": _NaNReward, "NitroCheckSloppy-v0": _Sloppy,
-          "NitroCheckFrames-v0": _Frames, "NitroCheckWalk-v0": _Walk}
+          "NitroCheckFrames-v0": _Frames, "NitroCheckWalk-v0": _Walk, "NitroCheckGrid-v0": _Grid}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -253,3 +275,16 @@ def test_image_observations_get_the_cnn_and_channels_last_is_flagged(capsys):
     assert rc == 0 and r["policy"].startswith("CNN over 3x24x24") and r["warnings"] == [], r
     rc, r, _ = check(capsys, "NitroCheckFrames-v0", "--steps", "30", "--env-kwarg", "channels_last=true")
     assert rc == 0 and any("looks channels-last" in w for w in r["warnings"]), r
+
+
+def test_a_2d_box_observation_goes_flattened_to_the_mlp_and_trains(capsys):
+    """The actors (numpy) and the learner (torch, batches of (n, 4, 4)) both flatten it."""
+    from nitro.config import make_config
+    from nitro.inprocess import train_ppo
+
+    rc, r, _ = check(capsys, "NitroCheckGrid-v0", "--steps", "100")
+    assert rc == 0 and r["policy"].startswith("MLP 16 flattened -> 256 -> 256") and r["warnings"] == [], r
+    result = train_ppo("NitroCheckGrid-v0", make_config("ppo", "fast", obs_norm=True), actors=2, steps_per_actor=64,
+                       max_env_steps=256, seed=1, eval_episodes=1)
+    assert [rec.env_steps for rec in result.rounds] == [128, 256]
+    assert all(np.isfinite(rec.stats.policy_loss) for rec in result.rounds)

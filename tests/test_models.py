@@ -10,6 +10,9 @@ from nitro.models import ModelSpec, Policy, blob_to_doc, policy_from_blob, polic
 
 BOX = ModelSpec((11,), "box", 3, (-1.0,) * 3, (1.0,) * 3, obs_norm=True)
 DISC = ModelSpec((4,), "discrete", 2)
+# Box observations that are not 1-D go through the MLP flattened, in the learner (torch) as in the actors (numpy).
+GRID = ModelSpec((4, 4), "discrete", 3, obs_norm=True)
+SCALAR = ModelSpec((), "box", 1, (-2.0,), (2.0,), obs_norm=True)
 
 
 def test_default_architecture_is_separate_2x256_tanh():
@@ -42,7 +45,7 @@ def test_blob_with_wrong_key_is_rejected():
         blob_to_doc(blob, b"b" * 32)
 
 
-@pytest.mark.parametrize("spec", [BOX, DISC], ids=["box", "discrete"])
+@pytest.mark.parametrize("spec", [BOX, DISC, GRID, SCALAR], ids=["box", "discrete", "2d-obs", "scalar-obs"])
 def test_numpy_runner_agrees_with_torch_policy(spec):
     p = Policy(spec)
     rng = np.random.default_rng(0)
