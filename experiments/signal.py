@@ -278,8 +278,9 @@ def partial_spearman(x, y, z) -> float:
         return r - design @ np.linalg.lstsq(design, r, rcond=None)[0]
 
     ex, ey = resid(rx), resid(ry)
-    denom = np.sqrt((ex @ ex) * (ey @ ey))
-    return float(ex @ ey / denom) if denom > 0 else float("nan")
+    if min(ex @ ex, ey @ ey) < 1e-9 * len(rx):  # nothing left once the round is accounted for (x is the round)
+        return float("nan")
+    return float(ex @ ey / np.sqrt((ex @ ex) * (ey @ ey)))
 
 
 def clustered_ci(records: list[dict], fn, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
