@@ -42,7 +42,7 @@ def prometheus(system, tmp_path_factory):
     """deploy/monitoring/prometheus.yml with its targets pointed at this system's metrics ports."""
     work = tmp_path_factory.mktemp("prometheus")
     cfg = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
-    cfg["global"]["scrape_interval"] = "1s"
+    cfg["global"]["scrape_interval"] = cfg["global"]["evaluation_interval"] = "1s"
     cfg["rule_files"] = [str(MONITORING / "alerts.yml")]
     for job in cfg["scrape_configs"]:
         port = system.components[COMPONENTS[job["job_name"]]].metrics_port
@@ -99,11 +99,12 @@ def test_a_real_prometheus_sees_job_id_loads_the_rules_and_drops_finished_jobs(c
         return {t["labels"]["job"] for t in api(prometheus, "targets")["activeTargets"] if t["health"] == "up"}
 
     assert wait_for(lambda: up() == set(COMPONENTS)), f"targets up: {up()}"
-    groups = api(prometheus, "rules")["groups"]
-    rules = {r["name"] for g in groups for r in g["rules"]}
+    def rules() -> dict[str, str]:  # alert -> health ("unknown" until its first evaluation)
+        return {r["name"]: r["health"] for g in api(prometheus, "rules")["groups"] for r in g["rules"]}
+
     alerts_file = yaml.safe_load((MONITORING / "alerts.yml").read_text())
-    assert rules == {r["alert"] for g in alerts_file["groups"] for r in g["rules"]}
-    assert all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
+    assert set(rules()) == {r["alert"] for g in alerts_file["groups"] for r in g["rules"]}
+    assert wait_for(lambda: set(rules().values()) == {"ok"}), rules()
     list(client.watch(job.job_id))  # to its end: the learner removes the job's series
     gone = wait_for(lambda: not api(prometheus, "query", query=query)["result"])
     assert gone, "a finished job's series stays in Prometheus"
