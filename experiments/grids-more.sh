@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Issue 14's larger environments, after experiments/grids.sh (same clone, same commit, resumable):
+#   COMMIT=134243b nohup experiments/grids-more.sh > results/protocol-logs/grids-more.log 2>&1 &
+set -uo pipefail
+cd "$(dirname "$0")/.."
+COMMIT=${COMMIT:?set COMMIT to the commit the grids run}
+CLONE=${CLONE:-/work/grid-clone}
+P=(.venv/bin/python -m experiments)
+grid() { "${P[@]}" "$@" --clone "$CLONE" --commit "$COMMIT" || echo "grid failed: $*"; }
+
+while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-protocol.lock")" 2>/dev/null; do sleep 30; done
+
+grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar,schedule,shuffled --seeds 3
+# Atari: CNN inference on 2 CPU cores makes every run long; the three schemes that answer "timing or samples?".
+grid protocol --env ALE/Qbert-v5 --preset paper-atari --schemes nitro,fixed:imin,fixed:nbar --seeds 3
