@@ -638,6 +638,22 @@ def probability_of_improvement(x: Sequence[float], y: Sequence[float], reps: int
     return float(np.squeeze(points["x,y"])), float(np.squeeze(cis["x,y"][0])), float(np.squeeze(cis["x,y"][1]))
 
 
+def paired_difference(x: dict[int, float], y: dict[int, float], reps: int = BOOTSTRAP_REPS,
+                      seed: int = 0) -> dict | None:
+    """x - y over the seeds both have (fixed:N-bar and shuffled are built from the same seed's nitro run,
+    so seed-paired differences are the sharper test): mean with a 95% percentile bootstrap CI over seeds,
+    and how many seeds x wins. None without a common seed."""
+    common = sorted(set(x) & set(y))
+    if not common:
+        return None
+    diff = np.asarray([x[k] - y[k] for k in common], dtype=float)
+    rng = np.random.default_rng(seed)
+    boots = diff[rng.integers(0, len(diff), size=(reps, len(diff)))].mean(axis=1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return {"mean": float(diff.mean()), "low": float(lo), "high": float(hi), "wins": int((diff > 0).sum()),
+            "seeds": len(common)}
+
+
 def curve_on_grid(points: Sequence[tuple[float, float]], grid: np.ndarray) -> np.ndarray:
     """A run's (x, return) evaluations linearly interpolated at `grid` (x must lie within the run's range)."""
     xs = np.asarray([p[0] for p in points], dtype=float)
@@ -784,6 +800,17 @@ def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_RE
     for s, d in data.items():
         for f in d.failed:
             lines.append(f"\n{title(s, proto.i_min, proto.i_max)} {f}")
+    paired = {}
+    if nitro is not None and nitro.final:
+        for s, d in data.items():
+            if s != "nitro" and d.final:
+                paired[s] = paired_difference(dict(zip(nitro.seeds, nitro.final)), dict(zip(d.seeds, d.final)), reps)
+        rows = [f"| {title(s, proto.i_min, proto.i_max)} | {pd['mean']:+.1f} [{pd['low']:+.1f}, {pd['high']:+.1f}] | "
+                f"{pd['wins']}/{pd['seeds']} |" for s, pd in paired.items() if pd]
+        if rows:
+            lines += ["", "Seed-paired: nitro's final return minus the scheme's on the same seed (95% bootstrap CI "
+                      "over seeds) and the seeds nitro wins:", "", "| scheme | nitro - scheme | nitro wins |",
+                      "|---|---|---|", *rows]
     waiting = [p for p in plan(proto, out) if p.run is None]
     if waiting:
         lines.append("\nNot run yet: " + "; ".join(f"{p.scheme} seed {p.seed} ({p.why})" for p in waiting))
@@ -795,7 +822,8 @@ def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_RE
                                "rounds": d.rounds, "mean_actors": d.mean_actors, "cpu_s": d.cpu_s,
                                "budget_bound": d.bound, "failed": d.failed, "derived": d.meta,
                                "final_iqm_ci": finals.get(s), "usd_iqm_ci": costs.get(s),
-                               "p_nitro_better_ci": poi.get(s)} for s, d in data.items()}}
+                               "p_nitro_better_ci": poi.get(s), "paired_vs_nitro": paired.get(s)}
+                           for s, d in data.items()}}
     (out / "report.json").write_text(json.dumps(numbers, indent=2, default=str) + "\n")
     log("\n" + table + f"\nplots: {out / 'curves.png'}\ntable: {out / 'table.md'}")
     return numbers

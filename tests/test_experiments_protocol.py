@@ -359,3 +359,13 @@ def test_budget_below_the_first_round_reserve_is_refused():
     proto = P.protocol_from_args(P.build_parser("protocol").parse_args([]), "protocol")
     assert (proto.env_id, proto.preset, proto.rounds, proto.i_min, proto.i_max, proto.steps_per_actor,
             len(proto.seeds), proto.budget_usd) == ("Hopper-v5", "tuned", 50, 8, 64, 512, 10, None)
+
+
+def test_paired_difference_uses_common_seeds_only():
+    from experiments.protocol import paired_difference
+
+    got = paired_difference({0: 10.0, 1: 20.0, 2: 30.0, 3: 5.0}, {0: 8.0, 1: 25.0, 2: 27.0}, reps=500)
+    assert got["seeds"] == 3 and got["wins"] == 2
+    assert got["mean"] == pytest.approx((2.0 - 5.0 + 3.0) / 3)
+    assert got["low"] <= got["mean"] <= got["high"] and got["low"] >= -5.0 and got["high"] <= 3.0
+    assert paired_difference({0: 1.0}, {1: 2.0}) is None
