@@ -610,19 +610,12 @@ def iqm_interval(values_by_scheme: dict[str, Sequence[float]], reps: int = BOOTS
                  seed: int = 0) -> dict[str, tuple[float, float, float]]:
     """IQM with a 95% stratified-bootstrap CI (runs x 1 task) per scheme: {scheme: (iqm, low, high)}.
 
-    Each scheme is resampled with its own RandomState(seed), so its interval does not depend on the others.
+    Each scheme is resampled with its own seeded RNG (nitro.policy_eval.iqm_interval, rliable), so its
+    interval does not depend on the others.
     """
-    library, metrics = _rly()
-    out = {}
-    for k, v in values_by_scheme.items():
-        if not len(v):
-            continue
-        with _seeded(seed) as rs:
-            points, cis = library.get_interval_estimates({k: np.asarray(v, dtype=float).reshape(-1, 1)},
-                                                         lambda s: np.array([metrics.aggregate_iqm(s)]), reps=reps,
-                                                         random_state=rs)
-        out[k] = (float(points[k][0]), float(cis[k][0][0]), float(cis[k][1][0]))
-    return out
+    from nitro.policy_eval import iqm_interval as one
+
+    return {k: one(v, reps, seed)[:3] for k, v in values_by_scheme.items() if len(v)}
 
 
 def probability_of_improvement(x: Sequence[float], y: Sequence[float], reps: int = BOOTSTRAP_REPS,
