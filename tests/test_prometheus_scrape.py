@@ -86,7 +86,8 @@ def wait_for(fn, timeout: float = 30.0):
 
 
 def test_a_real_prometheus_sees_job_id_loads_the_rules_and_drops_finished_jobs(client, prometheus):
-    job = client.start_training({"env_id": "CartPole-v1", "preset": "fast", "rounds": 30, "steps_per_actor": 64,
+    # A job far longer than the test: it runs until the test stops it, so it is scraped while it runs.
+    job = client.start_training({"env_id": "CartPole-v1", "preset": "fast", "rounds": 5000, "steps_per_actor": 64,
                                  "eval_episodes": 1, "budget_usd": 1.0, "seed": 2,
                                  "scaler": {"policy": "fixed", "fixed_actors": 2, "i_min": 1, "i_max": 2}})
     query = f'nitro_current_round{{job_id="{job.job_id}"}}'
@@ -105,6 +106,7 @@ def test_a_real_prometheus_sees_job_id_loads_the_rules_and_drops_finished_jobs(c
     alerts_file = yaml.safe_load((MONITORING / "alerts.yml").read_text())
     assert set(rules()) == {r["alert"] for g in alerts_file["groups"] for r in g["rules"]}
     assert wait_for(lambda: set(rules().values()) == {"ok"}), rules()
+    client.stop(job.job_id)
     list(client.watch(job.job_id))  # to its end: the learner removes the job's series
     gone = wait_for(lambda: not api(prometheus, "query", query=query)["result"])
     assert gone, "a finished job's series stays in Prometheus"
