@@ -1,9 +1,17 @@
 """Time one trajectory batch through the data plane, actor to learner.
 
-Per iteration: TrajectoryWriter.append (pickle + HMAC + XADD), then
-TrajectoryReader.read (XREADGROUP + verify + restricted unpickle + dedup
-check) and ack (XACK + XDEL + seen record). The reference in the same run is
-a plain SET + GET of the raw pickle of the same batch on the same server.
+Figure: ms per batch through the full signed path. Per iteration:
+TrajectoryWriter.append (pickle protocol 5 with out-of-band buffers, one
+HMAC-SHA256, XADD), then TrajectoryReader.read (XREADGROUP, MAC check,
+restricted unpickle, dedup check) and ack (XACK + XDEL + seen record).
+Reference, measured in the same run on the same server: a plain SET + GET of
+the raw pickle of the same batch; path and reference alternate so both see the
+same machine noise. Target: ratio <= 2.0.
+
+After the timed loop, the codec alone (encode, decode) and one HMAC-SHA256
+pass over the payload are timed too, to show where the path's time goes: the
+two MAC passes (signing, verifying) cannot be skipped, and each costs about as
+much as the payload's whole trip through Redis on a small machine.
 The last stdout line is a JSON summary.
 """
 
@@ -11,21 +19,29 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
+import hmac
 import json
 import pickle
 import secrets
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from nitro.redis_server import LocalRedis, connect
-from nitro.store import TrajectoryReader, TrajectoryWriter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TARGET_MS = 2.0
+from nitro import codec  # noqa: E402
+from nitro.redis_server import LocalRedis, connect  # noqa: E402
+from nitro.store import TrajectoryReader, TrajectoryWriter  # noqa: E402
+
+TARGET_RATIO = 2.0
+STEPS = 4096
 
 
-def hopper_batch(steps: int = 4096, seed: int = 0) -> dict:
+def hopper_batch(steps: int = STEPS, seed: int = 0) -> dict:
     """Shape of one actor's PPO rollout on Hopper (obs 11, act 3), no next_obs copy."""
     rng = np.random.default_rng(seed)
     terminated = rng.random(steps) < 0.002
@@ -47,11 +63,21 @@ def _ms(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples) * 1e3, q[8] * 1e3
 
 
+def _median_ms(fn, n: int) -> float:
+    fn()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--compress", action="store_true")
+    parser.add_argument("--compress", action="store_true", help="zlib the body (what image batches get)")
     args = parser.parse_args()
 
     batch = hopper_batch()
@@ -62,15 +88,14 @@ def main() -> None:
         writer = TrajectoryWriter(client, "bench", key)
         reader = TrajectoryReader(client, "bench", key)
 
-        # Path and reference alternate so both see the same machine noise; GC is
-        # off while timing, as in timeit.
+        # GC is off while timing, as in timeit.
         path: list[float] = []
         reference: list[float] = []
         gc.disable()
         try:
             for i in range(args.warmup + args.iterations):
                 t0 = time.perf_counter()
-                writer.append(invocation_id=f"inv-{i}", round=i, policy_version=i, steps=4096, batch=batch,
+                writer.append(invocation_id=f"inv-{i}", round=i, policy_version=i, steps=STEPS, batch=batch,
                               compress=args.compress)
                 entries = reader.read(count=1, block_ms=1000)
                 reader.ack(entries)
@@ -78,10 +103,16 @@ def main() -> None:
                 client.set("bench:ref", raw)
                 ref = client.get("bench:ref")
                 t2 = time.perf_counter()
-                assert len(entries) == 1 and entries[0].batch["obs"].shape == (4096, 11) and ref is not None
+                assert len(entries) == 1 and entries[0].batch["obs"].shape == (STEPS, 11) and ref is not None
                 if i >= args.warmup:
                     path.append(t1 - t0)
                     reference.append(t2 - t1)
+            record = ("inv-x", 1, 1, STEPS, batch)
+            blob = codec.encode(record, key, compress=args.compress)
+            n = max(args.iterations // 2, 20)
+            encode_ms = _median_ms(lambda: codec.encode(record, key, compress=args.compress), n)
+            decode_ms = _median_ms(lambda: codec.decode(blob, key), n)
+            hmac_ms = _median_ms(lambda: hmac.new(key, blob, hashlib.sha256).digest(), n)
         finally:
             gc.enable()
         assert client.xlen("nitro:bench:traj") == 0 and not reader.rejected and reader.duplicates == 0
@@ -89,20 +120,28 @@ def main() -> None:
 
     median, p90 = _ms(path)
     ref_median, _ = _ms(reference)
-    print(f"batch: 4096 Hopper steps, raw pickle {len(raw) / 1024:.0f} KiB, compress={args.compress}")
+    ratio = median / ref_median
+    print(f"batch: {STEPS} Hopper steps, raw pickle {len(raw) / 1024:.0f} KiB, envelope {len(blob) / 1024:.0f} KiB "
+          f"({codec.MAGIC.decode()}), compress={args.compress}")
     print(f"signed stream path (append+read+verify+decode+ack): median {median:.3f} ms, p90 {p90:.3f} ms")
     print(f"reference (SET+GET of raw pickle): median {ref_median:.3f} ms")
-    print(f"target <= {TARGET_MS} ms: {'met' if median <= TARGET_MS else 'NOT met'}")
+    print(f"codec alone: encode {encode_ms:.3f} ms, decode {decode_ms:.3f} ms; one HMAC-SHA256 pass {hmac_ms:.3f} ms")
+    print(f"ratio {ratio:.2f}, target <= {TARGET_RATIO}: {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
     print(json.dumps({
         "benchmark": "trajectory_path",
         "iterations": args.iterations,
+        "compress": args.compress,
         "payload_bytes": len(raw),
+        "envelope_bytes": len(blob),
         "median_ms": round(median, 4),
         "p90_ms": round(p90, 4),
-        "target_ms": TARGET_MS,
         "reference_set_get_ms": round(ref_median, 4),
-        "ratio_to_reference": round(median / ref_median, 3),
-        "meets_target": median <= TARGET_MS,
+        "ratio_to_reference": round(ratio, 3),
+        "target_ratio": TARGET_RATIO,
+        "meets_target": ratio <= TARGET_RATIO,
+        "codec_encode_ms": round(encode_ms, 4),
+        "codec_decode_ms": round(decode_ms, 4),
+        "hmac_sha256_pass_ms": round(hmac_ms, 4),
     }))
 
 

@@ -1,10 +1,23 @@
 """Signed envelope for trajectories and policies crossing Redis.
 
-Layout: MAGIC (4) | flags (1) | HMAC-SHA256(key, MAGIC+flags+body) (32) | body.
-The body is a protocol-5 pickle, zlib-compressed when flag bit 0 is set.
-The MAC is checked before anything is decompressed or unpickled, and the
-unpickler only resolves the few globals numpy arrays and builtin containers
-need, so a payload can never name a callable such as os.system.
+Layout (version NTR2, all integers little-endian):
+
+    MAGIC "NTR2" (4) | flags (1) | MAC (32) | body
+    body = n_buffers u32 | pickle_len u64 | buffer_len u64 x n_buffers
+           | pickle | (zero padding to a 16-byte body offset | buffer) x n_buffers
+    MAC  = HMAC-SHA256(key, MAGIC + flags + body)
+
+The pickle is protocol 5 with out-of-band buffers: contiguous numpy arrays
+travel as raw bytes after it, so encoding neither copies them into the pickle
+nor walks them, and decoding makes one copy of the body (arrays come back
+writable, as views into it, each at a 16-byte aligned offset). Flag bit 0:
+the body is zlib-compressed (the MAC covers the compressed bytes).
+
+The MAC is checked before the body is decompressed, parsed or unpickled; the
+buffer table must then account for every byte of the body; the unpickler only
+resolves the few globals numpy arrays and builtin containers need (an
+out-of-band buffer is bytes, never a callable), so a payload can never name a
+callable such as os.system. NTR1 (in-band pickle, no table) is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ import io
 import os
 import pickle
 import secrets
+import struct
 import zlib
 from collections.abc import Mapping
 
@@ -24,12 +38,16 @@ from numpy._core import numeric as _np_numeric
 
 from nitro.errors import ConfigError
 
-MAGIC = b"NTR1"
+MAGIC = b"NTR2"
+# Earlier layouts: refused with an error that names the version, so an outdated sender is easy to spot.
+_RETIRED_VERSIONS = frozenset({"NTR1"})
 _FLAG_ZLIB = 0x01
 _KNOWN_FLAGS = _FLAG_ZLIB
 _MAC_LEN = hashlib.sha256().digest_size
 _HEADER_LEN = len(MAGIC) + 1
 _BODY_OFFSET = _HEADER_LEN + _MAC_LEN
+_TABLE_HEAD = struct.Struct("<IQ")  # n_buffers, pickle_len
+_ALIGN = 16  # >= the alignment of every allowed dtype, so arrays come back aligned
 _MIN_KEY_BYTES = 16
 _MIN_HEX_CHARS = 32
 
@@ -64,27 +82,41 @@ class PayloadTooLargeError(PayloadError):
     reason = "too_large"
 
 
-def _mac(key: bytes, header, body) -> bytes:
-    h = hmac.new(key, header, hashlib.sha256)
-    h.update(body)  # separate update: no header+body concatenation copy
-    return h.digest()
-
-
 def _check_key(key: bytes) -> None:
     if not isinstance(key, (bytes, bytearray)) or not key:
         raise TypeError("HMAC key must be non-empty bytes")
 
 
 def encode(obj, key: bytes, *, compress: bool = False) -> bytes:
-    """Pickle `obj` (numpy arrays, builtin containers/scalars) and sign it."""
+    """Pickle `obj` (numpy arrays, builtin containers/scalars) and sign it.
+
+    compress=True zlib-compresses the body: worth it for image observations
+    (uint8 frames shrink several-fold), not for float trajectories (their
+    mantissas look random: about 10% smaller, for several times the cost of
+    the whole uncompressed path; bench/trajectory_path.py --compress).
+    """
     _check_key(key)
-    body = pickle.dumps(obj, protocol=5)
+    buffers: list[pickle.PickleBuffer] = []
+    pickled = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]  # numpy hands out only contiguous buffers
+    pieces = [_TABLE_HEAD.pack(len(raws), len(pickled)) + struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws)),
+              pickled]
+    pos = len(pieces[0]) + len(pickled)
+    for raw in raws:
+        pad = -pos % _ALIGN
+        if pad:
+            pieces.append(bytes(pad))
+        pieces.append(raw)
+        pos += pad + raw.nbytes
     flags = 0
     if compress:
-        body = zlib.compress(body, 1)
+        pieces = [zlib.compress(b"".join(pieces), 1)]
         flags |= _FLAG_ZLIB
     header = MAGIC + bytes((flags,))
-    return b"".join((header, _mac(key, header, body), body))
+    mac = hmac.new(key, header, hashlib.sha256)
+    for piece in pieces:  # one MAC over header and every buffer, without joining them first
+        mac.update(piece)
+    return b"".join((header, mac.digest(), *pieces))
 
 
 # --- restricted unpickling -------------------------------------------------
@@ -109,11 +141,13 @@ def _safe_dtype(spec, *args):
     return dtype
 
 
-def _safe_frombuffer(buf, dtype, shape, order):
-    if not isinstance(buf, (bytes, bytearray)):
+def _safe_frombuffer(buf, dtype, shape, order, axis_order=None):
+    # buf: in-band bytes/bytearray, or an out-of-band buffer (a memoryview of the body: bytes, not code).
+    # axis_order: numpy >= 2.3 pickles axis-permuted contiguous arrays as order "K" plus the permutation.
+    if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise DisallowedTypeError(f"numpy._frombuffer({type(buf).__name__})")
     _require_plain_dtype(dtype)
-    return _np_numeric._frombuffer(buf, dtype, shape, order)
+    return _np_numeric._frombuffer(buf, dtype, shape, order, axis_order)
 
 
 def _safe_scalar(dtype, data=None):
@@ -162,37 +196,78 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 def decode(data: bytes, key: bytes, *, max_size: int | None = None) -> object:
-    """Verify and unpickle an envelope from `encode`; raise a PayloadError subclass otherwise."""
+    """Verify and unpickle an envelope from `encode`; raise a PayloadError subclass otherwise.
+
+    Arrays come back writable (unless sent read-only), as views into one private copy of the body.
+    """
     _check_key(key)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise UnsignedPayloadError(f"payload is {type(data).__name__}, not bytes")
+    if not isinstance(data, bytes):
+        data = bytes(data)  # immutable from here on: what was verified is what gets decoded
     view = memoryview(data)
     if max_size is not None and view.nbytes > max_size:
         raise PayloadTooLargeError(f"payload is {view.nbytes} bytes, limit {max_size}")
-    if view.nbytes < _BODY_OFFSET or view[: len(MAGIC)] != MAGIC:
+    if view.nbytes < _BODY_OFFSET or view[:3] != MAGIC[:3]:
         raise UnsignedPayloadError("payload lacks the nitro envelope header")
-    header, mac, body = view[:_HEADER_LEN], view[_HEADER_LEN:_BODY_OFFSET], view[_BODY_OFFSET:]
-    if not hmac.compare_digest(_mac(key, header, body), mac):
+    if view[: len(MAGIC)] != MAGIC:
+        version = bytes(view[: len(MAGIC)]).decode("ascii", "replace")
+        hint = "the sender runs an older nitro" if version in _RETIRED_VERSIONS else "unknown version"
+        raise MalformedPayloadError(f"envelope version {version!r} is not read here (this nitro reads "
+                                    f"{MAGIC.decode()}): {hint}")
+    mac = hmac.new(key, view[:_HEADER_LEN], hashlib.sha256)
+    mac.update(view[_BODY_OFFSET:])
+    if not hmac.compare_digest(mac.digest(), view[_HEADER_LEN:_BODY_OFFSET]):
         raise BadSignatureError("payload signature does not match")
-    flags = header[-1]
+    flags = view[_HEADER_LEN - 1]
     if flags & ~_KNOWN_FLAGS:
         raise MalformedPayloadError(f"unknown envelope flags {flags:#x}")
-    if flags & _FLAG_ZLIB:
-        stream = io.BytesIO(_inflate(body, max_size))
-    elif isinstance(data, bytes):
-        stream = io.BytesIO(data)  # shares the bytes object's buffer: no copy of the body
-        stream.seek(_BODY_OFFSET)
-    else:
-        stream = io.BytesIO(body)
+    # One copy: the arrays' writable memory, and nothing aliases the caller's buffer.
+    body = _inflate(view[_BODY_OFFSET:], max_size) if flags & _FLAG_ZLIB else bytearray(view[_BODY_OFFSET:])
+    pickled, buffers = _split_body(body)
+    stream = io.BytesIO(pickled)
+    unused = iter(buffers)
     try:
-        return _RestrictedUnpickler(stream).load()
+        obj = _RestrictedUnpickler(stream, buffers=unused).load()
     except PayloadError:
         raise
-    except Exception as exc:  # any failure inside a verified body is corruption
+    except Exception as exc:  # any failure inside a verified body is corruption; no payload text in the message
         raise MalformedPayloadError(f"cannot unpickle payload: {type(exc).__name__}") from None
+    if stream.tell() != len(pickled):
+        raise MalformedPayloadError(f"pickle_len: {len(pickled) - stream.tell()} bytes after the pickle's end")
+    if next(unused, None) is not None:
+        raise MalformedPayloadError("n_buffers: the pickle uses fewer out-of-band buffers than the table lists")
+    return obj
 
 
-def _inflate(body, max_size: int | None) -> bytes:
+def _split_body(body: bytearray) -> tuple[memoryview, list[memoryview]]:
+    """The pickle and the out-of-band buffers of a verified body; the table must cover it exactly."""
+    size = len(body)
+    if size < _TABLE_HEAD.size:
+        raise MalformedPayloadError(f"body is {size} bytes, shorter than the buffer table header")
+    n, pickle_len = _TABLE_HEAD.unpack_from(body)
+    pos = _TABLE_HEAD.size + 8 * n
+    if pos > size:
+        raise MalformedPayloadError(f"n_buffers: {n} buffer lengths do not fit in a {size}-byte body")
+    lengths = struct.unpack_from(f"<{n}Q", body, _TABLE_HEAD.size)
+    view = memoryview(body)
+    if pickle_len > size - pos:
+        raise MalformedPayloadError(f"pickle_len: {pickle_len} bytes declared, {size - pos} left in the body")
+    pickled = view[pos : pos + pickle_len]
+    pos += pickle_len
+    buffers = []
+    for i, length in enumerate(lengths):
+        pos += -pos % _ALIGN  # padding: signed, never read
+        if length > size - pos:
+            raise MalformedPayloadError(f"buffer_len[{i}]: {length} bytes declared, {max(size - pos, 0)} left")
+        buffers.append(view[pos : pos + length])
+        pos += length
+    if pos != size:
+        raise MalformedPayloadError(f"body has {size - pos} bytes beyond its buffer table")
+    return pickled, buffers
+
+
+def _inflate(body, max_size: int | None) -> bytearray:
     d = zlib.decompressobj()
     try:
         # Bounded output so a small compressed body cannot expand without limit.
@@ -201,7 +276,9 @@ def _inflate(body, max_size: int | None) -> bytes:
             raise PayloadTooLargeError(f"decompressed payload exceeds {max_size} bytes")
         if not d.eof:
             raise MalformedPayloadError("truncated zlib stream")
-        return out
+        if d.unused_data:
+            raise MalformedPayloadError(f"{len(d.unused_data)} bytes after the zlib stream")
+        return bytearray(out)
     except zlib.error:
         raise MalformedPayloadError("corrupt zlib stream") from None
 

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import os
 import pickle
+import struct
 import subprocess
 import zlib
 
@@ -72,10 +73,51 @@ def _assert_same(a, b):
         assert a == b
 
 
-def _sign(body: bytes, key: bytes, flags: int = 0) -> bytes:
-    """An envelope built independently of codec.encode, for hand-made bodies."""
-    header = codec.MAGIC + bytes((flags,))
+HEADER = len(codec.MAGIC) + 1  # magic + flags
+BODY = HEADER + 32  # + HMAC-SHA256
+
+
+def _body(pickled: bytes, buffers=(), *, lengths=None, n=None, pickle_len=None) -> bytes:
+    """An NTR2 body built from the documented layout, independently of codec.encode.
+
+    lengths / n / pickle_len override what the table declares, for inconsistent (but signed) bodies.
+    """
+    lengths = [len(bytes(b)) for b in buffers] if lengths is None else list(lengths)
+    table = struct.pack("<IQ", len(lengths) if n is None else n, len(pickled) if pickle_len is None else pickle_len)
+    out = bytearray(table + struct.pack(f"<{len(lengths)}Q", *lengths) + pickled)
+    for b in buffers:
+        out += bytes(-len(out) % 16) + bytes(b)
+    return bytes(out)
+
+
+def _oob_body(obj) -> bytes:
+    buffers = []
+    pickled = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    return _body(pickled, [b.raw() for b in buffers])
+
+
+def _sign(body: bytes, key: bytes, flags: int = 0, magic: bytes = codec.MAGIC) -> bytes:
+    """An envelope around a hand-made body: HMAC-SHA256 over magic, flags and body."""
+    header = magic + bytes((flags,))
     return header + hmac.new(key, header + body, hashlib.sha256).digest() + body
+
+
+def _unpack(blob: bytes) -> tuple[bytes, list[bytes]]:
+    """The pickle and out-of-band buffers of an envelope, read with the documented layout."""
+    body = blob[BODY:]
+    if blob[HEADER - 1] & 1:
+        body = zlib.decompress(body)
+    n, pickle_len = struct.unpack_from("<IQ", body)
+    lengths = struct.unpack_from(f"<{n}Q", body, 12)
+    pos = 12 + 8 * n
+    pickled, pos = body[pos : pos + pickle_len], pos + pickle_len
+    buffers = []
+    for length in lengths:
+        pos += -pos % 16
+        buffers.append(body[pos : pos + length])
+        pos += length
+    assert pos == len(body)
+    return pickled, buffers
 
 
 @pytest.mark.parametrize("compress", [False, True])
@@ -86,6 +128,77 @@ def test_round_trip(hmac_key, compress):
     out = decode(blob, hmac_key)
     _assert_same(batch, out)
     assert out["obs"].flags.writeable  # learner can use arrays in place
+    assert out["fortran"].flags.f_contiguous and not out["fortran"].flags.c_contiguous
+    assert all(a.flags.aligned for a in (out["obs"], out["values64"], out["steps"], out["frames"]))
+
+
+def _hopper_batch(steps: int = 4096) -> dict:
+    """What an actor sends after a Hopper rollout (nitro.rollout's batch layout)."""
+    rng = np.random.default_rng(1)
+    done = rng.random(steps) < 0.002
+    return {
+        "obs": rng.standard_normal((steps, 11)).astype(np.float32),
+        "actions": rng.standard_normal((steps, 3)).astype(np.float32),
+        "rewards": rng.standard_normal(steps).astype(np.float32),
+        "terminated": done,
+        "truncated": np.zeros(steps, dtype=bool),
+        "logp": rng.standard_normal(steps).astype(np.float32),
+        "values": rng.standard_normal(steps).astype(np.float32),
+        "bootstrap_value": np.float32(0.3),
+        "episode_returns": [float(x) for x in rng.normal(1000.0, 200.0, int(done.sum()) + 1)],
+    }
+
+
+def test_hopper_batch_round_trip_keeps_dtype_shape_contiguity(hmac_key):
+    batch = _hopper_batch()
+    record = ("inv-7", 3, 2, 4096, batch)
+    out = decode(encode(record, hmac_key), hmac_key)
+    _assert_same(record, out)
+    for name, arr in out[4].items():
+        if isinstance(arr, np.ndarray) and arr.ndim:
+            assert arr.flags.c_contiguous and arr.flags.aligned and arr.flags.writeable, name
+    # Writable memory of the decoder's own: changing it touches neither the sender's arrays nor another decode.
+    again = decode(encode(record, hmac_key), hmac_key)
+    out[4]["obs"][:] = 0
+    assert batch["obs"].any() and again[4]["obs"].any()
+
+
+def test_arrays_travel_out_of_band(hmac_key):
+    batch = _hopper_batch()
+    blob = encode(batch, hmac_key)
+    pickled, buffers = _unpack(blob)
+    arrays = [v for v in batch.values() if isinstance(v, np.ndarray) and v.ndim]
+    assert len(buffers) == len(arrays)  # every contiguous array is a buffer of its own ...
+    assert len(pickled) < 2048  # ... so the pickle holds only structure
+    assert [bytes(b) for b in buffers] == [a.tobytes() for a in arrays]
+    assert len(blob) < len(pickle.dumps(batch, protocol=5)) + 256  # table and padding cost a few bytes
+
+
+def test_envelope_layout_and_mac(hmac_key):
+    blob = encode({"a": np.arange(5, dtype=np.int16), "b": np.ones(3)}, hmac_key)
+    assert blob[:HEADER] == codec.MAGIC + b"\x00"
+    assert blob[HEADER:BODY] == hmac.new(hmac_key, blob[:HEADER] + blob[BODY:], hashlib.sha256).digest()
+    n, pickle_len = struct.unpack_from("<IQ", blob, BODY)
+    assert n == 2 and struct.unpack_from("<2Q", blob, BODY + 12) == (10, 24)
+    first = 12 + 16 + pickle_len
+    first += -first % 16  # buffers start at 16-byte offsets of the body
+    assert blob[BODY + first : BODY + first + 10] == np.arange(5, dtype=np.int16).tobytes()
+
+
+def test_axis_permuted_and_read_only_arrays(hmac_key):
+    permuted = np.arange(24, dtype=np.float32).reshape(2, 3, 4).transpose(1, 0, 2)  # pickled as order "K"
+    frozen = np.arange(4.0)
+    frozen.flags.writeable = False
+    out = decode(encode({"p": permuted, "f": frozen}, hmac_key), hmac_key)
+    _assert_same({"p": permuted, "f": frozen}, out)
+    assert not out["f"].flags.writeable  # a read-only array stays read-only, as pickle defines
+    assert out["p"].flags.writeable
+
+
+def test_decode_accepts_bytes_like(hmac_key):
+    blob = encode({"x": np.ones(3)}, hmac_key)
+    for data in (bytearray(blob), memoryview(blob)):
+        np.testing.assert_array_equal(decode(data, hmac_key)["x"], np.ones(3))
 
 
 def test_compression_shrinks_redundant_data(hmac_key):
@@ -99,28 +212,55 @@ def test_raw_pickle_is_unsigned(hmac_key):
     assert exc.value.reason == "unsigned"
 
 
-@pytest.mark.parametrize("data", [b"", b"NTR1", b"NTR1\x00" + b"\x00" * 10, b"XXXX" + b"\x00" * 64])
+@pytest.mark.parametrize("data", [b"", codec.MAGIC, codec.MAGIC + b"\x00" * 10, b"XXXX" + b"\x00" * 64])
 def test_short_or_foreign_data_is_unsigned(hmac_key, data):
     with pytest.raises(UnsignedPayloadError):
         decode(data, hmac_key)
 
 
+def test_previous_and_unknown_versions_are_refused(hmac_key):
+    # NTR1: in-band pickle right after the MAC, correctly signed with the same key. Never unpickled.
+    header = b"NTR1\x00"
+    body = pickle.dumps({"obs": np.ones(3)}, protocol=5)
+    ntr1 = header + hmac.new(hmac_key, header + body, hashlib.sha256).digest() + body
+    with pytest.raises(MalformedPayloadError, match="'NTR1'.*NTR2.*older nitro"):
+        decode(ntr1, hmac_key)
+    with pytest.raises(MalformedPayloadError, match="'NTR9'.*unknown version"):
+        decode(_sign(_oob_body([1]), hmac_key, magic=b"NTR9"), hmac_key)
+
+
 def test_truncated_payload(hmac_key):
     blob = encode(_batch(), hmac_key)
-    with pytest.raises(BadSignatureError):
+    with pytest.raises(BadSignatureError):  # cut in transit: the MAC covers the length
         decode(blob[:-100], hmac_key)
     with pytest.raises(UnsignedPayloadError):
         decode(blob[:20], hmac_key)
 
 
-@pytest.mark.parametrize("where", ["body", "mac", "flags"])
+def _offsets(blob: bytes) -> dict:
+    n, pickle_len = struct.unpack_from("<IQ", blob, BODY)
+    first = 12 + 8 * n + pickle_len
+    first += -first % 16
+    return {"magic": 0, "flags": 4, "mac": 10, "n_buffers": BODY, "pickle_len": BODY + 4, "buffer_len": BODY + 12,
+            "pickle": BODY + 12 + 8 * n + pickle_len // 2, "first_buffer": BODY + first, "last_byte": len(blob) - 1}
+
+
+@pytest.mark.parametrize("where", ["flags", "mac", "n_buffers", "pickle_len", "buffer_len", "pickle",
+                                   "first_buffer", "last_byte"])
 def test_tampering_breaks_signature(hmac_key, where):
     blob = bytearray(encode(_batch(), hmac_key))
-    offset = {"body": len(blob) // 2, "mac": 10, "flags": 4}[where]
-    blob[offset] ^= 0x01
+    blob[_offsets(bytes(blob))[where]] ^= 0x01
     with pytest.raises(BadSignatureError) as exc:
         decode(bytes(blob), hmac_key)
     assert exc.value.reason == "bad_signature"
+
+
+def test_lengths_moved_between_buffers_break_signature(hmac_key):
+    # Same total size, bytes reassigned from the second buffer to the first: still the MAC's business.
+    blob = bytearray(encode({"a": np.zeros(8, np.uint8), "b": np.zeros(32, np.uint8)}, hmac_key))
+    struct.pack_into("<2Q", blob, BODY + 12, 24, 16)
+    with pytest.raises(BadSignatureError):
+        decode(bytes(blob), hmac_key)
 
 
 def test_wrong_key(hmac_key):
@@ -129,12 +269,67 @@ def test_wrong_key(hmac_key):
         decode(blob, os.urandom(32))
 
 
+def _buffered_pickle() -> tuple[bytes, list[bytes]]:
+    buffers = []
+    pickled = pickle.dumps({"a": np.arange(4.0), "b": np.ones(3, np.int32)}, protocol=5,
+                           buffer_callback=buffers.append)
+    return pickled, [bytes(b.raw()) for b in buffers]
+
+
+@pytest.mark.parametrize(
+    "make_body, field",
+    [
+        (lambda p, b: _body(p, b, lengths=[32, 4096]), "buffer_len"),  # truncated: a buffer runs past the end
+        (lambda p, b: _body(p, b, n=10**6), "n_buffers"),
+        (lambda p, b: _body(p, b, pickle_len=1 << 40), "pickle_len"),
+        (lambda p, b: _body(p, b) + b"\x00" * 16, "beyond its buffer table"),
+        (lambda p, b: _body(p, b)[:8], "shorter than the buffer table"),
+        (lambda p, b: _body(p, b[:1]), "cannot unpickle"),  # the pickle asks for a buffer the table lacks
+        (lambda p, b: _body(p, b + [b"spare"]), "n_buffers"),  # a buffer the pickle never uses
+        (lambda p, b: _body(p + b"trailing", b), "pickle_len"),  # bytes after the pickle's STOP
+        (lambda p, b: _body(p[: len(p) // 2], b), "cannot unpickle"),  # truncated pickle
+    ],
+    ids=["buffer-truncated", "n-buffers", "pickle-len", "extra-bytes", "short-body", "missing-buffer",
+         "unused-buffer", "trailing-pickle", "truncated-pickle"],
+)
+def test_signed_but_inconsistent_body_is_malformed(hmac_key, make_body, field):
+    pickled, buffers = _buffered_pickle()
+    with pytest.raises(MalformedPayloadError, match=field) as exc:
+        decode(_sign(make_body(pickled, buffers), hmac_key), hmac_key)
+    assert exc.value.reason == "malformed"
+
+
+@pytest.mark.parametrize("flags", [0x02, 0x80, 0x81])
+def test_unknown_flags_are_refused(hmac_key, flags):
+    with pytest.raises(MalformedPayloadError, match="flags"):
+        decode(_sign(_oob_body({"a": np.ones(100)}), hmac_key, flags=flags), hmac_key)
+
+
 def test_disallowed_global(hmac_key):
-    body = pickle.dumps({"f": os.path.join}, protocol=5)
+    body = _oob_body({"f": os.path.join})
     with pytest.raises(DisallowedTypeError) as exc:
         decode(_sign(body, hmac_key), hmac_key)
     assert exc.value.reason == "disallowed_type"
     assert "join" in str(exc.value)
+
+
+def test_disallowed_global_beside_out_of_band_arrays(hmac_key):
+    body = _oob_body({"obs": np.ones((64, 11), np.float32), "f": os.path.join, "r": np.zeros(64)})
+    with pytest.raises(DisallowedTypeError, match="join"):
+        decode(_sign(body, hmac_key), hmac_key)
+
+
+@pytest.mark.parametrize("dtype_ops", [b"cnumpy\ndtype\n(VO8\nI00\nI01\ntR", b"VO\n"], ids=["dtype-O", "bare-O"])
+def test_out_of_band_buffer_cannot_make_an_object_array(hmac_key, dtype_ops):
+    # _frombuffer(<buffer>, "O", ...) would read pointers out of the buffer's bytes.
+    pickled = b"\x80\x05cnumpy._core.numeric\n_frombuffer\n(\x97" + dtype_ops + b"(I2\ntVC\ntR."
+    with pytest.raises(DisallowedTypeError, match="dtype"):
+        decode(_sign(_body(pickled, [bytes(16)]), hmac_key), hmac_key)
+
+
+def test_object_dtype_is_disallowed_even_in_band(hmac_key):
+    with pytest.raises(DisallowedTypeError):
+        decode(_sign(_body(pickle.dumps(np.array([1, "a"], dtype=object), protocol=5)), hmac_key), hmac_key)
 
 
 @pytest.mark.parametrize(
@@ -154,17 +349,12 @@ def test_corrupt_zlib(hmac_key):
     with pytest.raises(MalformedPayloadError) as exc:
         decode(_sign(b"definitely not zlib", hmac_key, flags=0x01), hmac_key)
     assert exc.value.reason == "malformed"
-    truncated = zlib.compress(pickle.dumps([1, 2, 3], protocol=5))[:-3]
-    with pytest.raises(MalformedPayloadError):
-        decode(_sign(truncated, hmac_key, flags=0x01), hmac_key)
-
-
-def test_corrupt_pickle_and_unknown_flags(hmac_key):
-    good = pickle.dumps({"a": np.ones(100)}, protocol=5)
-    with pytest.raises(MalformedPayloadError):
-        decode(_sign(good[: len(good) // 2], hmac_key), hmac_key)
-    with pytest.raises(MalformedPayloadError):
-        decode(_sign(good, hmac_key, flags=0x80), hmac_key)
+    body = _oob_body([1, 2, 3])
+    with pytest.raises(MalformedPayloadError, match="truncated"):
+        decode(_sign(zlib.compress(body)[:-3], hmac_key, flags=0x01), hmac_key)
+    with pytest.raises(MalformedPayloadError, match="after the zlib stream"):
+        decode(_sign(zlib.compress(body) + b"junk", hmac_key, flags=0x01), hmac_key)
+    assert decode(_sign(zlib.compress(body), hmac_key, flags=0x01), hmac_key) == [1, 2, 3]
 
 
 def test_too_large(hmac_key):
@@ -225,16 +415,22 @@ def _getattr_pickle(marker) -> bytes:
     )
 
 
+# posix.system(<first out-of-band buffer>): the command travels as buffer bytes, the callable is refused.
+_NEXT_BUFFER_TO_SYSTEM = b"\x80\x05cposix\nsystem\n\x97\x85R."
+
+
 @pytest.mark.parametrize(
     "make",
     [
         lambda m: encode({"obs": np.zeros(3), "evil": _SystemCall(m)}, KEY),
         lambda m: encode([_EvalCall(m)], KEY),
         lambda m: encode((_SubprocessCall(m),), KEY, compress=True),
-        lambda m: _sign(_posix_system_pickle(m), KEY),
-        lambda m: _sign(_getattr_pickle(m), KEY),
+        lambda m: _sign(_body(_posix_system_pickle(m)), KEY),
+        lambda m: _sign(_body(_getattr_pickle(m)), KEY),
+        lambda m: _sign(_body(_NEXT_BUFFER_TO_SYSTEM, [f"touch {m}".encode()]), KEY),
     ],
-    ids=["os.system", "builtins.eval", "subprocess.call", "posix.system", "builtins.getattr"],
+    ids=["os.system", "builtins.eval", "subprocess.call", "posix.system", "builtins.getattr",
+         "out-of-band-argument"],
 )
 def test_malicious_pickle_is_never_executed(tmp_path, make):
     marker = tmp_path / "pwned"
@@ -243,8 +439,8 @@ def test_malicious_pickle_is_never_executed(tmp_path, make):
         decode(blob, KEY)
     assert not marker.exists()
     # Control: plain pickle would run the same body, so the payload is a real exploit.
-    body = blob[len(codec.MAGIC) + 1 + 32 :]
-    pickle.loads(zlib.decompress(body) if blob[4] & 1 else body)
+    pickled, buffers = _unpack(blob)
+    pickle.loads(pickled, buffers=buffers)
     assert marker.exists()
 
 

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import pickle
+import struct
 import time
 import zlib
 from collections import Counter
@@ -44,9 +45,19 @@ class _RunsCommand:
         return (os.system, (self.command,))
 
 
-def _envelope(body: bytes, key: bytes, flags: int = 0) -> bytes:
-    header = codec.MAGIC + bytes((flags,))
+def _sign(body: bytes, key: bytes, flags: int = 0, magic: bytes = codec.MAGIC) -> bytes:
+    """An envelope around any body, signed with the real key as a compromised actor could."""
+    header = magic + bytes((flags,))
     return header + hmac.new(key, header + body, hashlib.sha256).digest() + body
+
+
+def _body(pickled: bytes, buffers: list[bytes] = (), lengths: list[int] | None = None) -> bytes:
+    """An NTR2 body (docs/security.md): buffer table, pickle, 16-byte aligned out-of-band buffers."""
+    lengths = [len(b) for b in buffers] if lengths is None else lengths
+    out = bytearray(struct.pack(f"<IQ{len(lengths)}Q", len(lengths), len(pickled), *lengths) + pickled)
+    for b in buffers:
+        out += bytes(-len(out) % 16) + b
+    return bytes(out)
 
 
 def _zlib_bomb(size: int) -> bytes:
@@ -59,6 +70,9 @@ def _zlib_bomb(size: int) -> bytes:
 def hostile_entries(key: bytes, marker: str) -> list[tuple[str, str, dict]]:
     """(name, expected rejection reason, stream fields)."""
     forged = pickle.dumps(_RunsCommand(f"touch {marker}"), protocol=5)
+    # posix.system(<first out-of-band buffer>): the command rides as buffer bytes beside a real array.
+    oob_forged = _body(b"\x80\x05cposix\nsystem\n\x97\x85R.", [f"touch {marker}".encode(), bytes(64)])
+    ntr1 = b"NTR1\x00" + hmac.new(key, b"NTR1\x00" + forged, hashlib.sha256).digest() + forged
     meta = {b"inv": b"evil-0", b"round": b"1", b"version": b"1", b"steps": str(STEPS).encode()}
 
     def fields(inv: str, payload: bytes | None, extra: dict | None = None) -> dict:
@@ -76,7 +90,13 @@ def hostile_entries(key: bytes, marker: str) -> list[tuple[str, str, dict]]:
         ("forged pickle, no envelope", "unsigned", fields("evil-raw", forged)),
         ("forged pickle, made-up MAC", "bad_signature",
          fields("evil-mac", codec.MAGIC + b"\x00" + b"\x00" * 32 + forged)),
-        ("forged pickle signed with the real key", "disallowed_type", fields("evil-signed", _envelope(forged, key))),
+        ("forged pickle signed with the real key", "disallowed_type", fields("evil-signed", _sign(_body(forged), key))),
+        ("signed pickle handing an out-of-band buffer to os.system", "disallowed_type",
+         fields("evil-oob", _sign(oob_forged, key))),
+        ("signed, buffer table longer than the body", "malformed",
+         fields("evil-table", _sign(_body(pickle.dumps([1], protocol=5), [b"x" * 8], lengths=[1 << 20]), key))),
+        ("signed, unknown envelope flags", "malformed", fields("evil-flags", _sign(_body(forged), key, flags=0x40))),
+        ("previous envelope version NTR1, signed with the real key", "malformed", fields("evil-ntr1", ntr1)),
         ("tampered signed payload", "bad_signature", fields("evil-tampered", bytes(tampered))),
         ("signed payload, stream fields relabelled", "bad_signature",
          fields("evil-relabelled", relabelled, {b"steps": b"100000"})),
@@ -85,7 +105,7 @@ def hostile_entries(key: bytes, marker: str) -> list[tuple[str, str, dict]]:
         ("signed, not a trajectory record", "malformed", fields("evil-shape", codec.encode({"a": 1}, key))),
         ("oversized: 5 MB of junk", "unsigned", fields("evil-junk", os.urandom(64) * (5 * (1 << 20) // 64))),
         ("oversized: signed zlib bomb over the learner's limit", "too_large",
-         fields("evil-bomb", _envelope(_zlib_bomb(LEARNER_MAX_PAYLOAD + (1 << 20)), key, flags=0x01))),
+         fields("evil-bomb", _sign(_zlib_bomb(LEARNER_MAX_PAYLOAD + (1 << 20)), key, flags=0x01))),
     ]
 
 

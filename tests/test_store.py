@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import pickle
+import struct
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from nitro import codec
 from nitro.codec import encode
 from nitro.redis_server import LocalRedis, connect
 from nitro.store import (
@@ -202,6 +206,93 @@ def test_rejected_entries_are_counted_and_skipped(redis_client, hmac_key):
     assert reader.pending_count() == 2  # rejected ones were acked
     reader.ack(got)
     assert redis_client.xlen(stream) == 0
+
+
+def _hopper_batch(steps: int = 4096) -> dict:
+    rng = np.random.default_rng(2)
+    return {
+        "obs": rng.standard_normal((steps, 11)).astype(np.float32),
+        "actions": rng.standard_normal((steps, 3)).astype(np.float32),
+        "rewards": rng.standard_normal(steps).astype(np.float32),
+        "terminated": rng.random(steps) < 0.002,
+        "truncated": np.zeros(steps, dtype=bool),
+        "logp": rng.standard_normal(steps).astype(np.float32),
+        "values": rng.standard_normal(steps).astype(np.float32),
+        "bootstrap_value": np.float32(0.3),
+        "episode_returns": [812.5, 1040.0],
+    }
+
+
+def test_hopper_batch_through_the_stream(redis_client, hmac_key):
+    batch = _hopper_batch()
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    writer.append_batch(invocation_id="hop-1", round=2, policy_version=5, batch=batch)
+    [(_, fields)] = redis_client.xrange(stream_key(JOB))
+    payload = fields[b"payload"]
+    assert payload[:5] == codec.MAGIC + b"\x00"  # float32 batches travel uncompressed
+    assert struct.unpack_from("<I", payload, 37)[0] == 7  # each array out of band: n_buffers
+    [entry] = reader.read(count=10, block_ms=100)
+    assert (entry.invocation_id, entry.round, entry.policy_version, entry.steps) == ("hop-1", 2, 5, 4096)
+    for name, sent in batch.items():
+        got = entry.batch[name]
+        if isinstance(sent, np.ndarray) and sent.ndim:
+            assert (got.dtype, got.shape) == (sent.dtype, sent.shape), name
+            assert got.flags.c_contiguous and got.flags.writeable and got.flags.aligned, name
+            np.testing.assert_array_equal(got, sent)
+        else:
+            assert got == sent and type(got) is type(sent), name
+    reader.ack([entry])
+    assert redis_client.xlen(stream_key(JOB)) == 0 and reader.rejected == {}
+
+
+def _resign(payload: bytes, key: bytes, *, flags: int | None = None, magic: bytes | None = None,
+            body: bytes | None = None) -> bytes:
+    """`payload` with its header or body replaced, signed again with `key` (a key holder's forgery)."""
+    header = (magic or payload[:4]) + bytes((payload[4] if flags is None else flags,))
+    body = payload[37:] if body is None else body
+    return header + hmac.new(key, header + body, hashlib.sha256).digest() + body
+
+
+def _hostile_payload(case: str, key: bytes, record: tuple) -> bytes:
+    good = encode(record, key)
+    if case in ("buffer_len", "last_buffer_byte"):
+        bad = bytearray(good)
+        bad[37 + 12 if case == "buffer_len" else -1] ^= 0x01
+        return bytes(bad)
+    if case == "truncated":
+        return good[:-1000]
+    if case == "unknown_flags":
+        return _resign(good, key, flags=0x40)
+    if case == "ntr1":  # the previous layout: in-band pickle, signed with the deployment key
+        return _resign(good, key, magic=b"NTR1", body=pickle.dumps(record, protocol=5))
+    if case == "table_past_end":
+        body = bytearray(good[37:])
+        struct.pack_into("<Q", body, 12, 1 << 30)  # buffer 0 claims a GiB
+        return _resign(good, key, body=bytes(body))
+    if case == "oob_global":  # posix.system(<out-of-band buffer>)
+        pickled = b"\x80\x05cposix\nsystem\n\x97\x85R."
+        body = struct.pack("<IQQ", 1, len(pickled), 4) + pickled
+        return _resign(good, key, body=body + bytes(-len(body) % 16) + b"true")
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("buffer_len", "bad_signature"), ("last_buffer_byte", "bad_signature"), ("truncated", "bad_signature"),
+    ("unknown_flags", "malformed"), ("ntr1", "malformed"), ("table_past_end", "malformed"),
+    ("oob_global", "disallowed_type"),
+])
+def test_hostile_envelopes_in_the_stream(redis_client, hmac_key, case, reason):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    record = ("evil", 1, 3, 64, _batch())
+    fields = {b"inv": b"evil", b"round": b"1", b"version": b"3", b"steps": b"64",
+              b"payload": _hostile_payload(case, hmac_key, record)}
+    redis_client.xadd(stream_key(JOB), fields)
+    _append(writer, "good")
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == ["good"]
+    assert reader.rejected == {reason: 1}
+    assert reader.pending_count() == 1  # the rejected entry is acked and deleted, the good one waits
 
 
 def test_oversized_payload_rejected(redis_client, hmac_key):
