@@ -2,6 +2,7 @@
 
     python -m experiments signal --env Hopper-v5 --seeds 10          # runs (resumable, one file per seed)
     python -m experiments signal --env Hopper-v5 --report            # the Spearman table and decision test
+    python -m experiments signal --pool DIR_HOPPER DIR_WALKER        # rho averaged over environments
 
 For every seed a base run trains PPO with 8 actors x 512 steps per round (fixed:8) and, at branch
 rounds k spread over training, forks its learner: arm (a) continues the base run (round k+1 with 8
@@ -300,12 +301,80 @@ def clustered_ci(records: list[dict], fn, reps: int = 2000, seed: int = 0) -> tu
     return fn(records), float(lo), float(hi)
 
 
+def pooled_ci(groups: list[list[dict]], fn, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The mean over groups (environments) of fn(group) and its 95% percentile CI from a bootstrap that
+    resamples whole seeds within each group (stratified by environment)."""
+    by_group = []
+    for recs in groups:
+        by_seed: dict[int, list[dict]] = {}
+        for r in recs:
+            by_seed.setdefault(r["seed"], []).append(r)
+        by_group.append([by_seed[s] for s in sorted(by_seed)])
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(reps):
+        vals = []
+        for seeds in by_group:
+            pick = rng.choice(len(seeds), size=len(seeds), replace=True)
+            vals.append(fn([r for i in pick for r in seeds[i]]))
+        if all(math.isfinite(v) for v in vals):
+            stats.append(float(np.mean(vals)))
+    lo, hi = (np.percentile(stats, [2.5, 97.5]) if stats else (float("nan"), float("nan")))
+    return float(np.mean([fn(recs) for recs in groups])), float(lo), float(hi)
+
+
 def decision_gain(records: list[dict], choose, m: int) -> float:
     """Mean over seeds of the summed B_k of the m rounds `choose(seed_records, m)` boosts."""
     by_seed: dict[int, list[dict]] = {}
     for r in records:
         by_seed.setdefault(r["seed"], []).append(r)
     return float(np.mean([sum(r["benefit"] for r in choose(recs, m)) for recs in by_seed.values()]))
+
+
+def pooled_report(outs: list[Path], reps: int = 2000) -> str:
+    """Each signal's Spearman rho with B_k averaged over environments (ranks are taken within an
+    environment, so returns of different scales never mix), raw and with the round partialled out,
+    with CIs from a bootstrap over seeds stratified by environment; plus the per-environment values
+    and whether their signs agree with the direction the paper (or common sense) expects."""
+    groups = [load(Path(o)) for o in outs]
+    if not all(groups):
+        missing = [str(o) for o, g in zip(outs, groups) if not g]
+        return f"no signal-test records under {', '.join(missing)}"
+    names = [Path(o).name for o in outs]
+    lines = [f"Signal test pooled over {len(groups)} environments ({', '.join(names)}; "
+             f"{sum(len(g) for g in groups)} branches): mean of the per-environment Spearman rho, 95% CI from a "
+             "seed bootstrap stratified by environment", "",
+             "| signal | expected sign | rho | 95% CI | rho, round partialled out | 95% CI | "
+             "partialled minus S_sub's (the detector's score) [95% CI] | "
+             + " | ".join(f"partialled, {n}" for n in names) + " |",
+             "|---|---:|---:|---|---:|---|---|" + "---:|" * len(names)]
+
+    def raw(rs, n):
+        return spearman([r["signals"][n] for r in rs], [r["benefit"] for r in rs])
+
+    def part(rs, n):
+        return partial_spearman([r["signals"][n] for r in rs], [r["benefit"] for r in rs], [r["k"] for r in rs])
+
+    for name, sign in SIGNALS.items():
+        rho, lo, hi = pooled_ci(groups, lambda rs, n=name: raw(rs, n), reps)
+        if name == "round":
+            prho = plo = phi = float("nan")
+            diff = "n/a"
+        else:
+            prho, plo, phi = pooled_ci(groups, lambda rs, n=name: part(rs, n), reps)
+            # oriented by the expected sign, so "better than S_sub" is positive whatever the signal's direction
+            d, dlo, dhi = pooled_ci(groups, lambda rs, n=name, sg=sign: sg * part(rs, n) - part(rs, "S_sub"), reps)
+            diff = "—" if name == "S_sub" else f"{d:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+        per_env = " | ".join(f"{part(g, name):+.3f}" for g in groups)
+        lines.append(f"| {name} | {'+' if sign > 0 else '-'} | {rho:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {prho:+.3f} | "
+                     f"[{plo:+.3f}, {phi:+.3f}] | {diff} | {per_env} |")
+    benefits = [f"{n}: mean {np.mean([r['benefit'] for r in g]):+.1f}, share > 0 "
+                f"{np.mean([r['benefit'] > 0 for r in g]):.2f}" for n, g in zip(names, groups)]
+    lines += ["", "B_k per environment: " + "; ".join(benefits) + ".",
+              f"With {len(SIGNALS)} signals, about {0.05 * len(SIGNALS):.1f} CIs are expected to exclude 0 by "
+              "chance alone; a signal worth a scaling policy has to exclude 0 in its expected direction, "
+              "pooled and with the round partialled out, and agree in sign in every environment."]
+    return "\n".join(lines)
 
 
 def report(out: Path, m: int = 3) -> str:
@@ -368,7 +437,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="default results/experiments/signal/<env>-<preset>")
     p.add_argument("--report", action="store_true", help="print the table from the runs there")
     p.add_argument("--m", type=int, default=3, help="rounds boosted per seed in the decision test")
+    p.add_argument("--pool", nargs="+", metavar="DIR", help="print the table pooled over these environments' "
+                   "result directories (and write it to pooled.md beside the first)")
     args = p.parse_args(argv)
+    if args.pool:
+        text = pooled_report([Path(d) for d in args.pool])
+        print(text)
+        (Path(args.pool[0]).parent / "pooled.md").write_text(text + "\n")
+        return 0
     cfg = SignalConfig(env_id=args.env, preset=args.preset, base_rounds=args.rounds, branches=args.branches,
                        actors=args.actors, boost=args.boost, steps=args.steps, horizon=args.horizon,
                        eval_episodes=args.eval_episodes)

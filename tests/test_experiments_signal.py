@@ -92,3 +92,29 @@ def test_partial_spearman_removes_what_the_round_index_explains():
     assert spearman(only_round, benefit) > 0.6 and abs(partial_spearman(only_round, benefit, k)) < 0.3
     assert partial_spearman(informative, benefit, k) > 0.8
     assert abs(partial_spearman(extra, benefit, k)) < 0.3
+
+
+def test_pooled_report_ranks_within_each_environment_and_compares_with_the_detectors_score(tmp_path):
+    from experiments.signal import pooled_report
+
+    dirs = []
+    for env, scale in (("env-a", 1.0), ("env-b", 1000.0)):  # returns of very different scales
+        d = tmp_path / env
+        d.mkdir()
+        recs = synthetic()
+        for r in recs:
+            r["benefit"] *= scale
+            r["signals"]["kl"] = r["benefit"] + scale * r["k"]  # partly the round, partly the benefit
+        for s in range(6):
+            (d / f"seed{s}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs if r["seed"] == s))
+        dirs.append(d)
+    text = pooled_report(dirs, reps=50)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| signal")}
+    assert float(rows["S_sub"][1]) == pytest.approx(1.0) and float(rows["S_sub"][3]) == pytest.approx(1.0)
+    assert rows["S_sub"][5] == "—"
+    # gns predicts perfectly but against its expected sign: oriented, it is far worse than S_sub
+    assert float(rows["gns"][3]) == pytest.approx(-1.0)
+    assert float(rows["gns"][5].split()[0]) == pytest.approx(-2.0)
+    assert float(rows["random"][5].split()[0]) < -0.5
+    assert "no signal-test records" in pooled_report([tmp_path / "missing"])
