@@ -15,9 +15,9 @@ while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-prot
 
 grid protocol --env Hopper-v5 --schemes "$CORE" --seeds 10                       # PPO tuned, 10 seeds
 grid protocol --env Hopper-v5 --schemes max,nitro-floor --seeds 5                # the costly controls, 5 seeds
-# Return at equal modelled dollars decides the default scaler (issue 14.3), so it runs before Walker2d.
-grid protocol-budget --env Hopper-v5 --schemes "$CORE",max --seeds 10            # return at equal modelled dollars
 grid protocol --env Walker2d-v5 --schemes "$CORE" --seeds 10
 grid protocol --env Walker2d-v5 --schemes max,nitro-floor --seeds 5
 grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5         # the paper's Table 1 settings
 grid protocol --env Hopper-v5 --algo impact --schemes "$CORE" --seeds 5
+# The budget-matched comparison is not run here: budgets on the measured cloud clock bind at load-dependent
+# points (the clock's CPU time more than doubled beside test load), see experiments/grids-budget.sh.
