@@ -15,6 +15,9 @@ while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-prot
 
 grid protocol --env Hopper-v5 --schemes "$CORE" --seeds 10                       # PPO tuned, 10 seeds
 grid protocol --env Hopper-v5 --schemes max,nitro-floor --seeds 5                # the costly controls, 5 seeds
+# fixed:8 run on to 100 rounds, so that truncating every run at one modelled-dollar budget (the equal-cost
+# comparison, `python -m experiments protocol-equal-cost`) finds the cheapest scheme at that budget too.
+grid protocol --env Hopper-v5 --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-ppo-tuned-r100
 grid protocol --env Walker2d-v5 --schemes "$CORE" --seeds 10
 grid protocol --env Walker2d-v5 --schemes max,nitro-floor --seeds 5
 grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5         # the paper's Table 1 settings
