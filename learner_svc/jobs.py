@@ -61,19 +61,20 @@ class Job:
         return self.state in TERMINAL
 
     def follow(self, from_round: int, is_active: Callable[[], bool]) -> Iterator[training_pb2.RoundReport]:
-        """Yield reports with round >= from_round as they arrive, until the job ends."""
+        """Yield reports with round >= from_round as they arrive, until the job ends.
+
+        Filtered after every wait: a resumed job's earlier reports arrive all at once (restore)."""
         i = 0
         while True:
             with self._cond:
-                while i < len(self.reports) and self.reports[i].round < from_round:
-                    i += 1
                 while i >= len(self.reports) and not self.done and is_active():
                     self._cond.wait(timeout=1.0)
-                pending = self.reports[i:]
+                new = self.reports[i:]
                 finished = self.done
-            for r in pending:
-                yield r
-            i += len(pending)
+            i += len(new)
+            for r in new:
+                if r.round >= from_round:
+                    yield r
             if (finished and i >= len(self.reports)) or not is_active():
                 return
 
@@ -119,7 +120,10 @@ class JobManager:
             self._run_job(job, resume)
         except Exception as exc:  # the service must outlive any one job
             log.exception("job %s failed", job.job_id)
-            job.set_state(training_pb2.JOB_STATE_FAILED, f"{type(exc).__name__}: {exc}")
+            # Its saved state still says RUNNING, so a resume (or a restarted learner) retries it.
+            job.set_state(training_pb2.JOB_STATE_FAILED,
+                          f"{type(exc).__name__}: {exc} (an error inside the learner: its log has the traceback; "
+                          f"`nitro train --resume {job.job_id}` retries from the last checkpoint)")
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:

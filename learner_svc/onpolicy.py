@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from learner_svc.rounds import DIAGNOSTICS, LOST_BATCH_GRACE_S, RoundLoop, invocation_id, slot_index
+from learner_svc.rounds import DIAGNOSTICS, LOST_BATCH_GRACE_S, RoundLoop, invocation_id, retry_note, slot_index
 from nitro import metrics
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
@@ -98,6 +98,7 @@ class OnPolicyLoop(RoundLoop):
                     dispatch += resp.dispatch_seconds
                     out.retries += resp.retries
                     out.cloud_seconds += resp.cloud_seconds
+                    out.notes += [note for note in map(retry_note, resp.invocations) if note]
                     for r in resp.invocations:
                         if not r.ok:
                             failed.add(slot_of[r.invocation_id])
@@ -139,6 +140,7 @@ class OnPolicyLoop(RoundLoop):
                     dispatch += resp.dispatch_seconds
                     out.retries += resp.retries
                     out.cloud_seconds += resp.cloud_seconds
+                    out.notes += [note for note in map(retry_note, resp.invocations) if note]
                 except Exception:  # noqa: BLE001 - bookkeeping only; the data is already here
                     pass
             elif resp is None and not self.job.stop_requested.is_set():

@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 POLICY_TTL_S = 3600
 DETECTOR_SUBSET = 512
-REDIS_PATIENCE_S = 60.0  # how long a Redis outage (restart) is ridden out before the job fails
+# How long a Redis outage (restart) is ridden out before the job fails, resumable.
+REDIS_PATIENCE_S = float(os.environ.get("NITRO_REDIS_PATIENCE_S", "60"))
 RPC_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 CHECKPOINT_FORMAT = 2
 EVAL_SEED_TAG = 2  # evaluation seeds: (seed, round, 2, 0), four parts, never an actor launch's (seed, round, wave)
@@ -55,7 +56,33 @@ LOST_BATCH_GRACE_S = 5.0  # a launched actor whose batch is still missing this l
 
 
 class JobAborted(RuntimeError):
-    """A dependency stayed unavailable past its patience; the job ends FAILED with this message."""
+    """The job cannot go on; it ends FAILED with this message."""
+
+
+class DependencyUnavailable(JobAborted):
+    """Redis or the scaler stayed unavailable past its patience: the job ends FAILED, resumable from its
+    last checkpoint once the dependency is back."""
+
+
+NO_SAMPLES = "no samples arrived"  # how the loops' end message for rounds without samples begins
+
+
+def dependency_failure(exc: BaseException) -> str | None:
+    """What was unavailable when `exc` ended a job, or None when `exc` is not a dependency's outage."""
+    if isinstance(exc, DependencyUnavailable):
+        return str(exc)
+    if isinstance(exc, grpc.RpcError) and exc.code() in RPC_RETRYABLE:
+        return f"the scaler or detector stayed unavailable ({exc.code().name}: {exc.details()})"
+    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return f"Redis stayed unavailable ({exc})"
+    return None
+
+
+def resume_advice(reason: str, job_id: str, rounds_done: int, rounds: int, fix: str = "once it is back") -> str:
+    """A resumable failure's message: why, that nothing is lost, and the command that continues the job."""
+    kept = (f"{rounds_done}/{rounds} rounds done and checkpointed" if rounds_done
+            else "no round had finished, so it starts again from round 0")
+    return f"{reason}. Nothing is lost ({kept}): {fix}, continue it with `nitro train --resume {job_id}`"
 
 
 @dataclass
@@ -83,6 +110,13 @@ def slot_index(inv_id: str, job_id: str, round_index: int) -> int | None:
     """The actor slot of an invocation id of this job and round (any wave), else None."""
     m = re.fullmatch(rf"{re.escape(job_id)}-r{round_index}-a(\d+)(?:-x\d+)?", inv_id)
     return int(m.group(1)) if m else None
+
+
+def retry_note(r: scaler_pb2.InvocationResult) -> str | None:
+    """The round-report note of an invocation that succeeded only after the scaler retried it, else None."""
+    if not r.ok or r.attempts <= 1:
+        return None
+    return f"actor {r.invocation_id} succeeded on attempt {r.attempts}, {r.error_message[:200] or 'after retries'}"
 
 
 def derived_seed(seed: int, *parts: int) -> int:
@@ -130,16 +164,32 @@ class RoundLoop:
         job = self.job
         job.set_state(training_pb2.JOB_STATE_RUNNING)
         self.save_job_state("RUNNING")
+        failed, resumable = training_pb2.JOB_STATE_FAILED, False
         try:
             end_state, end_message = self.train(resume)
-        except JobAborted as exc:
-            end_state, end_message = training_pb2.JOB_STATE_FAILED, str(exc)
+        except Exception as exc:  # noqa: BLE001 - a dependency's outage ends the job resumable; others propagate
+            reason = dependency_failure(exc)
+            if reason is not None:
+                log.warning("job %s: %s; it ends FAILED, resumable", job.job_id, reason)
+                end_state, resumable = failed, True
+                end_message = resume_advice(reason, job.job_id, len(job.reports), self.spec.rounds)
+            elif isinstance(exc, JobAborted):
+                end_state, end_message = failed, str(exc)
+            else:
+                raise
         finally:
             self.shutdown()
             metrics.forget_job(job.job_id)  # a finished job leaves no series behind
-        resumable = end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down"
-        if resumable:
+        if end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down":
+            resumable = True
             end_message += f"; resume with `nitro train --resume {job.job_id}`"
+        elif end_state == failed and end_message.startswith(NO_SAMPLES):
+            # Nothing was trained on in those rounds: once the actors work again the job can go on.
+            resumable = True
+            end_message = resume_advice(
+                f"{end_message}: the actors produced no batches (the round notes say why; see the actor "
+                f"endpoint's or function's log)", job.job_id, len(job.reports), self.spec.rounds,
+                fix="fix the actors, then")
         self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
                             resumable=resumable)
         job.set_state(end_state, end_message)
@@ -162,7 +212,8 @@ class RoundLoop:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                     redis.exceptions.BusyLoadingError) as exc:
                 if time.monotonic() + delay > deadline:
-                    raise JobAborted(f"Redis unavailable for {REDIS_PATIENCE_S:g} s during {what}: {exc}") from exc
+                    raise DependencyUnavailable(f"Redis unavailable for {REDIS_PATIENCE_S:g} s during {what}: "
+                                                f"{exc}") from exc
                 log.warning("job %s: Redis unavailable during %s (%s); retrying in %.1f s", self.job.job_id,
                             what, exc, delay)
                 time.sleep(delay)
@@ -210,6 +261,7 @@ class RoundLoop:
             notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
             rnd["resp"] = scaler_pb2.LaunchResponse()
             rnd["failed"] = set(range(rnd["actors"]))
+        notes += [note for note in map(retry_note, rnd["resp"].invocations) if note]
         for r in rnd["resp"].invocations:
             if not r.ok:
                 slot = slot_index(r.invocation_id, self.job.job_id, rnd["k"])
@@ -253,7 +305,11 @@ class RoundLoop:
                 cloud_learner_seconds=max(0.0, cloud_seconds), budget_clock=self.spec.budget_clock),
                 timeout=DEADLINES["Plan"], patience=self.spec.round_deadline_s, what="Plan")
         except grpc.RpcError as exc:
-            raise JobAborted(f"scaler unavailable for planning: {exc.code().name}: {exc.details()}") from exc
+            if exc.code() not in RPC_RETRYABLE:  # the scaler refused the plan: retrying cannot help
+                raise JobAborted(f"the scaler refused to plan round {round_index}: {exc.code().name}: "
+                                 f"{exc.details()}") from exc
+            raise DependencyUnavailable(f"scaler unavailable for planning: {exc.code().name}: "
+                                        f"{exc.details()}") from exc
         if resp.actors > 0:
             self.last_actors = resp.actors
         return resp

@@ -57,7 +57,10 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
             return json.load(f)
 
     def load_saved_jobs(self, resume: bool = True) -> list[str]:
-        """After a restart: list finished jobs again and resume the interrupted ones (killed or drained)."""
+        """After a restart: list ended jobs again and resume the interrupted ones (killed or drained).
+
+        A job that FAILED resumable (a dependency stayed down) waits for `nitro train --resume`: its
+        cause may still be there."""
         root = os.path.join(self.deps.data_dir, "jobs")
         resumed = []
         for job_id in sorted(os.listdir(root)) if os.path.isdir(root) else []:
@@ -65,7 +68,7 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
             if saved is None or self.jobs.get(job_id) is not None:
                 continue
             spec = _spec_from_dict(saved["spec"])
-            interrupted = saved["state"] == "RUNNING" or saved.get("resumable")
+            interrupted = saved["state"] == "RUNNING" or (saved["state"] == "STOPPED" and saved.get("resumable"))
             if resume and interrupted:
                 log.info("resuming job %s from its checkpoint", job_id)
                 self.jobs.start(spec, resume=True)
@@ -86,18 +89,24 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         return resumed
 
     def _resume(self, job_id: str, context) -> Job:
+        """Continue an interrupted or resumable job from its checkpoint (round 0 when it has none); a job
+        that is running already (a restarted learner resumed it) is returned as it is, to attach to."""
         if not job_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec.job_id: is required to resume a job")
         current = self.jobs.get(job_id)
         if current is not None and not current.done:
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"job {job_id!r} is already running")
+            return current
         saved = self._saved(job_id)
-        if saved is None or not os.path.exists(os.path.join(job_dir(self.deps.data_dir, job_id), "checkpoint.pt")):
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no checkpoint for job {job_id!r} in this learner's data dir")
+        if saved is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r} in this learner's data dir")
         if saved["state"] in ("SUCCEEDED", "FAILED") and not saved.get("resumable"):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"job {job_id!r} already ended ({saved['state']}: {saved.get('message', '')})")
-        return self.jobs.start(_spec_from_dict(saved["spec"]), resume=True)
+                          f"job {job_id!r} already ended ({saved['state']}: {saved.get('message', '')}); "
+                          f"it cannot be resumed: `nitro watch {job_id}` shows its rounds")
+        try:
+            return self.jobs.start(_spec_from_dict(saved["spec"]), resume=True)
+        except FileExistsError:  # another resume won the race: attach to that one
+            return self.jobs.get(job_id)
 
     def StartTraining(self, request, context):
         if self.jobs.draining:
@@ -125,6 +134,7 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
 
     def WatchTraining(self, request, context):
         job = self._job(request.job_id, context)
+        context.send_initial_metadata(())  # tells a client at once that it is attached (NitroClient.watch)
         yield from job.follow(max(0, request.from_round), context.is_active)
 
     def GetTraining(self, request, context):

@@ -4,7 +4,9 @@ One `_add_<command>` function builds each subcommand's parser and points it at
 `cmd_<command>`; a new subcommand is one more pair and one more entry in
 COMMANDS. Errors end as one line on stderr, "error: <STATUS>: <message>",
 with exit code 2 for bad input and 1 otherwise; Ctrl-C exits with 130.
-`train` and `watch` end with the job's state: 0 SUCCEEDED, 1 FAILED, 3 STOPPED.
+`train` and `watch` end with the job's state: 0 SUCCEEDED, 1 FAILED, 3 STOPPED;
+they follow a job across a learner restart, and a job they leave unfinished is
+exit code 1 with its last known state and the commands that go on with it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import grpc
 from nitro import local_system as ls
 from nitro.sdk import DEFAULT_TARGET, NitroClient, NitroRpcError
 from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
+from nitro.v1 import training_pb2
 
 BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND,
              grpc.StatusCode.ALREADY_EXISTS}
@@ -40,8 +43,11 @@ class CliError(Exception):
 # --- nitro up / down / status -----------------------------------------------------------------
 
 
+_STATE_DIR_DEFAULT = os.environ.get("NITRO_STATE_DIR", ".nitro")
+
+
 def _add_state_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state-dir", default=os.environ.get("NITRO_STATE_DIR", ".nitro"),
+    p.add_argument("--state-dir", default=_STATE_DIR_DEFAULT,
                    help="where the local system keeps state.json, logs, keys and data (default: %(default)s)")
 
 
@@ -55,6 +61,12 @@ def _add_up(sub) -> None:
                    help="seconds each component may take to become healthy (default: %(default)s)")
     p.add_argument("--learner-port", type=int, default=None,
                    help="learner gRPC port (default: any free port; 50051 makes NitroClient() find it)")
+    restarts = p.add_argument_group("restarts", "a component that exits on its own is restarted on its ports "
+                                                "after 0.5 s, 1 s, 2 s, ... (at most 30 s)")
+    ls.add_restart_args(restarts)
+    p.add_argument("--rotate-secrets", action="store_true",
+                   help="replace the state dir's secrets (access token, HMAC key, Redis passwords) with new ones "
+                        "before starting; batches signed with the old key that are still in Redis are then rejected")
     p.set_defaults(func=cmd_up)
 
 
@@ -66,6 +78,9 @@ def cmd_up(args) -> int:
         return 0
     if ls.lock_held(args.state_dir):
         raise CliError(f"nitro is already starting in {args.state_dir} (see `nitro status`)")
+    if args.rotate_secrets:
+        removed = ls.rotate_secrets(args.state_dir)
+        print(f"new secrets replace {', '.join(removed)}" if removed else "no secrets yet; new ones are created")
     if args.foreground:
         import logging
 
@@ -73,7 +88,8 @@ def cmd_up(args) -> int:
         system = _local_system(args)
         return ls.run_foreground(system, on_ready=lambda s: (
             _print_addresses(ls.read_state(s.state_dir)), print("Ctrl-C to stop everything", flush=True)))
-    extra = ["--concurrency", str(args.concurrency), "--startup-timeout", str(args.startup_timeout)]
+    extra = ["--concurrency", str(args.concurrency), "--startup-timeout", str(args.startup_timeout),
+             *ls.restart_args(args)]
     if args.learner_port:
         extra += ["--learner-port", str(args.learner_port)]
     proc = ls.spawn_supervisor(args.state_dir, extra)
@@ -97,8 +113,9 @@ def _local_system(args) -> ls.LocalSystem:
     aws = dict(getattr(args, "aws_system", None) or {})  # --backend aws: see _aws_backend
     if "redis_port" in aws:  # the functions reach Redis on the port of --actor-redis-url
         ports = {**(ports or {}), "redis": aws.pop("redis_port")}
+    policy = ls.restart_policy_from_args(args) if hasattr(args, "max_restarts") else ls.RestartPolicy()
     return ls.LocalSystem(args.state_dir, ports, concurrency=getattr(args, "concurrency", 64),
-                          startup_timeout_s=getattr(args, "startup_timeout", 180.0), **aws)
+                          startup_timeout_s=getattr(args, "startup_timeout", 180.0), restart_policy=policy, **aws)
 
 
 def _print_addresses(state: dict) -> None:
@@ -162,15 +179,31 @@ def cmd_status(args) -> int:
         state = ls.running_state(args.state_dir)
         if state is None:
             print(f"nitro is not up (no running supervisor for {Path(args.state_dir) / ls.STATE_FILE})")
+            gave_up = ls.last_failure(args.state_dir)
+            if gave_up:
+                print(f"the supervisor's last error ({Path(args.state_dir) / 'logs' / ls.SUPERVISOR_LOG}):\n"
+                      f"  {gave_up}")
             return 1
         target = state["learner"]
         print(f"nitro local system (supervisor pid {state['supervisor_pid']}, {state['status']})")
-        print(f"  {'COMPONENT':<10} {'HEALTH':<12} {'PID':>7}  {'ADDRESS':<28} METRICS")
+        print(f"  {'COMPONENT':<10} {'HEALTH':<12} {'PID':>7}  {'ADDRESS':<40} {'RESTARTS':<8} METRICS")
         health = _health(state)
+        notes = []
         for name, comp in state["components"].items():
+            restarts = comp.get("restarts") or {}
+            if restarts.get("restarting"):
+                health[name] = "restarting"
             healthy &= health[name] == "SERVING"
-            print(f"  {name:<10} {health[name]:<12} {comp['pid']:>7}  {comp['url'] or comp['address']:<28} "
-                  f"{comp.get('metrics_url') or ''}".rstrip())
+            print(f"  {name:<10} {health[name]:<12} {comp['pid']:>7}  {comp['url'] or comp['address']:<40} "
+                  f"{restarts.get('count', 0):<8} {comp.get('metrics_url') or ''}".rstrip())
+            if restarts.get("last_exit"):
+                when = restarts.get("last_restart_unix")
+                at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "not yet"
+                notes.append(f"  {name}: last exit {restarts['last_exit']}; last restart {at} "
+                             f"(log {comp['log']})")
+        if notes:
+            print("restarts (the supervisor's log says why: "
+                  f"{Path(state['state_dir']) / 'logs' / ls.SUPERVISOR_LOG}):\n" + "\n".join(notes))
     try:
         with _client(args, target) as client:
             jobs = client.list()
@@ -393,6 +426,9 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
     out.add_argument("--wandb-project", default=None, metavar="NAME",
                      help="also log every round to a Weights & Biases run in project NAME (needs wandb; "
                           "WANDB_MODE=offline logs without a network)")
+    out.add_argument("--reattach-timeout", type=float, default=REATTACH_TIMEOUT_S, metavar="SECONDS",
+                     help="how long to wait for a learner that went away (restarting) before giving up on "
+                          "following the job; the job itself goes on (default: %(default)s)")
 
 
 def build_spec(args) -> dict:
@@ -572,10 +608,62 @@ def _trackers(args):
         raise CliError(str(exc), exit_code=2) from None
 
 
+REATTACH_TIMEOUT_S = 300.0  # train/watch: how long to wait for a restarting learner (--reattach-timeout)
+
+
+class _LearnerGone(CliError):
+    """Following a job stopped: its learner stayed away, or the local system it ran on is down."""
+
+
+class _Waiting:
+    """While the learner is away (a restart): a progress line now and then; gives up at once when the
+    local system the job runs on is down (no supervisor will bring the learner back)."""
+
+    def __init__(self, args, job: str, write):
+        self.job, self.write = job, write
+        self.state_dir = None if getattr(args, "target", None) else args.state_dir
+        self.timeout_s = getattr(args, "reattach_timeout", REATTACH_TIMEOUT_S)
+        self.shown_at = None  # seconds waited when the last line was shown; None: not waiting
+
+    def __call__(self, err: NitroRpcError, waited_s: float) -> None:
+        if self.state_dir is not None and ls.running_state(self.state_dir) is None:
+            raise _LearnerGone(f"the local system in {self.state_dir} is down (its log: "
+                               f"{Path(self.state_dir) / 'logs' / ls.SUPERVISOR_LOG})")
+        if self.shown_at is None or waited_s - self.shown_at >= 15:
+            self.shown_at = waited_s
+            self.write(f"learner unavailable ({err.code.name}): waiting for it to come back, "
+                       f"{waited_s:.0f} s of {self.timeout_s:.0f} s (job {self.job} goes on; Ctrl-C leaves)")
+
+    def back(self) -> None:
+        if self.shown_at is not None:
+            self.write("learner back: following the job again")
+        self.shown_at = None
+
+    def patiently(self, call):
+        """`call()`, retried while the learner is unavailable, for up to the reattach timeout."""
+        t0, delay = time.monotonic(), 0.5
+        while True:
+            try:
+                result = call()
+            except NitroRpcError as exc:
+                waited = time.monotonic() - t0
+                if exc.code != grpc.StatusCode.UNAVAILABLE or waited >= self.timeout_s:
+                    raise
+                self(exc, waited)
+                time.sleep(delay)
+                delay = min(2 * delay, 5.0)
+            else:
+                self.back()
+                return result
+
+
 def _run_job(client: NitroClient, spec: dict, args, trackers=None) -> int:
     t0 = time.monotonic()
     trackers = trackers if trackers is not None else _trackers(args)
-    status = client.resume(args.resume) if getattr(args, "resume", None) else client.start_training(spec)
+    if getattr(args, "resume", None):  # attaches to the job when the learner runs it already: safe to retry
+        status = _Waiting(args, args.resume, print).patiently(lambda: client.resume(args.resume))
+    else:
+        status = client.start_training(spec)
     return _follow(client, status, args, trackers, t0)
 
 
@@ -596,6 +684,7 @@ def _follow(client: NitroClient, status, args, trackers, t0: float | None = None
     plain = args.no_progress or not sys.stderr.isatty()
     bar = tqdm(total=s.rounds or None, unit="round", desc=job, disable=plain, dynamic_ncols=True)
     reports, interrupted, failure = [], False, None
+    waiting = _Waiting(args, job, lambda line: tqdm.write(line, file=sys.stdout))
     trackers.start(job, status.to_dict()["spec"] or {})
     with results.RoundsCsvWriter(out / "rounds.csv") as rounds_csv:
 
@@ -605,7 +694,8 @@ def _follow(client: NitroClient, status, args, trackers, t0: float | None = None
             trackers.log_round(r.to_dict())
 
         try:
-            for r in client.watch(job):
+            for r in client.watch(job, patience_s=waiting.timeout_s, on_wait=waiting):
+                waiting.back()
                 take(r)
                 bar.update(1)
                 bar.set_postfix_str(f"actors {r.actors_launched} eval {r.eval_return:.1f} "
@@ -622,21 +712,56 @@ def _follow(client: NitroClient, status, args, trackers, t0: float | None = None
                 with contextlib.suppress(NitroRpcError):
                     status = client.stop(job)
         except NitroRpcError as exc:
-            failure = exc  # write what arrived, then report the error
+            failure = exc  # write what arrived, then say what is known
+        except _LearnerGone as exc:
+            failure = exc
         finally:
             bar.close()
         # The stream can close just before the state flips; a stopped job finishes its round in flight.
         wait_s = 0 if failure or (interrupted and leave_running) else 60 if interrupted else 15
         status = _final_status(client, job, status, wait_s=wait_s)
-        if interrupted and status.finished:
+        if (interrupted or failure) and status.finished:
             for r in _remaining_reports(client, job, reports):
                 take(r)
+    status = _known_status(status, reports)
     wall_s = time.monotonic() - t0 if t0 is not None else _job_seconds(status)
     out = _write_results(out, status, reports, wall_s, trackers)
-    if failure:
-        print(f"results so far in {out}/", file=sys.stderr)
-        raise failure
-    return 130 if interrupted else JOB_EXIT_CODES.get(status.state_name, 1)
+    if interrupted:
+        return 130
+    if not status.finished:
+        print(_unfinished(args, status, failure), file=sys.stderr)
+        return 1
+    return JOB_EXIT_CODES.get(status.state_name, 1)
+
+
+def _known_status(status, reports: list):
+    """`status`, with what the reports prove: a job that reported rounds was RUNNING, whatever an early
+    status (PENDING) said before the learner became unreachable."""
+    if status.finished or not reports or len(reports) <= status.rounds_done:
+        return status
+    proto = type(status.proto)()
+    proto.CopyFrom(status.proto)
+    proto.state = training_pb2.JOB_STATE_RUNNING
+    proto.rounds_done = len(reports)
+    proto.last_report.CopyFrom(reports[-1].proto)
+    return type(status)(proto)
+
+
+def _unfinished(args, status, failure) -> str:
+    """What a job that was left before its end is known to be doing, and the commands that go on with it."""
+    job = status.job_id
+    why = f": {failure}" if failure else ""
+    lines = [f"job {job} has not finished; last known state {status.state_name}, {status.rounds_done}"
+             f"{f'/{status.spec.rounds}' if status.HasField('spec') else ''} rounds (following it stopped{why})"]
+    target = getattr(args, "target", None)
+    default_dir = args.state_dir == _STATE_DIR_DEFAULT
+    where = f" --target {target}" if target else "" if default_dir else f" --state-dir {args.state_dir}"
+    if not target and ls.running_state(args.state_dir) is None:
+        lines.append(f"  the local system is down: `nitro up{'' if default_dir else f' --state-dir {args.state_dir}'}`"
+                     f", then")
+    lines.append(f"  follow it:   nitro watch {job}{where}")
+    lines.append(f"  continue it: nitro train --resume {job}{where}   (attaches to it if the learner runs it already)")
+    return "\n".join(lines)
 
 
 def _job_seconds(status) -> float:
@@ -655,16 +780,19 @@ def _remaining_reports(client: NitroClient, job: str, reports: list) -> list:
 
 
 def _final_status(client: NitroClient, job: str, last, wait_s: float):
-    """The job's status once it has ended, or the latest one after `wait_s`."""
+    """The job's status once it has ended, or the latest one known after `wait_s` (an unreachable learner
+    is asked again meanwhile)."""
     deadline = time.monotonic() + wait_s
     try:
         while True:
             try:
                 last = client.get(job)
-            except NitroRpcError:
-                return last
-            if last.finished or time.monotonic() >= deadline:
-                return last
+            except NitroRpcError as exc:
+                if exc.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                    return last
+            else:
+                if last.finished or time.monotonic() >= deadline:
+                    return last
             time.sleep(0.5)
     except KeyboardInterrupt:  # stop waiting, still write what arrived
         return last
@@ -685,14 +813,16 @@ def _write_results(out: Path, status, reports: list, wall_s: float, trackers=Non
     out.mkdir(parents=True, exist_ok=True)
     summary = results.write_summary(out / "summary.json", status, reports, wall_s)
     results.plot_training(out / "training.png", reports)
-    ckpt_line = _copy_checkpoint(status.checkpoint_path, out / "checkpoint.pt")
+    ckpt_line = _copy_checkpoint(status.checkpoint_path, out / "checkpoint.pt") if status.finished or \
+        status.checkpoint_path else "kept by the learner (not finished; `nitro train --resume` continues from it)"
     best_line = _copy_checkpoint(summary["best_checkpoint_path"], out / "best.pt")
 
     def num(v, fmt):
         return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
     planned = f" / {summary['rounds_planned']}" if summary.get("rounds_planned") else ""
-    print(f"\njob {summary['job_id']} {summary['state']}" + (f": {summary['message']}" if summary["message"] else ""))
+    state = summary["state"] if status.finished else f"not finished (last known state {summary['state']})"
+    print(f"\njob {summary['job_id']} {state}" + (f": {summary['message']}" if summary["message"] else ""))
     print(f"  rounds        {summary['rounds']}{planned}")
     print(f"  eval return   final {num(summary['final_eval_return'], '.2f')}, "
           f"best {num(summary['best_eval_return'], '.2f')} (round {summary['best_round']})")
@@ -739,7 +869,8 @@ def cmd_watch(args) -> int:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_signals(_raise_interrupt, (signal.SIGTERM,)))  # a kill leaves like Ctrl-C
         client = stack.enter_context(_client(args, _resolve_target(args)))
-        status = client.get(args.job_id)  # an unknown id is NOT_FOUND before anything is written
+        # An unknown id is NOT_FOUND before anything is written; a restarting learner is waited for.
+        status = _Waiting(args, args.job_id, print).patiently(lambda: client.get(args.job_id))
         return _follow(client, status, args, trackers, leave_running=True)
 
 

@@ -31,6 +31,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from nitro.errors import ConfigError
 
 MB_PER_GB = 1024.0
@@ -279,3 +281,85 @@ def budget_spent(machine_usd: float, cloud_usd: float, clock: str) -> float:
     if clock not in CLOCKS:
         raise ConfigError(f"invalid value for budget_clock: must be one of {list(CLOCKS)}, got {clock!r}")
     return cloud_usd if clock == "cloud" else machine_usd
+
+
+# -- reference pricing: the cloud model at fixed speeds (docs/cost.md) --------------------
+
+REFERENCE_QUANTILE = 0.10  # calibration takes the quietest decile: load only ever slows work down
+
+
+@dataclass(frozen=True)
+class ReferenceRates:
+    """Seconds per unit of work, measured once on a quiet machine. The cloud clock measures CPU time,
+    and CPU time still grows when other work shares the cores (caches, SMT siblings, memory bandwidth:
+    the PPO update took 0.63 s quiet and 1.3-1.6 s beside a test suite), so a comparison of scaling
+    policies at equal dollars prices every run at these rates instead: the same work costs the same
+    whenever and wherever it ran."""
+
+    actor_s_per_step: float  # an actor invocation's modelled seconds per env step
+    learner_s_per_sample: float  # the learner's ingest + update seconds per sample of the round
+    learner_s_per_round: float  # the learner's seconds per round whatever its size (publish, detect)
+    actor_init_s: float = 0.3  # the init of a cold invocation (billed, as AWS bills INIT)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check(f"reference rate {f.name}", getattr(self, f.name))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def reference_round(actors: int, steps_per_actor: int, warm_sandboxes: int, rates: ReferenceRates,
+                    prices: Prices, actor_memory_mb: float = 1024.0) -> tuple[float, float]:
+    """(seconds, USD) of one training round priced at the reference rates: `actors` equal invocations in
+    parallel (those beyond the warm sandboxes start cold), then the learner's ingest, update, publish and
+    detect; the learner server is billed for the round. Evaluation is left out: it is the experimenter's
+    measurement, the same for every scaling policy."""
+    actors, steps = int(actors), int(steps_per_actor)
+    if actors < 0 or steps < 0:
+        raise ConfigError(f"invalid reference round: actors and steps_per_actor must be >= 0, got {actors}, {steps}")
+    cold = cold_invocations(actors, warm_sandboxes)
+    run_ms = rates.actor_s_per_step * steps * 1000.0
+    launch_s, billed = cloud_launch([(run_ms, rates.actor_init_s * 1000.0, i < cold) for i in range(actors)], prices)
+    seconds = launch_s + rates.learner_s_per_sample * actors * steps + rates.learner_s_per_round
+    return seconds, learner_cost(seconds, prices) + lambda_cost(sum(billed), actors, actor_memory_mb, prices)
+
+
+def reference_job(actors_by_round, steps_per_actor: int, rates: ReferenceRates, prices: Prices,
+                  actor_memory_mb: float = 1024.0) -> list[float]:
+    """The cumulative reference bill (USD) after each round of a job that launched `actors_by_round`."""
+    total, warm, out = 0.0, 0, []
+    for actors in actors_by_round:
+        total += reference_round(actors, steps_per_actor, warm, rates, prices, actor_memory_mb)[1]
+        warm = max(warm, int(actors))
+        out.append(total)
+    return out
+
+
+def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
+                              quantile: float = REFERENCE_QUANTILE) -> ReferenceRates:
+    """Reference rates from round reports that carry `cloud_phases` (any number of runs of one env and
+    preset): per unit of work, the `quantile` of what the rounds measured, so rounds slowed by other load
+    on the machine do not set the price. Actor speed comes from warm launches only (no cold start)."""
+    step, sample, fixed = [], [], []
+    warm = {}
+    for r in rounds:
+        ph, actors = r.get("cloud_phases") or {}, int(r.get("actors_launched") or 0)
+        job = r.get("job_id")
+        if not ph or actors <= 0:
+            continue
+        samples = float(r.get("env_steps") or actors * steps_per_actor)
+        if actors <= warm.get(job, 0) and steps_per_actor > 0:
+            step.append(max(0.0, ph.get("sample", 0.0) - prices.lambda_invoke_overhead_s) / steps_per_actor)
+        warm[job] = max(warm.get(job, 0), actors)
+        if samples > 0:
+            sample.append((ph.get("ingest", 0.0) + ph.get("update", 0.0)) / samples)
+        if not r.get("evaluated"):  # an evaluation overlaps the detector, which then looks free
+            fixed.append(ph.get("publish", 0.0) + ph.get("detect", 0.0))
+    if not step or not sample or not fixed:
+        raise ConfigError("calibrate_reference_rates: no round report with cloud_phases after a warm launch "
+                          "(needs runs of at least two rounds with the cloud clock)")
+    q = float(quantile)
+    return ReferenceRates(actor_s_per_step=float(np.quantile(step, q)),
+                          learner_s_per_sample=float(np.quantile(sample, q)),
+                          learner_s_per_round=float(np.quantile(fixed, q)))

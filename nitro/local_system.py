@@ -3,15 +3,20 @@
 `LocalSystem(state_dir).start()` brings them up in dependency order, each on a
 free port with its own log in <state_dir>/logs, and waits until each answers
 its health check. <state_dir>/state.json says where everything is (no secrets).
-Secrets are generated per system, written mode 0600 and handed to components
-through their environment, never their command line: the gRPC access token
-(<state_dir>/token), the HMAC key (hmac.key) and the passwords of the Redis ACL
-users `nitro-service` (redis.password) and `nitro-actor` (redis-actor.password).
-Redis keeps an append-only file in <state_dir>/redis. `stop()` ends the
-components in reverse order.
+Secrets are created once per state dir, mode 0600, and reused by every later
+start (a restart must not look like an attack: batches signed before it still
+verify); they reach components through their environment, never their command
+line: the gRPC access token (<state_dir>/token), the HMAC key (hmac.key) and the
+passwords of the Redis ACL users `nitro-service` (redis.password) and
+`nitro-actor` (redis-actor.password). `rotate_secrets` removes them while the
+system is down. Redis keeps an append-only file in <state_dir>/redis. `stop()`
+ends the components in reverse order.
 
 `python -m nitro.local_system --state-dir DIR` is the supervisor: it runs the
-system in the foreground until SIGTERM/SIGINT (`nitro up` starts it detached).
+system in the foreground until SIGTERM/SIGINT (`nitro up` starts it detached)
+and restarts a component that exits on its own, on the same ports, with
+exponential backoff within a restart budget (RestartPolicy); a component that
+exhausts it stops everything.
 
 Every child runs in its own session, so a terminal Ctrl-C reaches only the
 supervisor, which then stops the children in order; and (on Linux) with a
@@ -36,7 +41,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import quote, urlparse, urlunparse
@@ -46,7 +51,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nitro import auth
 from nitro.codec import generate_hmac_key
-from nitro.redis_server import ACTOR_USER, SERVICE_USER, LocalRedis, find_redis_server_binary, nitro_users
+from nitro.redis_server import (
+    ACTOR_USER,
+    SERVICE_USER,
+    LocalRedis,
+    RedisServerError,
+    find_redis_server_binary,
+    nitro_users,
+)
 
 log = logging.getLogger("nitro.local_system")
 
@@ -81,6 +93,40 @@ if os.getppid() != int(sys.argv[1]):
     os._exit(70)  # the parent died before the death signal was armed
 os.execvp(sys.argv[2], sys.argv[2:])
 """
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When the supervisor restarts a component that exited on its own (like Kubernetes' crash-loop
+    backoff or compose's `restart: on-failure`): after first_delay_s, doubling with every restart in
+    the last window_s seconds up to max_delay_s; the (max_restarts + 1)-th exit within window_s stops
+    everything. The first delays stay well inside the learner's Redis patience (rounds.REDIS_PATIENCE_S)."""
+
+    max_restarts: int = 5
+    window_s: float = 600.0
+    first_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+
+
+def restart_delay(policy: RestartPolicy, restarts: Sequence[float], now: float) -> float | None:
+    """Seconds to wait before restarting a component that just exited, or None when its restart budget
+    is spent. `restarts`: the times (same clock as `now`) of its earlier restarts."""
+    recent = sum(1 for t in restarts if now - t < policy.window_s)
+    if recent >= policy.max_restarts:
+        return None
+    return min(policy.max_delay_s, policy.first_delay_s * 2 ** recent)
+
+
+def describe_exit(returncode: int | None) -> str:
+    """'signal SIGKILL', 'exit code 1', or 'did not start' (no exit status)."""
+    if returncode is None:
+        return "did not start"
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
 
 
 class LocalSystemError(RuntimeError):
@@ -185,6 +231,40 @@ def write_secret(path: Path, value: str) -> None:
         f.write(value + "\n")
 
 
+def load_or_create_secret(path: Path, generate: Callable[[], str]) -> str:
+    """The secret kept in `path`, created by `generate` (mode 0600) when there is none yet.
+
+    A file others may read is refused rather than used: it may have leaked."""
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        value = generate()
+        write_secret(path, value)
+        return value
+    if mode & 0o077:
+        raise LocalSystemError(f"{path} is readable by other users (mode {mode:o}): remove it for a new secret "
+                               f"(`nitro up --rotate-secrets`), or `chmod 600 {path}` if it never leaked")
+    value = path.read_text().strip()
+    if not value:
+        raise LocalSystemError(f"{path} is empty: remove it (`nitro up --rotate-secrets`) for a new secret")
+    return value
+
+
+def rotate_secrets(state_dir: str | os.PathLike) -> list[str]:
+    """Remove the state dir's secrets so that the next start creates new ones; only while nothing runs.
+
+    Batches signed with the old HMAC key and not yet consumed are then rejected (bad_signature)."""
+    if running_state(state_dir) is not None or lock_held(state_dir):
+        raise LocalSystemError(f"a local system is up in {state_dir}: `nitro down` before rotating its secrets")
+    removed = []
+    for name in SECRET_FILES:
+        path = Path(state_dir) / name
+        if path.exists():
+            path.unlink()
+            removed.append(name)
+    return removed
+
+
 def _repo_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
@@ -256,11 +336,13 @@ class LocalSystem:
                  concurrency: int = 64, actor_timeout_s: float = 60.0, actor_memory_mb: int = 1024,
                  startup_timeout_s: float = 180.0, python: str = sys.executable,
                  lambda_backend: str = "local", actor_redis_url: str | None = None, aws_region: str | None = None,
-                 hmac_key: str | None = None, redis_password: str | None = None, redis_bind: str = "127.0.0.1"):
+                 hmac_key: str | None = None, redis_password: str | None = None, redis_bind: str = "127.0.0.1",
+                 restart_policy: RestartPolicy = RestartPolicy()):
         """lambda_backend "aws": no local endpoint; the scaler invokes the deployed functions through
         boto3's standard endpoint and credentials. The functions reach Redis at actor_redis_url (no
         password in it) as the restricted actor user with redis_password (their NITRO_REDIS_PASSWORD),
-        and sign with hmac_key (their NITRO_HMAC_KEY); redis_bind opens Redis beyond loopback."""
+        and sign with hmac_key (their NITRO_HMAC_KEY); redis_bind opens Redis beyond loopback.
+        restart_policy: what `supervise` does when a component exits on its own."""
         if lambda_backend not in ("local", "aws"):
             raise LocalSystemError(f"lambda_backend must be 'local' or 'aws', got {lambda_backend!r}")
         if lambda_backend == "aws":
@@ -290,6 +372,10 @@ class LocalSystem:
         self.token: str | None = None  # gRPC access token of this system; never print it
         self._status = "stopped"
         self._taken: set[int] = set()
+        self._assigned: dict[str, int] = {}  # ports picked for this system: a restarted component keeps its own
+        self.restart_policy = restart_policy
+        self._restart_times: dict[str, list[float]] = {}  # monotonic
+        self.restarts: dict[str, dict] = {}  # name -> {count, last_exit, last_restart_unix, restarting}
         self._launchers: dict[str, Callable[[], None]] = {}
         self._relaunches: dict[str, int] = {}
         # Plain flags, not Events: request_stop runs in signal handlers, where taking a lock can deadlock.
@@ -386,15 +472,19 @@ class LocalSystem:
         for d in (self.state_dir, self.logs_dir, self.data_dir):
             d.mkdir(parents=True, exist_ok=True)
         aws = self._aws or {}
-        self.hmac_key = aws.get("hmac_key") or generate_hmac_key()
-        write_secret(self.state_dir / HMAC_KEY_FILE, self.hmac_key)
-        self.token = auth.generate_token()
-        write_secret(self.state_dir / TOKEN_FILE, self.token)
-        self._redis_password = secrets.token_urlsafe(24)
-        write_secret(self.state_dir / REDIS_PASSWORD_FILE, self._redis_password)
+
+        def secret(name: str, given: str | None, generate: Callable[[], str]) -> str:
+            if given:  # what deployed functions were given wins over what the state dir kept
+                write_secret(self.state_dir / name, given)
+                return given
+            return load_or_create_secret(self.state_dir / name, generate)
+
+        self.hmac_key = secret(HMAC_KEY_FILE, aws.get("hmac_key"), generate_hmac_key)
+        self.token = secret(TOKEN_FILE, None, auth.generate_token)
+        self._redis_password = secret(REDIS_PASSWORD_FILE, None, lambda: secrets.token_urlsafe(24))
         # Deployed functions log in as the actor user with the password they were given.
-        self._actor_password = aws.get("redis_password") or secrets.token_urlsafe(24)
-        write_secret(self.state_dir / REDIS_ACTOR_PASSWORD_FILE, self._actor_password)
+        self._actor_password = secret(REDIS_ACTOR_PASSWORD_FILE, aws.get("redis_password"),
+                                      lambda: secrets.token_urlsafe(24))
 
         self._start_redis()
         self._write_state()
@@ -440,16 +530,22 @@ class LocalSystem:
             return False
         self._relaunches[name] = self._relaunches.get(name, 0) + 1
         log.warning("%s could not bind its port; retrying on another", name)
+        for key in (name, f"{name}_metrics"):
+            self._assigned.pop(key, None)
         self._launchers[name]()
         return True
 
     def _port(self, name: str) -> int:
+        """The given port, else the one picked for `name` earlier (a restart keeps its address), else a free one."""
         if name in self.ports:
             return self.ports[name]
+        if name in self._assigned:
+            return self._assigned[name]
         port = free_port()
         while port in self._taken:  # the OS may hand the same free port out twice
             port = free_port()
         self._taken.add(port)
+        self._assigned[name] = port
         return port
 
     def _start_redis(self) -> None:
@@ -468,11 +564,14 @@ class LocalSystem:
         except ValueError as exc:  # a given password or bind address Redis cannot take
             raise LocalSystemError(f"cannot configure Redis: {exc}") from None
         self._redis.start()
+        self._register_redis()
+
+    def _register_redis(self) -> None:
         pid = self._redis.pid
         self.components["redis"] = Component(
             "redis", pid, f"127.0.0.1:{self._redis.port}", str(self._redis.data_dir / "redis.log"),
             url=f"redis://{SERVICE_USER}@127.0.0.1:{self._redis.port}/0", start_time=process_start_time(pid))
-        log.info("redis listening on %s", self._redis.url_without_password)
+        log.info("redis (pid %d) listening on %s", pid, self._redis.url_without_password)
 
     def _spawn_service(self, name: str, extra: list[str]) -> None:
         port, metrics_port = self._port(name), self._port(f"{name}_metrics")
@@ -536,20 +635,82 @@ class LocalSystem:
                 delay = min(delay * 1.5, 1.0)
 
     def request_stop(self) -> None:
-        """Thread- and signal-safe: ends start() or wait(); a second request hurries stop()."""
+        """Thread- and signal-safe: ends start() or supervise(); a second request hurries stop()."""
         if self._stop_requested:
             self._hurry = True
         self._stop_requested = True
 
-    def wait(self, poll_s: float = 0.5) -> str | None:
-        """Block until stop is requested (None) or a component exits on its own (its name)."""
+    def _exit_status(self, name: str) -> tuple[bool, int | None]:
+        """(whether the component's process has ended, its exit status when known)."""
+        if name == "redis":
+            return not self._redis.running, self._redis.returncode
+        rc = self.components[name].proc.poll()
+        return rc is not None, rc
+
+    def supervise(self, poll_s: float = 0.5) -> str | None:
+        """Restart components that exit on their own, following restart_policy, until stop is requested
+        (returns None) or a component exits once more than its restart budget allows (returns its name).
+
+        A restarted component keeps its ports, so nothing that talks to it needs a new address: Redis
+        comes back from its AOF with the same users, a restarted learner resumes its interrupted jobs from
+        their checkpoints. Call it from the thread that started the system (parent-death signal)."""
+        due: dict[str, float] = {}  # name -> monotonic time of its scheduled restart
         while not self._stop_requested:
             time.sleep(poll_s)
-            for name, comp in self.components.items():
-                gone = not self._redis.running if name == "redis" else comp.proc.poll() is not None
-                if gone:
+            for name in list(self.components):
+                if self._stop_requested:
+                    break
+                now = time.monotonic()
+                if name in due:
+                    if now >= due[name]:
+                        del due[name]
+                        self._restart(name, now)
+                    continue
+                ended, rc = self._exit_status(name)
+                if not ended:
+                    continue
+                delay = restart_delay(self.restart_policy, self._restart_times.get(name, []), now)
+                info = self.restarts.setdefault(name, {"count": 0, "last_exit": "", "last_restart_unix": None,
+                                                       "restarting": False})
+                info["last_exit"] = describe_exit(rc)
+                comp = self.components[name]
+                if delay is None:
+                    self._write_state()
                     return name
+                info["restarting"] = True
+                self._write_state()
+                log.warning("%s (pid %d) exited (%s); restarting it in %.1f s (restart %d; at most %d within %.0f s). "
+                            "Last lines of %s:\n%s", name, comp.pid, info["last_exit"], delay, info["count"] + 1,
+                            self.restart_policy.max_restarts, self.restart_policy.window_s, comp.log,
+                            log_tail(comp.log, 10))
+                due[name] = now + delay
         return None
+
+    def _restart(self, name: str, now: float) -> None:
+        """Start `name` again on its ports. A failed start is logged; the next poll sees it as another exit."""
+        self._restart_times.setdefault(name, []).append(now)
+        info = self.restarts[name]
+        info.update(count=info["count"] + 1, last_restart_unix=time.time(), restarting=False)
+        try:
+            if name == "redis":
+                self._redis.start()  # same port, data dir (AOF) and ACL users
+                self._register_redis()
+            else:
+                self._launchers[name]()
+        except (LocalSystemError, RedisServerError, OSError) as exc:
+            log.error("restarting %s failed: %s", name, exc)
+        else:
+            log.warning("restarted %s (pid %d, restart %d)", name, self.components[name].pid, info["count"])
+        self._write_state()
+
+    def restart_budget_message(self, name: str) -> str:
+        """Why the supervisor gives up on `name`, with what to do and the end of its log."""
+        info, comp, policy = self.restarts.get(name, {}), self.components[name], self.restart_policy
+        budget = (f"it was restarted {info.get('count', 0)} time(s), the most allowed within {policy.window_s:.0f} s"
+                  if policy.max_restarts else "restarts are off (--max-restarts 0)")
+        return (f"{name} exited ({info.get('last_exit', 'unknown')}) and {budget}; stopping everything. Fix the "
+                f"cause and `nitro up` again: interrupted jobs resume from their checkpoints. "
+                f"Last lines of {comp.log}:\n{log_tail(comp.log)}")
 
     def stop(self) -> list[str]:
         """Stop every component in reverse start order (SIGTERM, then SIGKILL after a grace period)."""
@@ -574,8 +735,7 @@ class LocalSystem:
         self._status = "stopped"
         state = read_state(self.state_dir)
         if state and state.get("supervisor_pid") == os.getpid():
-            for f in (STATE_FILE, *SECRET_FILES):
-                (self.state_dir / f).unlink(missing_ok=True)
+            self.state_file.unlink(missing_ok=True)  # the secrets stay for the next start (rotate_secrets)
         self._release_lock()
         return stopped
 
@@ -592,7 +752,8 @@ class LocalSystem:
         proc.wait()
 
     def _write_state(self) -> None:
-        comps = {n: c.to_dict() for n, c in self.components.items()}
+        comps = {n: {**c.to_dict(), "restarts": dict(self.restarts.get(n, {"count": 0}))}
+                 for n, c in self.components.items()}
         state = {
             "version": 1,
             "status": self._status,
@@ -684,10 +845,9 @@ def _kill_leftovers(state: dict, sig: int) -> list[str]:
 
 
 def cleanup_stale(state_dir: str | os.PathLike, state: dict) -> list[str]:
-    """The supervisor died without cleaning up: kill what it left and forget it."""
+    """The supervisor died without cleaning up: kill what it left and forget it (its secrets stay)."""
     left = _kill_leftovers(state, signal.SIGKILL)
-    for f in (STATE_FILE, *SECRET_FILES):
-        (Path(state_dir) / f).unlink(missing_ok=True)
+    (Path(state_dir) / STATE_FILE).unlink(missing_ok=True)
     return left
 
 
@@ -721,6 +881,19 @@ def shutdown(state_dir: str | os.PathLike, timeout_s: float = 150.0) -> list[str
     if (Path(state_dir) / STATE_FILE).exists() and not pid_alive(pid, start):
         cleanup_stale(state_dir, state)
     return list(reversed(running)) + ["supervisor"]
+
+
+def last_failure(state_dir: str | os.PathLike) -> str | None:
+    """The supervisor's last error line (why it stopped everything), if its log ends with one."""
+    try:
+        lines = (Path(state_dir) / "logs" / SUPERVISOR_LOG).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if " supervisor " in line]
+    errors = [i for i in starts if " supervisor ERROR: " in lines[i]]
+    if not errors or any(" local system ready" in lines[i] for i in starts if i > errors[-1]):
+        return None
+    return lines[errors[-1]].split(" supervisor ERROR: ", 1)[1]
 
 
 def spawn_supervisor(state_dir: str | os.PathLike, args: list[str] = ()) -> subprocess.Popen:
@@ -764,11 +937,9 @@ def run_foreground(system: LocalSystem, on_ready=None) -> int:
         log.info("local system ready; learner at %s", system.learner_address)
         if on_ready:
             on_ready(system)
-        dead = system.wait()
+        dead = system.supervise()
         if dead:
-            comp = system.components[dead]
-            log.error("%s exited unexpectedly; stopping everything. Last lines of %s:\n%s",
-                      dead, comp.log, log_tail(comp.log))
+            log.error("%s", system.restart_budget_message(dead))
             return 1
         return 0
     except StartupAborted:
@@ -790,11 +961,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=64, help="actor function concurrency limit")
     p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds each component may take")
     p.add_argument("--learner-port", type=int, default=None, help="learner gRPC port (default: any free one)")
+    add_restart_args(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s: %(message)s")
     ports = {"learner": args.learner_port} if args.learner_port else None
-    system = LocalSystem(args.state_dir, ports, concurrency=args.concurrency, startup_timeout_s=args.startup_timeout)
+    system = LocalSystem(args.state_dir, ports, concurrency=args.concurrency, startup_timeout_s=args.startup_timeout,
+                         restart_policy=restart_policy_from_args(args))
     return run_foreground(system)
+
+
+def add_restart_args(p: argparse.ArgumentParser) -> None:
+    """The restart policy's flags (`nitro up` and the supervisor share them)."""
+    def bounded(kind, low: float, strict: bool):
+        def parse(text: str):
+            value = kind(text)
+            if value < low or (strict and value == low):
+                raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text}")
+            return value
+        return parse
+
+    d = RestartPolicy()
+    p.add_argument("--max-restarts", type=bounded(int, 0, False), default=d.max_restarts, metavar="N",
+                   help="restarts of one component allowed within --restart-window before everything stops; "
+                        "0: stop everything when any component exits (default: %(default)s)")
+    p.add_argument("--restart-window", type=bounded(float, 0, True), default=d.window_s, metavar="SECONDS",
+                   help="the window of --max-restarts (default: %(default)s)")
+
+
+def restart_policy_from_args(args) -> RestartPolicy:
+    return RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+
+
+def restart_args(args) -> list[str]:
+    """The supervisor's command-line flags for the restart policy in `args`."""
+    return ["--max-restarts", str(args.max_restarts), "--restart-window", str(args.restart_window)]
 
 
 if __name__ == "__main__":

@@ -192,6 +192,12 @@ class LocalRedis:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit status of the server process once it ended (negative: the signal that killed it);
+        None while it runs or when none started."""
+        return self._proc.poll() if self._proc is not None else None
+
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> LocalRedis:
         if self.running:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import grpc
 
@@ -32,6 +32,7 @@ from nitro.spec import InvalidSpec, TrainingSpec, env_kwargs_to_wire, to_proto
 from nitro.v1 import common_pb2, training_pb2, training_pb2_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+WATCH_PATIENCE_S = 60.0  # how long `watch` waits for a learner that went away (a restart) to come back
 
 # --- errors ---------------------------------------------------------------------------
 
@@ -317,7 +318,8 @@ class NitroClient:
         return TrainingStatus(self._call("StartTraining", request))
 
     def resume(self, job_id: str) -> TrainingStatus:
-        """Continue an interrupted job from its last checkpoint (model, optimiser, round, RNG, budget spent)."""
+        """Continue an interrupted job from its last checkpoint (model, optimiser, round, RNG, budget spent);
+        a job the learner is running already (it resumed it after a restart) is returned as it is."""
         request = training_pb2.StartTrainingRequest(spec=training_pb2.TrainingSpec(job_id=job_id), resume=True)
         return TrainingStatus(self._call("StartTraining", request))
 
@@ -330,28 +332,42 @@ class NitroClient:
     def list(self) -> list[TrainingStatus]:
         return [TrainingStatus(j) for j in self._call("ListTrainings", training_pb2.ListTrainingsRequest()).jobs]
 
-    def watch(self, job_id: str, from_round: int = 0, *, reconnects: int = 3) -> Iterator[RoundReport]:
+    def watch(self, job_id: str, from_round: int = 0, *, patience_s: float = WATCH_PATIENCE_S,
+              on_wait: Callable[[NitroRpcError, float], None] | None = None) -> Iterator[RoundReport]:
         """Round reports from `from_round` on, until the job ends.
 
-        If the stream breaks with UNAVAILABLE (learner restarting, network blip) it
-        is reopened after the last round received, up to `reconnects` times in a row.
-        Closing the iterator cancels the stream.
+        If the stream breaks with UNAVAILABLE (learner restarting, network blip) it is
+        reopened after the last round received, with backoff, for up to `patience_s`
+        seconds; meanwhile NOT_FOUND counts as "not back yet" too (a restarted learner
+        lists its jobs just after it starts serving). Before each retry,
+        `on_wait(error, seconds waited)` is called (a progress line; raising in it gives
+        up). Closing the iterator cancels the stream.
         """
-        next_round, failures = from_round, 0
+        next_round, lost_since, tries = from_round, None, 0
         while True:
             call = self._stub.WatchTraining(
                 training_pb2.WatchTrainingRequest(job_id=job_id, from_round=next_round),
                 timeout=grpc_util.DEADLINES["WatchTraining"], metadata=self._metadata)
             try:
+                call.initial_metadata()  # returns once the stream is open (the learner sends it first) or ended
+                if not call.done():
+                    lost_since, tries = None, 0  # reached the learner: a later break is a new outage
                 for msg in call:
-                    failures = 0
+                    lost_since, tries = None, 0
+                    if msg.round < next_round:  # already yielded (before a reconnect)
+                        continue
                     next_round = msg.round + 1
                     yield RoundReport(msg)
                 return
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or failures >= reconnects:
+                code, now = err.code(), time.monotonic()
+                away = code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.NOT_FOUND and lost_since)
+                lost_since = lost_since or (now if away else None)
+                if not away or now - lost_since >= patience_s:
                     raise map_rpc_error(err, "WatchTraining") from None
-                failures += 1
-                time.sleep(min(0.5 * 2 ** failures, 5.0))
+                tries += 1
+                if on_wait is not None:
+                    on_wait(map_rpc_error(err, "WatchTraining"), now - lost_since)
+                time.sleep(min(0.5 * 2 ** tries, 5.0))
             finally:
                 call.cancel()

@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import boto3
 from botocore.config import Config
@@ -51,6 +51,7 @@ class InvocationOutcome:
     modelled_ms: float = 0.0  # the last attempt's
     modelled_attempts_ms: float = 0.0  # every attempt's: what the caller waits for and what is billed
     measured_init_ms: float = 0.0  # init CPU reported by an attempt that ran in a fresh process
+    retried: list[tuple[str, str]] = field(default_factory=list)  # (error type, message) of each retried attempt
 
 
 def lambda_client(endpoint_url: str | None, region: str, *, max_connections: int, read_timeout: float):
@@ -114,9 +115,16 @@ class Invoker:
             if ok or etype not in RETRYABLE_ERRORS:
                 break
             pause = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
-            if time.monotonic() + pause >= deadline:
+            if attempt == self.max_attempts or time.monotonic() + pause >= deadline:
                 break
+            out.retried.append((etype, emsg[:300]))
+            log.warning("invocation %s of %s: attempt %d failed (%s: %s); retrying in %.2f s with the same id",
+                        inv.invocation_id, function_name, attempt, etype, emsg[:300], pause)
             time.sleep(pause)
+        if out.retried:
+            log.log(logging.INFO if out.ok else logging.WARNING, "invocation %s of %s: %s after %d attempt(s)",
+                    inv.invocation_id, function_name, "succeeded" if out.ok else f"failed ({out.error_type})",
+                    out.attempts)
         return out
 
     def invoke_all(self, function_name: str, invocations: list[Invocation], deadline_s: float,

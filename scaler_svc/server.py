@@ -90,6 +90,16 @@ def policy_params(sc) -> tuple[str, dict]:
     return name, {}
 
 
+def error_fields(o) -> dict:
+    """An InvocationResult's error_type and error_message: why it failed, or for one that succeeded after
+    retries, why the retried attempts failed (so the round report can say what happened)."""
+    if o.ok and o.retried:
+        etype = o.retried[-1][0]
+        detail = "; ".join(f"attempt {i}: {t}: {m}" for i, (t, m) in enumerate(o.retried, 1))
+        return {"error_type": etype, "error_message": f"retried after {detail}"[:1000]}
+    return {"error_type": o.error_type, "error_message": o.error_message[:1000]}
+
+
 class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
     def __init__(self, redis_client, invoker: Invoker, prices: cost.Prices, actor_redis_url: str):
         self.redis, self.invoker, self.prices = redis_client, invoker, prices
@@ -331,7 +341,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             retries=sum(o.attempts - 1 for o in outcomes), dispatch_seconds=dispatch,
             cloud_seconds=cloud_seconds, cloud_cost_usd=cloud_usd_total,
             invocations=[scaler_pb2.InvocationResult(
-                invocation_id=o.invocation_id, ok=o.ok, error_type=o.error_type, error_message=o.error_message[:1000],
+                invocation_id=o.invocation_id, ok=o.ok, **error_fields(o),
                 duration_ms=o.duration_ms, billed_ms=o.billed_ms, init_ms=o.init_ms, attempts=o.attempts,
                 modelled_ms=o.modelled_ms, modelled_init_ms=o.measured_init_ms,
                 modelled_cold=o.invocation_id in cold_ids)

@@ -217,6 +217,12 @@ class FakeStream:
     def __init__(self, items):
         self.items, self.cancelled = items, False
 
+    def initial_metadata(self):
+        return ()
+
+    def done(self):  # like a real stream that failed before it opened
+        return bool(self.items) and isinstance(self.items[0], Exception)
+
     def __iter__(self):
         for item in self.items:
             if isinstance(item, Exception):
@@ -352,7 +358,7 @@ class FakeClient:
             job_id="job-1", state=training_pb2.JOB_STATE_RUNNING, spec=sdk.spec_to_proto(
                 {**spec, "rounds": 3, "algo": "ppo", "scaler": {"policy": "nitro"}})))
 
-    def watch(self, job_id, from_round=0):
+    def watch(self, job_id, from_round=0, **kw):
         for i in range(3):
             yield sdk.RoundReport(report(i))
 
@@ -416,7 +422,8 @@ def test_down_cleans_stale_state(tmp_path, capsys):
     (tmp_path / local_system.HMAC_KEY_FILE).write_text("k")
     assert cli.main(["down", "--state-dir", str(tmp_path)]) == 0
     assert "stale" in capsys.readouterr().out
-    assert not (tmp_path / local_system.STATE_FILE).exists() and not (tmp_path / local_system.HMAC_KEY_FILE).exists()
+    assert not (tmp_path / local_system.STATE_FILE).exists()
+    assert (tmp_path / local_system.HMAC_KEY_FILE).exists(), "secrets outlive the system (rotate_secrets removes them)"
 
 
 def test_status_when_nothing_is_up(tmp_path, capsys):

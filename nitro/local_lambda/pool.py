@@ -204,10 +204,16 @@ class FunctionPool:
         timeout = self.cfg.timeout_s
         if w.timed_out:
             message = f"RequestId: {job.request_id} Error: Task timed out after {timeout:.2f} seconds"
+            log.warning("%s: invocation %s timed out after %.2f s; its worker was killed", self.cfg.name,
+                        job.request_id, timeout)
             return Outcome(_error_json("Sandbox.Timedout", message), "Unhandled", timeout * 1000,
                            job.init_ms, w.max_memory_mb, message, queue_ms=queue_ms)
         elapsed_ms = (time.perf_counter() - job.started) * 1000
-        message = f"RequestId: {job.request_id} Error: Runtime exited with error: {await w.exit_status()}"
+        status = await w.exit_status()
+        message = f"RequestId: {job.request_id} Error: Runtime exited with error: {status}"
+        log.warning("%s: the worker (pid %s) running invocation %s died after %.0f ms (%s); the invocation "
+                    "fails with Runtime.ExitError and its caller may retry it", self.cfg.name,
+                    w.proc.pid if w.proc else "?", job.request_id, elapsed_ms, status)
         return Outcome(_error_json("Runtime.ExitError", message), "Unhandled", elapsed_ms,
                        job.init_ms, w.max_memory_mb, message, queue_ms=queue_ms)
 

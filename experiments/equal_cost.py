@@ -1,0 +1,193 @@
+"""Return at equal modelled dollars, by truncation:
+
+    python -m experiments protocol-equal-cost --grids docs/results/grids/protocol-hopper-v5-ppo-tuned \\
+        docs/results/grids/protocol-hopper-v5-ppo-tuned-r100 [--budget auto|USD] [--rates FILE]
+
+Every finished run of the given grids (one env and preset) is priced round by round at reference rates
+(nitro.cost.ReferenceRates: the cloud model at fixed per-unit speeds, calibrated from the quietest decile
+of the grids' own rounds unless --rates pins them), and cut at the budget: its final return is the mean of
+its last 3 evaluations made before its bill passed the budget. No scaling policy here reads the budget
+(the budget only ends a job), so a run cut at B is the run a budget of B would have produced, without
+the measured clock's dependence on machine load (docs/cost.md). A run that ends below the budget keeps
+all its evaluations and is flagged: its return is then a lower bound of what the budget buys.
+The default budget is the smallest reference bill of a whole nitro run, so that every nitro run reaches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from experiments.protocol import (BOOTSTRAP_REPS, EVAL_EVERY, FINAL_EVALS, evaluations, final_return, iqm,
+                                  iqm_interval, paired_difference, probability_of_improvement, title)
+from nitro.cost import Prices, ReferenceRates, calibrate_reference_rates, reference_job
+
+REACHED_OK = 0.95  # a run whose whole bill stays below this share of the budget ended short of it: flagged
+
+
+@dataclass
+class PricedRun:
+    scheme: str
+    seed: int
+    rounds: list[dict]
+    steps_per_actor: int
+    i_min: int
+    i_max: int
+    eval_every: int
+    source: str
+    cum_usd: list[float] = field(default_factory=list)
+
+
+def load_runs(grids: list[Path]) -> list[PricedRun]:
+    """The SUCCEEDED runs of the grids; a (scheme, seed) present in several grids is taken from the one
+    with the most rounds (the longer run contains the shorter one's cut)."""
+    best: dict[tuple[str, int], PricedRun] = {}
+    for g in grids:
+        g = Path(g)
+        gj = g / "grid.json"
+        if not gj.exists():
+            raise SystemExit(f"--grids {g}: no grid.json (not a protocol grid directory)")
+        scale = json.loads(gj.read_text()).get("scale", {})
+        for d in sorted((g / "runs").glob("*")):
+            summ, spec = d / "summary.json", d / "run.json"
+            if not summ.exists() or not spec.exists():
+                continue
+            if json.loads(summ.read_text()).get("state") != "SUCCEEDED":
+                continue
+            run = json.loads(spec.read_text())
+            rounds = [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines() if x.strip()]
+            pr = PricedRun(scheme=run.get("meta", {}).get("scheme") or run.get("scaler", "?"), seed=int(run["seed"]),
+                           rounds=rounds, steps_per_actor=int(run.get("steps_per_actor", scale.get("steps_per_actor"))),
+                           i_min=int(run.get("i_min", scale.get("i_min", 1))),
+                           i_max=int(run.get("i_max", scale.get("i_max", 1))),
+                           eval_every=int(run.get("extra", {}).get("eval_every", scale.get("eval_every", EVAL_EVERY))),
+                           source=str(d))
+            key = (pr.scheme, pr.seed)
+            if key not in best or len(rounds) > len(best[key].rounds):
+                best[key] = pr
+    return sorted(best.values(), key=lambda r: (r.scheme, r.seed))
+
+
+def price(runs: list[PricedRun], rates: ReferenceRates, prices: Prices) -> None:
+    for r in runs:
+        r.cum_usd = reference_job([x.get("actors_launched", 0) for x in r.rounds], r.steps_per_actor, rates, prices)
+
+
+def cut(run: PricedRun, budget: float, final_evals: int = FINAL_EVALS) -> dict:
+    """The run as a budget of `budget` reference dollars would have ended it: {final, spent, rounds, env_steps,
+    short}; short: the whole run cost less than REACHED_OK x budget, so the budget would have bought more."""
+    by_round = {int(x.get("round", i)): i for i, x in enumerate(run.rounds)}
+    inside = [e for e in evaluations(run.rounds, run.eval_every)
+              if run.cum_usd[by_round[e["round"]]] <= budget * (1 + 1e-9)]
+    if not inside:
+        return {"final": math.nan, "spent": 0.0, "rounds": 0, "env_steps": 0, "short": False}
+    last = by_round[inside[-1]["round"]]
+    return {"final": final_return(inside, final_evals), "spent": run.cum_usd[last], "rounds": last + 1,
+            "env_steps": inside[-1]["env_steps"], "short": run.cum_usd[-1] < REACHED_OK * budget}
+
+
+def auto_budget(runs: list[PricedRun]) -> float:
+    """The smallest reference bill of a whole nitro run: every nitro run reaches it, so none is cut short."""
+    ends = [r.cum_usd[-1] for r in runs if r.scheme == "nitro" and r.cum_usd]
+    if not ends:
+        raise SystemExit("--budget auto: no finished nitro run in the grids; pass --budget USD")
+    return float(min(ends))
+
+
+def table(runs: list[PricedRun], budget: float, rates: ReferenceRates, reps: int = BOOTSTRAP_REPS) -> tuple[str, dict]:
+    cuts: dict[str, dict[int, dict]] = {}
+    for r in runs:
+        cuts.setdefault(r.scheme, {})[r.seed] = cut(r, budget)
+    order = ["nitro"] + sorted(s for s in cuts if s != "nitro")
+    order = [s for s in order if s in cuts]
+    finals = {s: [c["final"] for c in cuts[s].values() if math.isfinite(c["final"])] for s in order}
+    ci = iqm_interval(finals, reps)
+    ref = {seed: c["final"] for seed, c in cuts.get("nitro", {}).items()}
+    r0 = runs[0]
+    lines = [f"Budget: ${budget:.4f} per run at reference rates (actor {rates.actor_s_per_step * 1e6:.1f} us/step, "
+             f"learner {rates.learner_s_per_sample * 1e6:.1f} us/sample + {rates.learner_s_per_round:.3f} s/round; "
+             "training rounds only, evaluation not billed).", "",
+             "| scheme | runs | final return at the budget, IQM [95% CI] | rounds (mean) | env steps (mean) | "
+             "runs that end below the budget | P(nitro > scheme) [95% CI] | nitro - scheme, seed-paired [95% CI] | nitro wins |",
+             "|---|---|---|---:|---:|---:|---|---|---|"]
+    rows = {}
+    for s in order:
+        cs = list(cuts[s].values())
+        short = sum(c["short"] for c in cs)
+        p = probability_of_improvement(finals["nitro"], finals[s], reps) if s != "nitro" and finals.get("nitro") \
+            else None
+        pair = paired_difference(ref, {k: c["final"] for k, c in cuts[s].items()}, reps) if s != "nitro" else None
+        name = title(s, r0.i_min, r0.i_max)
+        flag = " (lower bound: runs end below the budget)" if short else ""
+        iq = ci.get(s)
+        iq_txt = f"{iq[0]:.1f} [{iq[1]:.1f}, {iq[2]:.1f}]" if iq else "n/a"
+        p_txt = f"{p[0]:.2f} [{p[1]:.2f}, {p[2]:.2f}]" if p and all(map(math.isfinite, p)) else "—"
+        pair_txt = (f"{pair['mean']:+.1f} [{pair['low']:+.1f}, {pair['high']:+.1f}]", f"{pair['wins']}/{pair['seeds']}") \
+            if pair else ("—", "—")
+        lines.append(f"| {name}{flag} | {len(cs)} | {iq_txt} | {np.mean([c['rounds'] for c in cs]):.1f} | "
+                     f"{np.mean([c['env_steps'] for c in cs]):,.0f} | {short} | {p_txt} | {pair_txt[0]} | "
+                     f"{pair_txt[1]} |")
+        rows[s] = {"runs": len(cs), "iqm": iq, "p_nitro_better": p, "paired": pair, "cuts": cuts[s]}
+    fractions = (0.25, 0.5, 0.75, 1.0)
+    lines += ["", "Final return IQM at smaller budgets (the same cut; * = some runs end below that budget):", "",
+              "| scheme | " + " | ".join(f"${budget * f:.4f}" for f in fractions) + " |",
+              "|---|" + "---:|" * len(fractions)]
+    for s in order:
+        cells = []
+        for f in fractions:
+            cs = [cut(r, budget * f) for r in runs if r.scheme == s]
+            vals = [c["final"] for c in cs if math.isfinite(c["final"])]
+            cells.append(f"{iqm(vals):.0f}{'*' if any(c['short'] for c in cs) else ''}" if vals else "n/a")
+        lines.append(f"| {title(s, r0.i_min, r0.i_max)} | " + " | ".join(cells) + " |")
+    lines += ["", f"Each run is cut at its last evaluation inside the budget (a run whose whole bill is below "
+              f"{REACHED_OK:.0%} of the budget ended short of it and is counted as ending below); final return = mean of its last 3 "
+              "evaluations there (10 deterministic episodes each). IQM CIs: 95% stratified bootstrap over runs "
+              "(rliable); P(nitro > scheme): probability that a random nitro run beats a random run of the scheme; "
+              "seed-paired: nitro's final minus the scheme's on the same seed, bootstrap over seeds."]
+    return "\n".join(lines), {"budget_usd": budget, "rates": rates.to_dict(), "schemes": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments protocol-equal-cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grids", nargs="+", required=True, metavar="DIR", help="protocol grid directories (one env "
+                   "and preset); a scheme and seed in several is taken from the longest run")
+    p.add_argument("--budget", default="auto", help="reference USD per run, or 'auto': the smallest reference bill of "
+                   "a whole nitro run (default)")
+    p.add_argument("--rates", help="a JSON file of nitro.cost.ReferenceRates fields (default: calibrated from the "
+                   "grids' rounds, their quietest decile)")
+    p.add_argument("--reps", type=int, default=BOOTSTRAP_REPS, help="bootstrap resamples (default %(default)s)")
+    p.add_argument("--out", help="write the table (.md) and its data (.json) here (default: equal-cost-<first "
+                   "grid>.md beside the grids)")
+    args = p.parse_args(argv)
+    grids = [Path(g) for g in args.grids]
+    runs = load_runs(grids)
+    if not runs:
+        raise SystemExit(f"no finished runs in {', '.join(map(str, grids))}")
+    prices = Prices()
+    if args.rates:
+        rates = ReferenceRates(**json.loads(Path(args.rates).read_text()))
+    else:
+        rates = calibrate_reference_rates([x for r in runs for x in r.rounds], runs[0].steps_per_actor, prices)
+    price(runs, rates, prices)
+    try:
+        budget = auto_budget(runs) if args.budget == "auto" else float(args.budget)
+    except ValueError:
+        raise SystemExit(f"--budget: a number of USD or 'auto', got {args.budget!r}") from None
+    if not budget > 0:
+        raise SystemExit(f"--budget: must be > 0, got {budget}")
+    text, data = table(runs, budget, rates, args.reps)
+    command = "python -m experiments protocol-equal-cost --grids " + " ".join(map(str, args.grids)) + \
+        ("" if args.budget == "auto" else f" --budget {args.budget}")
+    text = f"### Return at equal modelled dollars: {grids[0].name}\n\nCommand: `{command}`\n\n" + text
+    print(text)
+    out = Path(args.out) if args.out else grids[0].parent / f"equal-cost-{grids[0].name}.md"
+    out.write_text(text + "\n")
+    out.with_suffix(".json").write_text(json.dumps(data, indent=2, default=float) + "\n")
+    print(f"\ntable: {out}")
+    return 0

@@ -1,0 +1,144 @@
+"""`nitro train` tells the truth after a fault: it follows the job across a learner restart, attaches to a
+job the restarted learner already runs, and, when the system itself is gone, exits non-zero with the
+job's last known state and the commands that go on with it (never "PENDING ... exit 0").
+
+Runs `nitro train` as a subprocess against a supervised local system (`python -m nitro.local_system`,
+as `nitro up` starts it) and crashes components with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nitro import local_system as ls
+from tests.test_supervisor_restarts import (
+    SPEC,
+    check_job,
+    client_of,
+    component,
+    kill,
+    serving_again,
+    supervised,
+    wait_for_round,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(480)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def system_dir(tmp_path_factory):
+    state_dir = tmp_path_factory.mktemp("cli-truth")
+    supervised(state_dir)
+    yield state_dir
+    ls.shutdown(state_dir)
+
+
+def train(state_dir: Path, results: Path, *argv: str) -> subprocess.Popen:
+    """`nitro train` in a subprocess, on the local system in `state_dir`; stdout and stderr merged."""
+    cmd = [sys.executable, "-m", "nitro.cli", "train", "--state-dir", str(state_dir), "--results-dir", str(results),
+           "--no-progress", *argv]
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def spec_flags(job_id: str, rounds: int) -> list[str]:
+    return ["--env", SPEC["env_id"], "--preset", SPEC["preset"], "--steps-per-actor", str(SPEC["steps_per_actor"]),
+            "--eval-episodes", "1", "--eval-every", "3", "--scaler", "fixed:2", "--seed", "3",
+            "--rounds", str(rounds), "--job-id", job_id]
+
+
+def read_until(proc: subprocess.Popen, needle: str, timeout_s: float) -> list[str]:
+    """Lines of proc's output up to and including the first that contains `needle`."""
+    lines, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"no {needle!r} in the output:\n{''.join(lines)}")
+
+
+def rounds_in_csv(results: Path, job: str) -> list[int]:
+    with open(results / job / "rounds.csv", newline="") as f:
+        return [int(row["round"]) for row in csv.DictReader(f)]
+
+
+def test_train_follows_the_job_across_a_learner_restart(system_dir, tmp_path):
+    job = "follows-restart"
+    proc = train(system_dir, tmp_path, *spec_flags(job, 5))
+    try:
+        seen = read_until(proc, "round    1", 180)
+        pid = kill(system_dir, "learner")
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    out = "".join(seen) + out
+    assert proc.returncode == 0, out
+    assert "learner unavailable (UNAVAILABLE): waiting for it to come back" in out
+    assert "learner back: following the job again" in out
+    assert f"job {job} SUCCEEDED" in out
+    assert rounds_in_csv(tmp_path, job) == list(range(5)), "every round once in rounds.csv"
+    assert component(system_dir, "learner")["pid"] != pid
+    with client_of(system_dir) as client:
+        reports = check_job(system_dir, client, job, 5)
+    assert any(r.resumed or any("resumed" in n for n in r.notes) for r in reports)
+
+
+def test_resume_attaches_to_the_job_a_restarted_learner_runs(system_dir, tmp_path):
+    job = "attach-to-resumed"
+    with client_of(system_dir) as client:
+        client.start_training({**SPEC, "rounds": 5, "job_id": job})
+        wait_for_round(client, job, 0)
+    pid = kill(system_dir, "learner")
+    wait_until(lambda: serving_again(system_dir, "learner", pid), 90, "the learner back")
+    with client_of(system_dir) as client:  # the restarted learner resumed the job by itself
+        wait_until(lambda: client.get(job).state_name == "RUNNING", 60, "the job resumed")
+    proc = train(system_dir, tmp_path, "--resume", job)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "ALREADY_EXISTS" not in out and f"job {job} SUCCEEDED" in out
+    assert rounds_in_csv(tmp_path, job) == list(range(5))
+
+
+def test_train_exits_nonzero_with_the_commands_when_the_system_is_gone(system_dir, tmp_path):
+    """The learner and the supervisor die together: no one restarts anything. The CLI says what it knows
+    and how to go on; after `nitro up` the job resumes and `nitro train --resume` follows it to its end."""
+    job = "system-gone"
+    proc = train(system_dir, tmp_path, *spec_flags(job, 5))
+    try:
+        read_until(proc, "round    0", 180)
+        supervisor = ls.read_state(system_dir)["supervisor_pid"]
+        kill(system_dir, "learner")
+        os.kill(supervisor, signal.SIGKILL)  # the other components follow it (parent-death signal)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out
+    assert "PENDING" not in out
+    assert f"job {job} has not finished; last known state RUNNING" in out
+    assert f"the local system is down: `nitro up --state-dir {system_dir}`" in out
+    assert f"nitro watch {job} --state-dir {system_dir}" in out
+    assert f"nitro train --resume {job} --state-dir {system_dir}" in out
+    # The documented way on: bring the system back (same secrets: batches signed before are still valid).
+    ls.shutdown(system_dir)  # what the killed supervisor left
+    supervised(system_dir)
+    resumed = tmp_path / "resumed"
+    proc = train(system_dir, resumed, "--resume", job)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert rounds_in_csv(resumed, job) == list(range(5))
+    with client_of(system_dir) as client:
+        check_job(system_dir, client, job, 5)

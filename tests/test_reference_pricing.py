@@ -1,0 +1,123 @@
+"""Reference pricing (nitro.cost) and the equal-cost comparison by truncation (experiments/equal_cost.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from experiments import equal_cost
+from nitro.cost import (Prices, ReferenceRates, calibrate_reference_rates, learner_cost, reference_job,
+                        reference_round)
+from nitro.errors import ConfigError
+
+P = Prices()
+RATES = ReferenceRates(actor_s_per_step=1e-4, learner_s_per_sample=2e-4, learner_s_per_round=0.05, actor_init_s=0.3)
+
+
+def test_a_reference_round_is_the_slowest_invocation_plus_the_learner_and_cold_starts_cost_more():
+    warm_s, warm_usd = reference_round(8, 512, 8, RATES, P)
+    assert warm_s == pytest.approx(P.lambda_invoke_overhead_s + 512 * 1e-4 + 8 * 512 * 2e-4 + 0.05)
+    assert warm_usd > learner_cost(warm_s, P)  # the Lambda bill is on top of the learner's
+    cold_s, cold_usd = reference_round(8, 512, 0, RATES, P)
+    assert cold_s == pytest.approx(warm_s + P.lambda_cold_start_s + 0.3)
+    assert cold_usd > warm_usd
+    assert reference_round(64, 512, 64, RATES, P)[1] > 7 * warm_usd  # the update grows with the samples
+    with pytest.raises(ConfigError, match="actors"):
+        reference_round(-1, 512, 0, RATES, P)
+    with pytest.raises(ConfigError, match="actor_s_per_step"):
+        ReferenceRates(actor_s_per_step=-1.0, learner_s_per_sample=0.0, learner_s_per_round=0.0)
+
+
+def test_a_reference_job_keeps_sandboxes_warm_and_prices_the_same_work_the_same():
+    cum = reference_job([8, 8, 16, 8], 512, RATES, P)
+    assert all(b > a for a, b in zip(cum, cum[1:]))
+    first, second = cum[0], cum[1] - cum[0]
+    assert first > second  # round 0 starts cold, round 1 reuses its sandboxes
+    assert cum[3] - cum[2] == pytest.approx(second)  # after the 16-actor round, 8 actors are warm again
+    assert reference_job([8, 8, 16, 8], 512, RATES, P) == cum
+
+
+def _rounds(job: str, actors: list[int], rates: ReferenceRates, slow: float = 1.0, steps: int = 512) -> list[dict]:
+    out, warm = [], 0
+    for k, a in enumerate(actors):
+        sample = P.lambda_invoke_overhead_s + slow * rates.actor_s_per_step * steps
+        if a > warm:
+            sample += 0.9  # a cold start: must not enter the actor rate
+        out.append({"job_id": job, "round": k, "actors_launched": a, "env_steps": a * steps, "evaluated": k % 5 == 4,
+                    "cloud_phases": {"sample": sample, "ingest": 0.0,
+                                     "update": slow * rates.learner_s_per_sample * a * steps,
+                                     "publish": slow * rates.learner_s_per_round,
+                                     "detect": 0.0 if k % 5 == 4 else 0.0}})
+        warm = max(warm, a)
+    return out
+
+
+def test_calibration_takes_the_quiet_rounds_and_ignores_cold_starts_and_loaded_ones():
+    quiet = _rounds("a", [8] * 20, RATES)
+    loaded = [r for j in range(6) for r in _rounds(f"b{j}", [8, 16, 16] * 6, RATES, slow=2.2)]  # 2.2x under load
+    got = calibrate_reference_rates(quiet + loaded, 512, P)
+    assert got.actor_s_per_step == pytest.approx(RATES.actor_s_per_step, rel=1e-6)
+    assert got.learner_s_per_sample == pytest.approx(RATES.learner_s_per_sample, rel=1e-6)
+    assert got.learner_s_per_round == pytest.approx(RATES.learner_s_per_round, rel=1e-6)
+    median = calibrate_reference_rates(quiet + loaded, 512, P, quantile=0.5)
+    assert median.learner_s_per_sample > 2 * RATES.learner_s_per_sample  # what a median would have charged
+    with pytest.raises(ConfigError, match="no round report"):
+        calibrate_reference_rates([{"actors_launched": 8}], 512, P)
+
+
+def _write_run(grid, scheme: str, seed: int, actors: list[int], returns: dict[int, float]) -> None:
+    d = grid / "runs" / f"{scheme.replace(':', '-')}-s{seed}"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"seed": seed, "steps_per_actor": 512, "i_min": 8, "i_max": 64,
+                                            "extra": {"eval_every": 5}, "meta": {"scheme": scheme}}))
+    rounds = _rounds(f"{scheme}-{seed}-{len(actors)}", actors, RATES)
+    for r in rounds:
+        r["eval_return"] = returns.get(r["round"], math.nan)
+        r["total_env_steps"] = 512 * sum(actors[: r["round"] + 1])
+    (d / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    (d / "summary.json").write_text(json.dumps({"state": "SUCCEEDED"}))
+
+
+def _grid(tmp_path, name: str, rounds: int):
+    g = tmp_path / name
+    (g / "runs").mkdir(parents=True)
+    (g / "grid.json").write_text(json.dumps({"scale": {"rounds": rounds, "steps_per_actor": 512}}))
+    return g
+
+
+def test_equal_cost_cuts_each_run_at_the_budget_and_prefers_the_longer_run(tmp_path, capsys):
+    short, long = _grid(tmp_path, "g50", 10), _grid(tmp_path, "g100", 20)
+    for seed in range(4):
+        # nitro: 16 actors every round; its return grows with the round
+        _write_run(short, "nitro", seed, [16] * 10, {k: 100.0 * (k + 1) + seed for k in (4, 9)})
+        # fixed:8 costs about half as much per round and learns as fast per round: it wins at equal dollars,
+        # but only the 20-round grid runs it far enough to spend nitro's budget
+        _write_run(short, "fixed:8", seed, [8] * 10, {k: 100.0 * (k + 1) + seed for k in (4, 9)})
+        _write_run(long, "fixed:8", seed, [8] * 20, {k: 100.0 * (k + 1) + seed for k in (4, 9, 14, 19)})
+    runs = equal_cost.load_runs([short, long])
+    assert {(r.scheme, len(r.rounds)) for r in runs} == {("nitro", 10), ("fixed:8", 20)}
+    equal_cost.price(runs, RATES, P)
+    budget = equal_cost.auto_budget(runs)
+    assert budget == pytest.approx(reference_job([16] * 10, 512, RATES, P)[-1])
+    fixed = next(r for r in runs if r.scheme == "fixed:8")
+    c = equal_cost.cut(fixed, budget)
+    assert reference_job([8] * 15, 512, RATES, P)[-1] <= budget < reference_job([8] * 20, 512, RATES, P)[-1]
+    assert c["rounds"] == 15 and not c["short"] and c["final"] == pytest.approx(1000 + fixed.seed)
+    assert equal_cost.cut(next(r for r in runs if r.scheme == "nitro"), budget)["final"] == pytest.approx(
+        750 + next(r for r in runs if r.scheme == "nitro").seed)
+    tiny = equal_cost.cut(fixed, reference_job([8] * 5, 512, RATES, P)[-1])
+    assert tiny["rounds"] == 5 and tiny["final"] == pytest.approx(500 + fixed.seed)
+    assert equal_cost.cut(fixed, 1e-9)["rounds"] == 0
+
+    assert equal_cost.main(["--grids", str(short), str(long), "--reps", "50", "--out", str(tmp_path / "t.md")]) == 0
+    text = (tmp_path / "t.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| fixed:8"))
+    assert "lower bound" not in row and "| 0/4 |" in row  # nitro loses every seed at equal dollars
+    assert json.loads((tmp_path / "t.json").read_text())["budget_usd"] == pytest.approx(budget)
+    with pytest.raises(SystemExit, match="grid.json"):
+        equal_cost.main(["--grids", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--budget"):
+        equal_cost.main(["--grids", str(short), "--budget", "lots"])
+

@@ -1,0 +1,254 @@
+"""The local supervisor restarts crashed components; secrets outlive restarts and `nitro down`/`nitro up`.
+
+The restart decision and the secret files are tested as pure functions; everything else runs
+`python -m nitro.local_system` as `nitro up` does, and crashes components with SIGKILL of the pid
+that state.json names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from nitro import cli
+from nitro import local_system as ls
+from nitro.sdk import NitroClient
+from nitro.store import stream_key
+
+pytestmark = pytest.mark.timeout(420)
+
+SPEC = {"env_id": "CartPole-v1", "preset": "fast", "steps_per_actor": 256, "eval_episodes": 1, "eval_every": 3,
+        "budget_usd": 2.0, "seed": 3, "round_deadline_s": 60.0,
+        "scaler": {"policy": "fixed", "fixed_actors": 2, "i_min": 1, "i_max": 2}}
+
+
+# --- the restart decision and the secrets: pure functions --------------------------------------------
+
+
+def test_restart_delay_doubles_then_stops_at_the_budget():
+    policy = ls.RestartPolicy(max_restarts=3, window_s=100.0, first_delay_s=0.5, max_delay_s=1.5)
+    assert ls.restart_delay(policy, [], now=1000.0) == 0.5
+    assert ls.restart_delay(policy, [990.0], now=1000.0) == 1.0
+    assert ls.restart_delay(policy, [980.0, 990.0], now=1000.0) == 1.5  # capped
+    assert ls.restart_delay(policy, [970.0, 980.0, 990.0], now=1000.0) is None  # budget spent
+    # Restarts older than the window no longer count: a component that stayed up earns its budget back.
+    assert ls.restart_delay(policy, [800.0, 850.0, 990.0], now=1000.0) == 1.0
+    assert ls.restart_delay(ls.RestartPolicy(max_restarts=0), [], now=0.0) is None
+
+
+def test_describe_exit():
+    assert ls.describe_exit(-signal.SIGKILL) == "signal SIGKILL"
+    assert ls.describe_exit(1) == "exit code 1"
+    assert ls.describe_exit(None) == "did not start"
+
+
+def test_secret_is_created_private_then_reused(tmp_path):
+    path = tmp_path / "token"
+    first = ls.load_or_create_secret(path, lambda: "abc")
+    assert first == "abc" and path.stat().st_mode & 0o777 == 0o600
+    assert ls.load_or_create_secret(path, lambda: "other") == "abc"
+
+
+@pytest.mark.parametrize("mode,content,match", [(0o644, "abc\n", "readable by other users"), (0o600, "\n", "empty")])
+def test_a_leaky_or_empty_secret_is_refused(tmp_path, mode, content, match):
+    path = tmp_path / "hmac.key"
+    path.write_text(content)
+    path.chmod(mode)
+    with pytest.raises(ls.LocalSystemError, match=match) as exc:
+        ls.load_or_create_secret(path, lambda: "new")
+    assert "--rotate-secrets" in str(exc.value)
+
+
+def test_restart_flags_are_checked(capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["up", "--max-restarts", "-1"])
+    assert "--max-restarts" in capsys.readouterr().err
+
+
+# --- a supervised system ----------------------------------------------------------------------------
+
+
+def supervised(state_dir: Path, *flags: str) -> dict:
+    """Start the supervisor as `nitro up` does; its state.json once ready."""
+    proc = ls.spawn_supervisor(state_dir, ["--concurrency", "4", *flags])
+    return ls.wait_until_ready(state_dir, proc, timeout_s=300)
+
+
+def state_of(state_dir: Path) -> dict:
+    return ls.read_state(state_dir)
+
+
+def component(state_dir: Path, name: str) -> dict:
+    return state_of(state_dir)["components"][name]
+
+
+def kill(state_dir: Path, name: str) -> int:
+    pid = component(state_dir, name)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def serving_again(state_dir: Path, name: str, old_pid: int) -> bool:
+    comp = component(state_dir, name)
+    return comp["pid"] != old_pid and ls.probe(name, comp, state_dir) == "SERVING"
+
+
+def client_of(state_dir: Path) -> NitroClient:
+    return NitroClient(ls.local_target(state_dir), token=ls.local_token(state_dir))
+
+
+def redis_of(state_dir: Path) -> redis.Redis:
+    password = (state_dir / ls.REDIS_PASSWORD_FILE).read_text().strip()
+    return redis.Redis.from_url(component(state_dir, "redis")["url"], password=password)
+
+
+def wait_for_round(client: NitroClient, job_id: str, k: int) -> None:
+    for report in client.watch(job_id):
+        if report.round >= k:
+            return
+
+
+def check_job(state_dir: Path, client: NitroClient, job_id: str, rounds: int) -> list:
+    """SUCCEEDED, every round once, nothing rejected, nothing left in the stream."""
+    status = client.get(job_id)
+    assert status.state_name == "SUCCEEDED", status.message
+    reports = list(client.watch(job_id))
+    assert [r.round for r in reports] == list(range(rounds)), "no round skipped or repeated"
+    assert sum(r.rejected_batches for r in reports) == 0, "a restart is not an attack: no batch rejected"
+    assert sum(r.env_steps for r in reports) == status.total_env_steps
+    r = redis_of(state_dir)
+    assert r.xlen(stream_key(job_id)) == 0 and r.xpending(stream_key(job_id), "learner")["pending"] == 0
+    return reports
+
+
+@pytest.fixture(scope="module")
+def system_dir(tmp_path_factory):
+    state_dir = tmp_path_factory.mktemp("supervised")
+    supervised(state_dir)
+    yield state_dir
+    ls.shutdown(state_dir)
+
+
+def test_crashed_redis_endpoint_and_detector_are_restarted_and_the_job_completes(system_dir):
+    supervisor_log = system_dir / "logs" / ls.SUPERVISOR_LOG
+    before = {n: c["address"] for n, c in state_of(system_dir)["components"].items()}
+    with client_of(system_dir) as client:
+        job = client.start_training({**SPEC, "rounds": 6, "job_id": "survives-crashes"}).job_id
+        wait_for_round(client, job, 0)
+        recovered = {}
+        for name in ("redis", "lambda", "detector"):  # one after the other, each mid-job
+            t0, pid = time.monotonic(), kill(system_dir, name)
+            wait_until(lambda name=name, pid=pid: serving_again(system_dir, name, pid), 60, f"{name} back")
+            recovered[name] = time.monotonic() - t0
+        print(f"serving again after SIGKILL: {', '.join(f'{n} {s:.1f} s' for n, s in recovered.items())}")
+        wait_until(lambda: client.get(job).finished, 240, "the job to end", poll_s=1.0)
+        check_job(system_dir, client, job, 6)
+    after = state_of(system_dir)["components"]
+    assert {n: c["address"] for n, c in after.items()} == before, "a restarted component keeps its address"
+    for name in ("redis", "lambda", "detector"):
+        restarts = after[name]["restarts"]
+        assert restarts["count"] == 1 and restarts["last_exit"] == "signal SIGKILL" and restarts["last_restart_unix"]
+    assert after["scaler"]["restarts"]["count"] == 0
+    text = supervisor_log.read_text()
+    for name in ("redis", "lambda", "detector"):
+        assert re.search(rf"WARNING: {name} \(pid \d+\) exited \(signal SIGKILL\); restarting it in", text)
+        assert f"restarted {name} (pid" in text
+
+
+def test_a_killed_actor_worker_leaves_a_trace(system_dir):
+    """The endpoint logs the worker's death, the scaler its retry, the round report says what happened."""
+    import psutil
+
+    long = 4000  # about a second per invocation: the kill lands mid-invocation
+    with client_of(system_dir) as client:
+        job = client.start_training({**SPEC, "rounds": 3, "steps_per_actor": long, "job_id": "worker-killed"}).job_id
+        wait_for_round(client, job, 0)
+        endpoint = psutil.Process(component(system_dir, "lambda")["pid"])
+        victim = wait_until(lambda: busy_worker(endpoint), 60, "a worker running an invocation", poll_s=0)
+        victim.kill()
+        wait_until(lambda: client.get(job).finished, 240, "the job to end", poll_s=1.0)
+        reports = check_job(system_dir, client, job, 3)
+    hit = [r for r in reports if r.invocation_retries or r.actors_failed or r.actors_replaced]
+    assert hit, "the killed invocation shows up in a report"
+    notes = [n for r in hit for n in r.notes]
+    assert any("Runtime.ExitError" in n and ("succeeded on attempt" in n or "failed after" in n) for n in notes), notes
+    assert f"the worker (pid {victim.pid}) running invocation" in (system_dir / "logs" / "lambda.log").read_text()
+    assert "attempt 1 failed (Runtime.ExitError" in (system_dir / "logs" / "scaler.log").read_text()
+
+
+def busy_worker(endpoint):
+    """A worker process of the endpoint seen clearly busy over a short window, else None."""
+    import psutil
+
+    workers = endpoint.children(recursive=True)
+    for p in workers:
+        p.cpu_percent(None)
+    time.sleep(0.25)
+    for p in workers:
+        try:
+            if p.cpu_percent(None) > 20:  # idle workers sit near 0
+                return p
+        except psutil.NoSuchProcess:
+            pass
+    return None
+
+
+def test_status_shows_restarts(system_dir, capsys):
+    assert cli.main(["status", "--state-dir", str(system_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "RESTARTS" in out
+    assert "redis: last exit signal SIGKILL; last restart 20" in out
+
+
+def test_secrets_cannot_be_rotated_while_up(system_dir):
+    with pytest.raises(ls.LocalSystemError, match="nitro down"):
+        ls.rotate_secrets(system_dir)
+    assert cli.main(["up", "--state-dir", str(system_dir), "--rotate-secrets"]) == 0  # "already up": nothing rotated
+    assert (system_dir / ls.TOKEN_FILE).exists()
+
+
+def test_restart_budget_spent_stops_everything_and_secrets_outlive_the_system(tmp_path, capsys):
+    state_dir = tmp_path / "budget"
+    supervised(state_dir, "--max-restarts", "1")
+    secrets = {f: (state_dir / f).read_text() for f in ls.SECRET_FILES}
+    try:
+        pid = kill(state_dir, "detector")
+        wait_until(lambda: serving_again(state_dir, "detector", pid), 60, "the detector back")
+        kill(state_dir, "detector")  # its second exit: one restart was all it had
+        wait_until(lambda: ls.running_state(state_dir) is None, 120, "the supervisor to stop everything")
+        assert cli.main(["status", "--state-dir", str(state_dir)]) == 1
+        out = capsys.readouterr().out
+        assert "detector exited (signal SIGKILL) and it was restarted 1 time(s)" in out
+        assert "nitro up" in out and "detector.log" in out
+        # Down: the secrets stay, private, and the next `nitro up` uses them.
+        assert {f: (state_dir / f).read_text() for f in ls.SECRET_FILES} == secrets
+        assert all((state_dir / f).stat().st_mode & 0o777 == 0o600 for f in ls.SECRET_FILES)
+        assert cli.main(["up", "--state-dir", str(state_dir)]) == 0
+        assert {f: (state_dir / f).read_text() for f in ls.SECRET_FILES} == secrets
+        assert cli.main(["status", "--state-dir", str(state_dir)]) == 0  # Redis took the kept passwords
+        assert ls.last_failure(state_dir) is None  # the new system is up: the old error is history
+    finally:
+        ls.shutdown(state_dir)
+    assert ls.rotate_secrets(state_dir) == list(ls.SECRET_FILES)
+    assert not any((state_dir / f).exists() for f in ls.SECRET_FILES)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
