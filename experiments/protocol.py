@@ -315,6 +315,18 @@ def check_out_dir(proto: Protocol, out: Path) -> None:
                                indent=2) + "\n")
 
 
+def whole_grid(proto: Protocol, out: Path) -> Protocol:
+    """The protocol with every scheme and seed its out dir holds (grid.json keeps their union), so a table
+    rebuilt after a second command that added schemes (e.g. max and the floor on fewer seeds) covers both."""
+    path = Path(out) / "grid.json"
+    if not path.exists():
+        return proto
+    saved = json.loads(path.read_text())
+    schemes = tuple(dict.fromkeys(list(saved.get("schemes", [])) + list(proto.schemes)))
+    seeds = tuple(sorted(set(saved.get("seeds", [])) | set(proto.seeds)))
+    return dataclasses.replace(proto, schemes=schemes, seeds=seeds)
+
+
 # -- execution --------------------------------------------------------------------------------------------
 
 
@@ -1088,7 +1100,7 @@ def main(figure: str, argv: list[str] | None = None) -> int:
                 concurrency=args.concurrency, commit=args.commit_results)
     else:
         check_out_dir(proto, out)
-    report(proto, out, command, reps=args.reps)
+    report(whole_grid(proto, out), out, command, reps=args.reps)
     if args.commit_results and git_toplevel(out) is not None:
         commit_results(out, f"protocol {proto.name}: table and curves")
     return 0

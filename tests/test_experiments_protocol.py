@@ -369,3 +369,18 @@ def test_paired_difference_uses_common_seeds_only():
     assert got["mean"] == pytest.approx((2.0 - 5.0 + 3.0) / 3)
     assert got["low"] <= got["mean"] <= got["high"] and got["low"] >= -5.0 and got["high"] <= 3.0
     assert paired_difference({0: 1.0}, {1: 2.0}) is None
+
+
+def test_the_table_covers_every_scheme_and_seed_the_grid_holds(tmp_path):
+    """A second command adding schemes on fewer seeds (max, the floor) must not leave a table without the first's."""
+    out = tmp_path / "grid"
+    first = tiny(tmp_path, schemes=("nitro", "fixed:imin"))
+    P.execute(first, out, runner=FakeRunner(), commit=False, log=lambda *_: None)
+    second = tiny(tmp_path, schemes=("max",), seeds=(0,))
+    P.execute(second, out, runner=FakeRunner(), commit=False, log=lambda *_: None)
+    assert set(P.report(second, out, "t", reps=20, log=lambda *_: None)["schemes"]) == {"max"}  # the old table
+    whole = P.whole_grid(second, out)
+    assert whole.schemes == ("nitro", "fixed:1", "max") and whole.seeds == (0, 1)
+    numbers = P.report(whole, out, "t", reps=20, log=lambda *_: None)["schemes"]
+    assert set(numbers) == {"nitro", "fixed:1", "max"} and len(numbers["max"]["final"]) == 1
+    assert P.whole_grid(second, tmp_path / "nowhere") == second
