@@ -19,17 +19,8 @@ from pathlib import Path
 import pytest
 
 from nitro import local_system as ls
-from tests.test_supervisor_restarts import (
-    SPEC,
-    check_job,
-    client_of,
-    component,
-    kill,
-    serving_again,
-    supervised,
-    wait_for_round,
-    wait_until,
-)
+from tests.faultkit import client_of, component, kill, serving_again, supervised, wait_for_round, wait_until
+from tests.test_supervisor_restarts import SPEC, check_job
 
 pytestmark = pytest.mark.timeout(480)
 

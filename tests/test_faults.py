@@ -20,6 +20,7 @@ import pytest
 from nitro.redis_server import connect
 from nitro.sdk import NitroClient
 from nitro.store import stream_key
+from tests.faultkit import busy_worker, wait_for_round
 from tests.system import start_system
 
 pytestmark = pytest.mark.timeout(600)
@@ -62,37 +63,18 @@ def check_accounting(system, client, job_id, rounds, steps=STEPS):
     return reports
 
 
-def lambda_workers(system) -> list[psutil.Process]:
-    return psutil.Process(system.components["lambda"].pid).children(recursive=True)
-
-
-def wait_for_round(client, job_id, k):
-    for rep in client.watch(job_id):
-        if rep.round >= k:
-            return
-
-
 def kill_a_busy_worker(system, timeout_s=60.0) -> bool:
     """SIGKILL a worker seen running an invocation (clearly busy CPU over a short window).
 
     Polls rather than sleeping a fixed time, so a slow machine still lands the kill while
     an invocation is in flight instead of on an idle worker.
     """
+    endpoint = psutil.Process(system.components["lambda"].pid)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        workers = lambda_workers(system)
-        for p in workers:
-            p.cpu_percent(None)
-        time.sleep(0.25)
-        busy = []
-        for p in workers:
-            try:
-                if p.cpu_percent(None) > 20:  # idle workers sit near 0
-                    busy.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        if busy:
-            busy[0].send_signal(signal.SIGKILL)
+        busy = busy_worker(endpoint)
+        if busy is not None:
+            busy.send_signal(signal.SIGKILL)
             return True
     return False
 

@@ -18,9 +18,10 @@ import redis
 from learner_svc.rounds import DependencyUnavailable, dependency_failure, resume_advice
 from nitro import cli
 from nitro.sdk import FailedPreconditionError, NitroClient
+from tests.faultkit import wait_for_round, wait_until
 from tests.system import start_system
-from tests.test_faults import check_accounting, wait_for_round
-from tests.test_supervisor_restarts import SPEC, wait_until
+from tests.test_faults import check_accounting
+from tests.test_supervisor_restarts import SPEC
 
 pytestmark = pytest.mark.timeout(420)
 

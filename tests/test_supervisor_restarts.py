@@ -7,7 +7,6 @@ that state.json names.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import sys
@@ -15,12 +14,23 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from nitro import cli
 from nitro import local_system as ls
 from nitro.sdk import NitroClient
 from nitro.store import stream_key
+from tests.faultkit import (
+    busy_worker,
+    client_of,
+    component,
+    kill,
+    redis_of,
+    serving_again,
+    state_of,
+    supervised,
+    wait_for_round,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -73,56 +83,6 @@ def test_restart_flags_are_checked(capsys):
 
 
 # --- a supervised system ----------------------------------------------------------------------------
-
-
-def supervised(state_dir: Path, *flags: str) -> dict:
-    """Start the supervisor as `nitro up` does; its state.json once ready."""
-    proc = ls.spawn_supervisor(state_dir, ["--concurrency", "4", *flags])
-    return ls.wait_until_ready(state_dir, proc, timeout_s=300)
-
-
-def state_of(state_dir: Path) -> dict:
-    return ls.read_state(state_dir)
-
-
-def component(state_dir: Path, name: str) -> dict:
-    return state_of(state_dir)["components"][name]
-
-
-def kill(state_dir: Path, name: str) -> int:
-    pid = component(state_dir, name)["pid"]
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
-def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
-def serving_again(state_dir: Path, name: str, old_pid: int) -> bool:
-    comp = component(state_dir, name)
-    return comp["pid"] != old_pid and ls.probe(name, comp, state_dir) == "SERVING"
-
-
-def client_of(state_dir: Path) -> NitroClient:
-    return NitroClient(ls.local_target(state_dir), token=ls.local_token(state_dir))
-
-
-def redis_of(state_dir: Path) -> redis.Redis:
-    password = (state_dir / ls.REDIS_PASSWORD_FILE).read_text().strip()
-    return redis.Redis.from_url(component(state_dir, "redis")["url"], password=password)
-
-
-def wait_for_round(client: NitroClient, job_id: str, k: int) -> None:
-    for report in client.watch(job_id):
-        if report.round >= k:
-            return
 
 
 def check_job(state_dir: Path, client: NitroClient, job_id: str, rounds: int) -> list:
@@ -191,23 +151,6 @@ def test_a_killed_actor_worker_leaves_a_trace(system_dir):
     assert any("Runtime.ExitError" in n and ("succeeded on attempt" in n or "failed after" in n) for n in notes), notes
     assert f"the worker (pid {victim.pid}) running invocation" in (system_dir / "logs" / "lambda.log").read_text()
     assert "attempt 1 failed (Runtime.ExitError" in (system_dir / "logs" / "scaler.log").read_text()
-
-
-def busy_worker(endpoint):
-    """A worker process of the endpoint seen clearly busy over a short window, else None."""
-    import psutil
-
-    workers = endpoint.children(recursive=True)
-    for p in workers:
-        p.cpu_percent(None)
-    time.sleep(0.25)
-    for p in workers:
-        try:
-            if p.cpu_percent(None) > 20:  # idle workers sit near 0
-                return p
-        except psutil.NoSuchProcess:
-            pass
-    return None
 
 
 def test_status_shows_restarts(system_dir, capsys):
