@@ -13,6 +13,12 @@ round's sampling too.
 Every batch's policy lag (learner version minus the version that sampled it)
 goes into the nitro_policy_lag histogram; its mean and max are in the round's
 notes.
+
+Durability: the batches a round learned from stay unacknowledged until the
+round is committed (RoundLoop.commit, after it closed). A learner killed before
+that learns from them again after a resume (what it had learned died with it);
+the replay buffer is not checkpointed, replayed updates are not counted as
+steps.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ class OffPolicyLoop(RoundLoop):
         On the cloud clock the round's actors and the learner run in parallel: the learner's CPU
         time is "update", and "sample" is only what the slowest actor takes beyond it."""
         notes = acc["notes"]
-        processed_before, ack_seconds = self.reader.processing_seconds, 0.0
+        processed_before = self.reader.processing_seconds
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         update_s = 0.0
         while not self._round_closed(rnd) and not self.job.stop_requested.is_set():
@@ -68,8 +74,6 @@ class OffPolicyLoop(RoundLoop):
             entries = self.redis_call(lambda: self.reader.read(count=16, block_ms=20), "stream read")
             fresh = []
             for e in entries:
-                if e.round > rnd["k"]:
-                    continue  # cannot happen: the next round is launched after this one closes
                 lag = self.version - e.policy_version
                 metrics.POLICY_LAG.observe(lag)
                 acc["lags"].append(lag)
@@ -80,8 +84,8 @@ class OffPolicyLoop(RoundLoop):
                         rnd["covered"].add(slot)
                     rnd["steps"] += e.steps
                     rnd["batches"] += 1
-                else:
-                    acc["late"] += 1  # a straggler of an earlier round: still good off-policy data
+                else:  # a straggler of an earlier round, or of a round launched before a resume: still good data
+                    acc["late"] += 1
             if fresh:
                 t_u = time.perf_counter()
                 self._update(fresh, acc)
@@ -89,10 +93,7 @@ class OffPolicyLoop(RoundLoop):
                 for b in fresh:
                     self.replay.add(b)
                 acc["replay_credit"] += MAX_REPLAYS_PER_FRESH * len(fresh)
-                # IMPACT consumes a batch once it is learned from; a crash replays the round's launch instead.
-                t_a = time.perf_counter()
-                self.redis_call(lambda: self.reader.ack(entries), "stream ack")
-                ack_seconds += time.perf_counter() - t_a
+                acc["entries"].extend(entries)  # acked when the round's commit holds what was learned
             elif acc["replay_credit"] > 0 and len(self.replay):
                 replayed = self.replay.sample(1)
                 if replayed:
@@ -102,7 +103,7 @@ class OffPolicyLoop(RoundLoop):
                     acc["replay_credit"] -= 1
         self._poll_launch(rnd, notes)
         wall = time.perf_counter() - t0
-        ingest = self.reader.processing_seconds - processed_before + ack_seconds
+        ingest = self.reader.processing_seconds - processed_before
         metrics.observe_phase("update", update_s, phases)
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("sample", max(0.0, wall - update_s - ingest), phases)
@@ -133,7 +134,7 @@ class OffPolicyLoop(RoundLoop):
     # -- the loop -------------------------------------------------------------------------
     def _new_acc(self) -> dict:
         return {"notes": [], "lags": [], "late": 0, "steps": 0, "updates": 0, "replays": 0, "replay_credit": 0,
-                "sums": {}, "t": time.time()}
+                "sums": {}, "t": time.time(), "entries": []}
 
     def _loop(self, resume: bool):
         spec = self.spec
@@ -172,37 +173,28 @@ class OffPolicyLoop(RoundLoop):
             with metrics.timed("plan", phases):
                 next_plan = self.plan(k + 1, score_resp.score, means.get("gradient_noise_scale", 0.0), fallback, last,
                                       cloud_seconds=cloud_round_seconds(cloud))
-            last_round = k + 1 >= spec.rounds or next_plan.budget_exhausted
-            if not last_round:
+            ending = k + 1 >= spec.rounds or next_plan.budget_exhausted
+            if not ending:
                 with metrics.timed("invoke", phases):
                     next_rnd = self._launch_round(k + 1, next_plan.actors)
-            # Checkpoint and evaluation overlap the next round's sampling: on the cloud clock they are
+            pending = self.async_pending(k, self._fields(k, rnd, acc, means, rejected, duplicates),
+                                         score_resp=score_resp, next_plan=next_plan, notes=self._notes(acc),
+                                         fallback=fallback, cloud=cloud, phases=phases, started=acc["t"],
+                                         ending=ending)
+            # Commit and evaluation overlap the next round's sampling: on the cloud clock they are
             # learner CPU of the next round ("update"), not of this one.
             carried = {}
             with metrics.timed("publish", phases, carried):
-                self.checkpoint(k, pending={})
-            with metrics.timed("evaluate", phases, carried):
-                eval_return = self.evaluate_policy(k, last=last_round)
-            report = self._report(k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback,
-                                  rejected, duplicates, cloud)
-            self.append_report(report)
-            self.next_round = k + 1
-            if next_plan.budget_exhausted:
-                return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {next_plan.reason}"
-            if last_round:
-                return training_pb2.JOB_STATE_SUCCEEDED, f"completed {spec.rounds} rounds"
-            if spec.target_return and eval_return >= spec.target_return:
-                return training_pb2.JOB_STATE_SUCCEEDED, f"target return {spec.target_return:g} reached"
+                self.commit(k, pending, acc["entries"])
+            end = self.finish_async_round(pending, phases, carried)
+            if end is not None:
+                return end
             k, rnd = k + 1, next_rnd
 
-    def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback, rejected,
-                duplicates, cloud) -> training_pb2.RoundReport:
+    def _fields(self, k, rnd, acc, means, rejected, duplicates) -> dict:
+        """The round's RoundReport fields that neither its evaluation nor its closing depend on."""
         resp = rnd["resp"] or scaler_pb2.LaunchResponse()
-        notes = acc["notes"]
-        if acc["lags"]:
-            notes.append(f"policy lag: mean {np.mean(acc['lags']):.1f}, max {max(acc['lags'])} versions; "
-                         f"{acc['updates']} updates ({acc['replays']} replayed), {acc['late']} late batches")
-        return training_pb2.RoundReport(
+        return dict(
             round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
             actors_completed=len(rnd["covered"]), actors_failed=len(rnd["failed"] - rnd["covered"]),
             env_steps=acc["steps"], total_env_steps=self.total_steps,
@@ -210,8 +202,12 @@ class OffPolicyLoop(RoundLoop):
             entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=resp.retries,
             gradient_noise_scale=means.get("gradient_noise_scale", 0.0),
             **{key: means.get(name, 0.0) for key, name in DIAGNOSTICS.items()},
-            kl_coeff=self.learner.kl_coeff,
-            duplicates_dropped=duplicates, rejected_batches=rejected,
-            **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
-                                         phases=phases, round_seconds=time.time() - acc["t"], notes=notes,
-                                         fallback=fallback, cloud_phases=cloud))
+            kl_coeff=self.learner.kl_coeff, duplicates_dropped=duplicates, rejected_batches=rejected)
+
+    @staticmethod
+    def _notes(acc) -> list[str]:
+        notes = list(acc["notes"])
+        if acc["lags"]:
+            notes.append(f"policy lag: mean {np.mean(acc['lags']):.1f}, max {max(acc['lags'])} versions; "
+                         f"{acc['updates']} updates ({acc['replays']} replayed), {acc['late']} late batches")
+        return notes

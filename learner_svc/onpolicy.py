@@ -115,8 +115,7 @@ class OnPolicyLoop(RoundLoop):
                     slot = slot_index(e.invocation_id, self.job.job_id, k)
                     if e.round == k and e.policy_version == self.version and slot is not None \
                             and e.dedup_id not in batches:
-                        # Kept entries stay unacked until the round's checkpoint holds what was learned
-                        # from them: a learner that dies before that gets them redelivered.
+                        # Kept entries stay unacked until the round's commit (RoundLoop.commit).
                         batches[e.dedup_id] = e.batch
                         out.entries.append(e)
                         parts_seen.setdefault(e.invocation_id, set()).add(e.part)
@@ -283,15 +282,13 @@ class OnPolicyLoop(RoundLoop):
         with metrics.timed("publish", phases, cloud):
             self.publish()
             ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
-            # The detector scores and the checkpoint is written while the learner evaluates.
+            # The detector scores and the round is committed (checkpoint, then ack) while the learner evaluates.
             score_future = self.pool.submit(self.score, k, ref) if ref else None
-            checkpoint_future = self.pool.submit(self.checkpoint, k, pending)
+            commit_future = self.pool.submit(self.commit, k, pending, to_ack or [])
         with metrics.timed("evaluate", phases, cloud):
             eval_return = self.evaluate_policy(k)
         with metrics.timed("publish", phases, cloud):
-            checkpoint_future.result()  # a round is reported only once it can be resumed from
-            if to_ack:
-                self.redis_call(lambda: self.reader.ack(to_ack), "stream ack")
+            commit_future.result()  # a round is reported only once it can be resumed from
         score_resp, fallback = detector_pb2.ScoreResponse(), 0
         with metrics.timed("detect", phases):
             try:

@@ -2,13 +2,17 @@
 fallbacks, surviving Redis restarts, publishing policies, evaluating, checkpointing
 and resuming, and assembling round reports.
 
-Durability: after each round's update the learner writes `checkpoint.pt` (model,
-optimiser, RNG states, counters and the half-built report of that round); the
-report is appended to `reports.pb` once the round is complete, and `best.pt`, a
-copy of the checkpoint of the best evaluated round so far, just before. A learner that
-dies between the two finishes that round on resume (score, evaluate, plan,
-report) instead of skipping it; one that dies while sampling redoes the round
-with the same invocation ids, so batches that did arrive are deduplicated.
+Durability, one rule for every loop (`RoundLoop.commit`): a stream entry is acked
+only after the checkpoint that holds what was learned from it, and that
+checkpoint names it. `checkpoint.pt` (model, optimiser, RNG states, counters, the
+half-built report of its round, the entries it consumes) is written atomically,
+then its entries are acked; the report is appended to `reports.pb` once the round
+is complete, and `best.pt`, a copy of the checkpoint of the best evaluated round
+so far, just before. A learner that dies before the checkpoint gets the round's
+entries redelivered and learns from them once, in the round it redoes; one that
+dies between the checkpoint and the ack acks them on resume without learning
+from them again; one that dies before the report finishes that round on resume
+(score or evaluate, plan, report) instead of skipping it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -157,6 +162,8 @@ class RoundLoop:
         os.makedirs(self.dir, exist_ok=True)
         self._exported_rejected: dict[str, int] = {}
         self._exported_duplicates = 0
+        self.counted_before: dict[str, bool] = {}  # from the checkpoint: see commit's `counted`
+        self.resumed = False  # the next report is the first of a resumed learner (asynchronous loops)
 
     # -- the job's life ---------------------------------------------------------------------
     def run(self, resume: bool = False) -> None:
@@ -401,14 +408,85 @@ class RoundLoop:
 
     # -- what the asynchronous loops (IMPACT, Stellaris) share --------------------------------
     def open_async(self, resume: bool) -> dict | tuple:
-        """Restore, publish and launch the first round; the launched round, or (state, message) to end."""
+        """Restore, publish and launch the first round; the launched round, or (state, message) to end.
+
+        A round committed but not reported (killed while evaluating it) is finished first."""
         if resume:
-            self.restore()  # asynchronous rounds are reported before the next checkpoint: nothing pending
+            pending = self.restore()
+            self.resumed = True
+            if pending:
+                end = self.finish_async_round(pending, dict(pending["phases"]), {})
+                if end is not None:
+                    return end
+            elif self.job.reports:  # killed after the job's last report, before its end state was saved
+                last = self.job.reports[-1]
+                end = self.async_end(last.round, last.eval_return, scaler_pb2.PlanResponse())
+                if end is not None:
+                    return end
         self.publish()
         plan = self.plan(self.next_round, self.last_score(), 0.0)
         if plan.budget_exhausted:
             return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {plan.reason}"
         return self._launch_round(self.next_round, plan.actors)
+
+    def async_pending(self, k: int, fields: dict, *, score_resp, next_plan, notes: list[str], fallback: int,
+                      cloud: dict, phases: dict, started: float, ending: bool, **extra) -> dict:
+        """What a closed asynchronous round still needs for its report once committed: the checkpoint keeps
+        it, so a learner killed before the report finishes the round on resume. `fields`: the loop's
+        RoundReport fields; `ending`: the job's last round (its rounds or its budget are spent); `extra`:
+        the loop's own (settle_at_end)."""
+        return {"round": k, "fields": fields, "score": score_resp.SerializeToString(),
+                "plan": next_plan.SerializeToString(), "notes": list(notes), "fallback": fallback,
+                "cloud": dict(cloud), "phases": dict(phases), "t": started, "ending": ending, **extra}
+
+    def finish_async_round(self, pending: dict, phases: dict, carried: dict) -> tuple | None:
+        """Evaluate a committed round and report it; how the job ends, or None when it goes on.
+
+        checkpoint.pt is the policy evaluated here, so best.pt is kept before anything changes it."""
+        k = pending["round"]
+        next_plan = scaler_pb2.PlanResponse.FromString(pending["plan"])
+        self.next_round = k + 1
+        if "report" in pending:  # committed with its finished report (settle_at_end): only write it
+            report = training_pb2.RoundReport.FromString(pending["report"])
+            self.write_report(report)
+            return self.async_end(k, report.eval_return, next_plan)
+        with metrics.timed("evaluate", phases, carried):
+            eval_return = self.evaluate_policy(k, last=pending["ending"])
+        self.keep_best(eval_return)
+        end = self.async_end(k, eval_return, next_plan)
+        settled = None
+        if end is not None and not pending["ending"]:  # the target is reached: the job ends before its rounds
+            pending, settled = self.settle_at_end(pending, phases)
+        notes = list(pending["notes"])
+        resumed, self.resumed = self.resumed, False
+        if resumed:
+            notes.append("learner resumed from checkpoint")
+        report = training_pb2.RoundReport(
+            **pending["fields"], resumed=resumed,
+            **self.closing_report_fields(eval_return=eval_return,
+                                         score_resp=detector_pb2.ScoreResponse.FromString(pending["score"]),
+                                         next_plan=next_plan, phases=phases, round_seconds=time.time() - pending["t"],
+                                         notes=notes, fallback=pending["fallback"], cloud_phases=pending["cloud"]))
+        if settled is not None:  # what settling learned is durable before the job ends, with its report
+            self.commit(k, {**pending, "report": report.SerializeToString()}, *settled)
+        self.write_report(report)
+        return end
+
+    def settle_at_end(self, pending: dict, phases: dict) -> tuple[dict, tuple | None]:
+        """A loop's last work when its target ends the job early: the pending round's new fields and notes,
+        and (entries, counted) to commit with the report, or None. Nothing to do by default."""
+        return pending, None
+
+    def async_end(self, k: int, eval_return: float, next_plan) -> tuple | None:
+        """How the job ends after round k, or None when it goes on."""
+        spec = self.spec
+        if next_plan.budget_exhausted:
+            return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {next_plan.reason}"
+        if k + 1 >= spec.rounds:
+            return training_pb2.JOB_STATE_SUCCEEDED, f"completed {spec.rounds} rounds"
+        if spec.target_return and eval_return >= spec.target_return:
+            return training_pb2.JOB_STATE_SUCCEEDED, f"target return {spec.target_return:g} reached"
+        return None
 
     def score_or_fallback(self, k: int, ref: str, algo: str, notes: list[str]):
         """(ScoreResponse, fallback actors): the score, or the configured fallback when the detector fails."""
@@ -461,8 +539,21 @@ class RoundLoop:
                                       seed=derived_seed(self.spec.seed, round_index, EVAL_SEED_TAG, 0) % (2**31),
                                       env_kwargs=self.spec.env_kwargs)))
 
-    # -- durability -----------------------------------------------------------------------
-    def checkpoint(self, round_index: int, pending: dict) -> None:
+    # -- durability: one rule for every loop -------------------------------------------------
+    def commit(self, round_index: int, pending: dict, entries: list, counted: dict | None = None) -> None:
+        """Consume stream entries only once what was learned from them is durable: write the checkpoint,
+        which names `entries`, then ack them.
+
+        A learner killed before the (atomic) write gets them redelivered and learns from them in the round it
+        redoes; one killed after it acks them on resume (restore) and does not learn from them again.
+        `counted` ({entry id: its observations are in the statistics}): entries whose steps and episodes the
+        checkpoint's counters hold but whose learning it does not (a Stellaris learner function still has
+        them); redelivered after a resume they are learned from without being counted again."""
+        self._write_checkpoint(round_index, pending, entries, counted or {})
+        if entries:
+            self.redis_call(lambda: self.reader.ack(entries), "stream ack")
+
+    def _write_checkpoint(self, round_index: int, pending: dict, committed: list, counted: dict) -> None:
         path = os.path.join(self.dir, "checkpoint.pt")
         tmp = path + ".tmp"
         torch.save({"format": CHECKPOINT_FORMAT, "round": round_index, "version": self.version,
@@ -470,12 +561,13 @@ class RoundLoop:
                     "model_spec": self.model_spec.to_dict(), "learner": self.learner.state(),
                     "np_rng": self.rng.bit_generator.state, "recent_returns": self.recent_returns,
                     "recent_lengths": self.recent_lengths,
-                    "last_actors": self.last_actors, "pending": pending}, tmp)
+                    "last_actors": self.last_actors, "pending": pending,
+                    "committed": [(e.entry_id, e.dedup_id) for e in committed], "counted": dict(counted)}, tmp)
         os.replace(tmp, path)  # atomic: a crash mid-write leaves the previous checkpoint intact
         self.job.checkpoint_path = path
 
     def restore(self) -> dict | None:
-        """Load the last checkpoint; returns its pending (unreported) round, if any."""
+        """Load the last checkpoint and finish its commit; returns its pending (unreported) round, if any."""
         path = os.path.join(self.dir, "checkpoint.pt")
         if not os.path.exists(path):
             return None
@@ -488,6 +580,11 @@ class RoundLoop:
         self.rng.bit_generator.state = ck["np_rng"]
         self.recent_returns, self.last_actors = list(ck["recent_returns"]), ck["last_actors"]
         self.recent_lengths = list(ck.get("recent_lengths", []))  # absent from older checkpoints
+        # Killed between the checkpoint and its ack: ack now, or those batches would be learned from twice.
+        committed = [CommittedEntry(*ids) for ids in ck.get("committed", ())]
+        if committed:
+            self.redis_call(lambda: self.reader.ack(committed), "stream ack")
+        self.counted_before = dict(ck.get("counted", {}))
         self.job.checkpoint_path = path
         reports = load_reports(self.dir)
         self.job.reports = reports
@@ -498,16 +595,16 @@ class RoundLoop:
         reported = reports[-1].round if reports else -1
         return ck["pending"] if ck["round"] > reported else None
 
-    def keep_best(self, report: training_pb2.RoundReport) -> None:
-        """Copy the round's checkpoint to best.pt when its evaluation beats every earlier round's.
+    def keep_best(self, eval_return: float) -> None:
+        """Copy checkpoint.pt to best.pt when this round's evaluation beats every earlier round's.
 
-        checkpoint.pt holds exactly the policy evaluated: every loop checkpoints round k before it
-        evaluates it and trains no further in between. Ties keep the earlier round, as
+        checkpoint.pt holds exactly the policy evaluated: every loop commits round k before it evaluates
+        it, and calls this before it trains any further. Ties keep the earlier round, as
         nitro.results.summarize's best_round does."""
-        if not report.evaluated:
+        if math.isnan(eval_return):  # not evaluated
             return
         best = max((r.eval_return for r in self.job.reports if r.evaluated), default=-math.inf)
-        if not report.eval_return > best:
+        if not eval_return > best:
             return
         path = os.path.join(self.dir, "best.pt")
         shutil.copyfile(os.path.join(self.dir, "checkpoint.pt"), path + ".tmp")
@@ -515,7 +612,10 @@ class RoundLoop:
 
     def append_report(self, report: training_pb2.RoundReport) -> None:
         # best.pt first: a learner killed in between finishes the round again on resume and redoes both.
-        self.keep_best(report)
+        self.keep_best(report.eval_return)
+        self.write_report(report)
+
+    def write_report(self, report: training_pb2.RoundReport) -> None:
         data = report.SerializeToString()
         with open(os.path.join(self.dir, "reports.pb"), "ab") as f:
             f.write(struct.pack("<I", len(data)) + data)
@@ -531,6 +631,13 @@ class RoundLoop:
             json.dump({"job_id": self.job.job_id, "state": state, "message": message, "resumable": resumable,
                        "spec": self.spec.to_dict()}, f)
         os.replace(tmp, path)
+
+
+class CommittedEntry(NamedTuple):
+    """A stream entry a checkpoint names, as TrajectoryReader.ack needs it."""
+
+    entry_id: str
+    dedup_id: str
 
 
 RECENT_EPISODES = 20  # train_return and mean_episode_length average the latest this many episodes

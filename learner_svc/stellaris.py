@@ -31,6 +31,14 @@ one that skipped, in the note (launched = produced + failed + skipped).
 
 At most `max_learners` learner functions are in flight; further batches wait
 in order and take the version current when their learner starts.
+
+Durability (RoundLoop.commit): a batch is counted when it arrives but learned
+from only once its learner's outcome is known (its update aggregated, applied
+or dropped, its skip record read, or the learner failed); it is acked at the
+first commit after that. A commit names the batches still waiting or with a
+learner as counted: after a resume they are redelivered and get a learner
+again without being counted twice, and the updates of learners the dead
+process launched are discarded (their batches are being learned from again).
 """
 
 from __future__ import annotations
@@ -85,11 +93,13 @@ class StellarisLoop(RoundLoop):
         self.max_in_flight = threads
         self.waiting: deque = deque()  # (round, entry) batches waiting for a learner slot
         self.in_flight: dict[Future, dict] = {}
+        self.learners: dict[str, object] = {}  # learner invocation id -> its batch's entry, outcome not yet known
+        self.settled: list = []  # entries whose learner's outcome is known, acked at the next commit
         self.expected: dict[str, tuple[float, int]] = {}  # learner said OK, update not here: (give-up time, round)
         self.received: set[str] = set()  # learner invocation ids whose update arrived (dedup)
         self.cursor = "0-0"
         self.published: set[int] = set()
-        self.pending_obs: list[np.ndarray] = []
+        self.pending_obs: dict[str, np.ndarray] = {}  # entry id -> observations the next aggregation folds in
         self.launched_from: dict[int, int] = {}  # base version -> learners launched from it (its updates' n)
         self.bound = self.st.bound_start
         self.stream = update_stream_key(job.job_id)
@@ -110,11 +120,9 @@ class StellarisLoop(RoundLoop):
             return rnd
         k = self.next_round
         empty_rounds = 0
-        carried: dict[str, float] = {}  # service CPU of the last checkpoint + evaluation (cloud clock)
+        acc = self._new_acc(k)
         while True:
             phases: dict[str, float] = {}
-            acc = self._new_acc(k)
-            acc["busy"] = sum(carried.values())
             metrics.set_job(metrics.CURRENT_ROUND, self.job.job_id, k)
             metrics.set_job(metrics.STALENESS_BOUND, self.job.job_id, self.bound)
             self._pump_until(lambda: self._round_closed(rnd), rnd, acc, phases)
@@ -124,7 +132,8 @@ class StellarisLoop(RoundLoop):
                 empty_rounds += 1
                 if empty_rounds >= 3:
                     return training_pb2.JOB_STATE_FAILED, "no samples arrived in 3 consecutive rounds"
-                rnd = self._launch_round(k, rnd["actors"])  # the same round again, fresh invocation ids
+                # The same round again, fresh invocation ids; what its learners settled meanwhile stays counted.
+                rnd = self._launch_round(k, rnd["actors"])
                 continue
             empty_rounds = 0
             last_round = k + 1 >= spec.rounds
@@ -149,24 +158,47 @@ class StellarisLoop(RoundLoop):
                 self._wait_for_rounds_before(k, rnd, acc, phases)
                 with metrics.timed("invoke", phases):
                     next_rnd = self._launch_round(k + 1, next_plan.actors)
-            carried = {}  # overlaps the next round's sampling and learners: its service CPU on the cloud clock
+            summary = {key: rnd[key] for key in ("actors", "version", "covered", "failed")}
+            summary["retries"] = rnd["resp"].retries if rnd["resp"] is not None else 0
+            pending = self._pending(k, {**acc, "batches": []}, summary, score_resp=score_resp, next_plan=next_plan,
+                                    fallback=fallback, cloud=cloud, phases=phases, ending=ending)
+            carried: dict[str, float] = {}  # overlaps the next round's sampling and learners: its service CPU
             with metrics.timed("publish", phases, carried):
-                self.checkpoint(k, pending={})
-            with metrics.timed("evaluate", phases, carried):
-                eval_return = self.evaluate_policy(k, last=ending)
-            reached = bool(spec.target_return) and eval_return >= spec.target_return
-            if reached and not ending:
-                self._drain(None, acc, phases)  # the job ends: this report counts every learner still running
-            self.append_report(self._report(k, rnd, acc, self._means(acc), phases, score_resp, next_plan, eval_return,
-                                            fallback, cloud))
-            self.next_round = k + 1
-            if next_plan.budget_exhausted:
-                return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {next_plan.reason}"
-            if last_round:
-                return training_pb2.JOB_STATE_SUCCEEDED, f"completed {spec.rounds} rounds"
-            if reached:
-                return training_pb2.JOB_STATE_SUCCEEDED, f"target return {spec.target_return:g} reached"
+                self.commit(k, pending, *self._settlement())
+            end = self.finish_async_round(pending, phases, carried)
+            if end is not None:
+                return end
             k, rnd = k + 1, next_rnd
+            acc = self._new_acc(k)
+            acc["busy"] = sum(carried.values())
+
+    def _pending(self, k: int, acc: dict, rnd: dict, **closing) -> dict:
+        """The round's pending report (RoundLoop.async_pending) from its counters `acc` and launch `rnd`."""
+        self._count_reader(acc)
+        return self.async_pending(k, self._fields(k, rnd, acc), notes=self._notes(acc), started=acc["t"],
+                                  acc=acc, rnd=rnd, **closing)
+
+    def _count_reader(self, acc: dict) -> None:
+        rejected, duplicates = self.export_reader_counters()
+        acc["rejected"] += rejected
+        acc["duplicates"] += duplicates
+
+    def _settlement(self) -> tuple[list, dict]:
+        """What a commit consumes (entries whose learner's outcome is known) and what it names as counted
+        (entries waiting or with a learner: {entry id: its observations are in the statistics})."""
+        settled, self.settled = self.settled, []
+        counted = {e.entry_id: self.counted_before.get(e.entry_id, False) for _, e in self.waiting}
+        counted.update({e.entry_id: e.entry_id not in self.pending_obs for e in self.learners.values()})
+        return settled, counted
+
+    def settle_at_end(self, pending: dict, phases: dict) -> tuple[dict, tuple]:
+        """The target ends the job: wait for every learner still running, so the last report counts them."""
+        acc = pending["acc"]
+        self._drain(None, acc, phases)
+        self._count_reader(acc)
+        k = pending["round"]
+        return {**pending, "fields": self._fields(k, pending["rnd"], acc), "notes": self._notes(acc)}, \
+            self._settlement()
 
     def _new_acc(self, k: int) -> dict:
         """Per-round counters; the round's staleness bound takes effect now."""
@@ -175,7 +207,7 @@ class StellarisLoop(RoundLoop):
         return {"k": k, "bound": self.bound, "notes": [], "steps": 0, "late": 0, "batches": [], "produced": 0,
                 "applied": 0, "dropped": 0, "skipped": 0, "staleness": [], "launched": 0, "failed": 0, "rejected": 0,
                 "duplicates": 0, "sums": {}, "aggregations": 0, "t": time.time(), "busy": 0.0,
-                "learner_fn_seconds": 0.0}
+                "learner_fn_seconds": 0.0, "relearned": 0, "discarded": 0}
 
     # -- actors ---------------------------------------------------------------------------
     def _launch_round(self, k: int, actors: int) -> dict:
@@ -200,8 +232,6 @@ class StellarisLoop(RoundLoop):
             t_i = time.perf_counter()
             for e in entries:
                 self._ingest(e, rnd, acc)
-            if entries:
-                self.redis_call(lambda: self.reader.ack(entries), "stream ack")  # the parcels hold the data now
             ingest_extra += time.perf_counter() - t_i
             self._poll_learners(acc)
             t_u = time.perf_counter()
@@ -226,7 +256,12 @@ class StellarisLoop(RoundLoop):
             acc["notes"].append(f"job end: gave up on {len(self.waiting)} waiting batch(es), {len(self.in_flight)} "
                                 f"learner(s) in flight and {len(self.expected)} missing update(s)")
             acc["failed"] += len(self.in_flight) + len(self.expected)
+            # The job ends: these batches are settled as they are, counted but not learned from.
+            self.settled += [e for _, e in self.waiting] + list(self.learners.values())
+            self.waiting.clear()
+            self.in_flight.clear()
             self.expected.clear()
+            self.learners.clear()
 
     def _wait_for_rounds_before(self, k: int, rnd: dict, acc: dict, phases: dict) -> None:
         """Backpressure: learners of rounds < k finish (and their updates arrive) before round k+1 samples."""
@@ -242,6 +277,10 @@ class StellarisLoop(RoundLoop):
                                 "launching the next round anyway")
 
     def _ingest(self, e, rnd: dict | None, acc: dict) -> None:
+        if e.entry_id in self.counted_before:  # counted before a resume, its learner lost: learn from it only
+            acc["relearned"] += 1
+            self.waiting.append((acc["k"], e))
+            return
         if rnd is not None and e.round == rnd["k"]:
             slot = slot_index(e.invocation_id, self.job.job_id, rnd["k"])
             if slot is not None:
@@ -277,9 +316,11 @@ class StellarisLoop(RoundLoop):
                                  behaviour_versions=[e.policy_version], max_staleness=self.bound)
             blob = codec.encode(parcel, self.deps.hmac_key)
             self.redis_call(lambda: self.deps.redis.set(ref, blob, ex=POLICY_TTL_S), "parcel write")
-            self.pending_obs.append(e.batch["obs"])
+            if not self.counted_before.pop(e.entry_id, False):  # not already in the restored statistics
+                self.pending_obs[e.entry_id] = e.batch["obs"]
             fut = self.learner_pool.submit(self._launch_learner, k, slot, base, ref, e.steps)
             self.in_flight[fut] = {"inv": inv, "ref": ref, "base": base, "round": k}
+            self.learners[inv] = e
             self.launched_from[base] = self.launched_from.get(base, 0) + 1
             acc["launched"] += 1
 
@@ -306,17 +347,25 @@ class StellarisLoop(RoundLoop):
                                                          "no invocation result")
             except grpc.RpcError as exc:
                 ok, why = False, f"launch failed: {exc.code().name}: {exc.details()}"
-            if ok and info["inv"] not in self.received:
+            if info["inv"] in self.received:
+                pass  # its update (or skip) arrived first and settled it
+            elif ok:
                 self.expected[info["inv"]] = (now + LOST_UPDATE_GRACE_S, info["round"])
-            elif not ok:
+            else:
                 acc["failed"] += 1
                 acc["notes"].append(f"learner {info['inv']} failed: {why}")
+                self._settle(info["inv"])
             self.redis_call(lambda: self.deps.redis.delete(info["ref"]), "parcel delete")
         for inv, (give_up, _) in list(self.expected.items()):
             if now > give_up:
                 del self.expected[inv]
                 acc["failed"] += 1
                 acc["notes"].append(f"learner {inv} returned OK but its update never arrived")
+                self._settle(inv)
+
+    def _settle(self, inv: str) -> None:
+        """The learner's outcome is known: its batch is acked at the next commit."""
+        self.settled.append(self.learners.pop(inv))
 
     # -- aggregation ------------------------------------------------------------------------
     def _collect_updates(self, acc: dict) -> bool:
@@ -340,8 +389,14 @@ class StellarisLoop(RoundLoop):
             if rec.invocation_id in self.received:
                 acc["duplicates"] += 1  # a retried learner pushed again
                 continue
+            if rec.invocation_id not in self.learners:
+                # Launched before a resume (its batch is learned from again) or given up on as lost (counted
+                # failed): applying it would learn from a batch twice.
+                acc["discarded"] += 1
+                continue
             self.received.add(rec.invocation_id)
             self.expected.pop(rec.invocation_id, None)
+            self._settle(rec.invocation_id)
             if rec.skipped:  # the learner found its base certain to be dropped and computed nothing
                 acc["skipped"] += 1
                 continue
@@ -363,7 +418,7 @@ class StellarisLoop(RoundLoop):
                               st.staleness_decay, launched=self.launched_from)
         moved = self.learner.aggregate([r.update for r in records], agg, kls=[float(r.stats.get("kl", 0.0))
                                                                               for r in records],
-                                       obs=self.pending_obs)
+                                       obs=list(self.pending_obs.values()))
         acc["produced"] += len(records)
         acc["applied"] += agg.n_applied
         acc["dropped"] += agg.n_dropped
@@ -378,7 +433,7 @@ class StellarisLoop(RoundLoop):
             for name in ("policy_loss", "value_loss", "entropy", "kl", "rho_mean", *DIAGNOSTICS.values()):
                 acc["sums"][name] = acc["sums"].get(name, 0.0) + float(r.stats.get(name, 0.0))
         if moved:
-            self.pending_obs = []
+            self.pending_obs = {}
             self.version += 1  # one aggregation, one published version
             acc["aggregations"] += 1
             self.publish()
@@ -433,28 +488,33 @@ class StellarisLoop(RoundLoop):
         sampling = (rnd["resp"].cloud_seconds if rnd["resp"] is not None else 0.0) + acc["learner_fn_seconds"]
         return {"update": acc["busy"], "sample": max(0.0, sampling - acc["busy"])}
 
-    def _report(self, k, rnd, acc, means, phases, score_resp, next_plan, eval_return, fallback, cloud):
-        resp = rnd["resp"] or scaler_pb2.LaunchResponse()
-        rejected, duplicates = self.export_reader_counters()
-        notes = acc["notes"]
+    def _fields(self, k: int, rnd: dict, acc: dict) -> dict:
+        """The round's RoundReport fields that neither its evaluation nor its closing depend on."""
+        means = self._means(acc)
         stal = acc["staleness"]
-        mean_stal = float(np.mean(stal)) if stal else 0.0
-        notes.append(f"stellaris: {acc['launched']} learner(s) launched, {acc['produced']} update(s) produced, "
-                     f"{acc['applied']} applied in {acc['aggregations']} aggregation(s), {acc['dropped']} dropped "
-                     f"(bound {acc['bound']}, staleness mean {mean_stal:.2f}, max {max(stal) if stal else 0}), "
-                     f"{acc['skipped']} skipped (base already beyond the bound when the learner started), "
-                     f"{acc['late']} late batch(es)")
-        return training_pb2.RoundReport(
+        return dict(
             round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
             actors_completed=len(rnd["covered"]), actors_failed=len(rnd["failed"] - rnd["covered"]),
             env_steps=acc["steps"], total_env_steps=self.total_steps,
             policy_loss=means.get("policy_loss", 0.0), value_loss=means.get("value_loss", 0.0),
-            entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=resp.retries,
+            entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=rnd["retries"],
             **{key: means.get(name, 0.0) for key, name in DIAGNOSTICS.items()}, kl_coeff=self.learner.kl_coeff,
-            duplicates_dropped=duplicates + acc["duplicates"], rejected_batches=rejected + acc["rejected"],
+            duplicates_dropped=acc["duplicates"], rejected_batches=acc["rejected"],
             gradients_produced=acc["produced"], gradients_applied=acc["applied"], gradients_dropped=acc["dropped"],
-            mean_staleness=mean_stal, staleness_bound=acc["bound"], learner_functions_launched=acc["launched"],
-            learner_functions_failed=acc["failed"], learner_functions_skipped=acc["skipped"],
-            **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
-                                         phases=phases, round_seconds=time.time() - acc["t"], notes=notes,
-                                         fallback=fallback, cloud_phases=cloud))
+            mean_staleness=float(np.mean(stal)) if stal else 0.0, staleness_bound=acc["bound"],
+            learner_functions_launched=acc["launched"], learner_functions_failed=acc["failed"],
+            learner_functions_skipped=acc["skipped"])
+
+    @staticmethod
+    def _notes(acc: dict) -> list[str]:
+        stal = acc["staleness"]
+        mean_stal = float(np.mean(stal)) if stal else 0.0
+        resumed = (f", {acc['relearned']} batch(es) counted before a resume learned from again and "
+                   f"{acc['discarded']} update(s) of learners launched before it (or given up on) discarded"
+                   if acc["relearned"] or acc["discarded"] else "")
+        return [*acc["notes"], (
+            f"stellaris: {acc['launched']} learner(s) launched, {acc['produced']} update(s) produced, "
+            f"{acc['applied']} applied in {acc['aggregations']} aggregation(s), {acc['dropped']} dropped "
+            f"(bound {acc['bound']}, staleness mean {mean_stal:.2f}, "
+            f"max {max(stal) if stal else 0}), {acc['skipped']} skipped (base already beyond the bound when the "
+            f"learner started), {acc['late']} late batch(es){resumed}")]

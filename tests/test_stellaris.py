@@ -240,6 +240,10 @@ def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key
     # a retried learner's second push
     _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r0-g2", 0, 3, 64, updates[2], {}))
     _push(redis_client, hmac_key, "agg-job", skip_record("agg-job-r0-g3", 0, 0, 3, 2))  # a learner that skipped
+    # a learner this service did not launch (one launched before a resume): its batch is learned from again
+    _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r0-g9", 0, 3, 64, updates[1], {"kl": 0.0}))
+    for i in range(5):  # the learners this service launched, each for its batch's stream entry
+        loop.learners[f"agg-job-r{i // 4}-g{i}"] = SimpleNamespace(entry_id=f"{i}-0")
     before = flat_parameters(loop.learner.policy)
     acc = loop._new_acc(0)
     loop.bound = 2  # as if this were a later round's bound
@@ -248,6 +252,8 @@ def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key
     expect = 0.25 * updates[0] + 1.0 * updates[2]
     assert torch.allclose(before - flat_parameters(loop.learner.policy), torch.as_tensor(expect), atol=1e-5)
     assert (acc["produced"], acc["applied"], acc["dropped"], acc["duplicates"], acc["skipped"]) == (3, 2, 1, 1, 1)
+    assert acc["discarded"] == 1 and [e.entry_id for e in loop.settled] == ["0-0", "1-0", "2-0", "3-0"]
+    assert list(loop.learners) == ["agg-job-r1-g4"]  # settled batches are acked at the next commit
     assert acc["staleness"] == [1, 3, 0] and loop.version == 4  # one aggregation, one version
     assert "agg-job-r0-g3" not in loop.expected and "agg-job-r0-g3" in loop.received
     assert PolicyStore(redis_client, "agg-job").latest() == 4  # the new version is published
@@ -270,14 +276,14 @@ def test_service_boosted_round_of_siblings_is_one_step(redis_client, hmac_key, t
     obs_dim = env_spaces(ENV)[0].shape[0]
     for i in range(16):
         batch = {"obs": np.zeros((8, obs_dim), np.float32), "rewards": np.zeros(8, np.float32)}
-        loop.waiting.append((0, SimpleNamespace(batch=batch, policy_version=5, steps=8)))
+        loop.waiting.append((0, SimpleNamespace(entry_id=f"{i}-0", batch=batch, policy_version=5, steps=8)))
     loop._dispatch(acc)
     assert acc["launched"] == 16 and {info["base"] for info in loop.in_flight.values()} == {5}
     g = np.random.default_rng(2).normal(size=loop.learner.n_params).astype(np.float32)
     for info in loop.in_flight.values():
         _push(redis_client, hmac_key, "boost-job", UpdateRecord(info["inv"], 0, 5, 8, g, {"kl": 0.0}))
     before = flat_parameters(loop.learner.policy)
-    loop.pending_obs = []  # observation statistics are not what this test measures
+    loop.pending_obs = {}  # observation statistics are not what this test measures
     assert loop._collect_updates(acc)
     assert (acc["produced"], acc["applied"], acc["dropped"]) == (16, 16, 0) and acc["staleness"] == [0] * 16
     moved = before - flat_parameters(loop.learner.policy)
