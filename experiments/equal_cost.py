@@ -23,8 +23,18 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.protocol import (BOOTSTRAP_REPS, EVAL_EVERY, FINAL_EVALS, evaluations, final_return, iqm,
-                                  iqm_interval, paired_difference, probability_of_improvement, title)
+from experiments.protocol import (
+    BOOTSTRAP_REPS,
+    EVAL_EVERY,
+    FINAL_EVALS,
+    evaluations,
+    final_return,
+    iqm,
+    iqm_interval,
+    paired_difference,
+    probability_of_improvement,
+    title,
+)
 from nitro.cost import Prices, ReferenceRates, calibrate_reference_rates, reference_job
 
 REACHED_OK = 0.95  # a run whose whole bill stays below this share of the budget ended short of it: flagged

@@ -8,8 +8,7 @@ import math
 import pytest
 
 from experiments import equal_cost
-from nitro.cost import (Prices, ReferenceRates, calibrate_reference_rates, learner_cost, reference_job,
-                        reference_round)
+from nitro.cost import Prices, ReferenceRates, calibrate_reference_rates, learner_cost, reference_job, reference_round
 from nitro.errors import ConfigError
 
 P = Prices()
