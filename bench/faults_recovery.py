@@ -3,7 +3,8 @@
 For each loop (ppo on-policy, impact, stellaris) and each fault kind, one small CartPole-v1 job (preset
 `fast`, a few fixed actors) runs on one local system started as `nitro up` starts it
 (`python -m nitro.local_system`, whose supervisor restarts what exits). Once round 1 is reported the
-fault lands in round 2, a real signal (os.kill) to a pid from the system's state.json:
+fault lands in the round under way (fault_round, normally 2), a real signal (os.kill) to a pid from the
+system's state.json (a worker: a child of the endpoint's pid):
 
   worker       SIGKILL of an endpoint worker process while it runs an actor invocation
   redis        SIGKILL of redis-server
@@ -23,8 +24,9 @@ and the entry says so. Per cell:
   batches_lost = produced but never acked + acked but in no report + successful invocations whose batch
   nobody saw + (Stellaris) counted but never given a learner outcome. duplicates_trained = batches the
   reports account for beyond the distinct batches acked + (Stellaris) learner outcomes beyond the batches
-  counted. batches_discarded (not a loss: reported, by design) = on-policy stale drops, Stellaris updates
-  dropped as too stale, skipped, or whose learner function failed.
+  counted. batches_discarded (accounted for by the reports, by design) = on-policy stale drops, Stellaris
+  updates dropped as too stale, skipped, or whose learner function failed; batches_untrained = produced
+  minus those whose learning the final policy holds (trained; Stellaris: updates applied), lost or not.
 - recovery_seconds: from the fault (the kill; for scaler_hang the SIGCONT) to the first round report
   after it; fault_to_round_seconds the same from the fault's start (the SIGSTOP).
 - Reference, same job: reference_round_seconds, the median wall time between consecutive round
@@ -223,7 +225,7 @@ def inject(state_dir: Path, fault: str, ref_gap: float) -> dict:
     mid = 0.4 * ref_gap  # into the round, past its launch
     if fault == "worker":
         endpoint = psutil.Process(component(state_dir, "lambda")["pid"])
-        victim = wait_until(lambda: busy_worker(endpoint, "nitro-actor"), 2 * ref_gap + 30,
+        victim = wait_until(lambda: busy_worker(endpoint, "nitro-actor", min_cpu=5.0), 2 * ref_gap + 30,
                             "an actor invocation running", poll_s=0)
         t = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
@@ -294,6 +296,7 @@ def account(state_dir: Path, job_id: str, steps: int, observer: StreamObserver, 
     lost = len(unacked) + max(0, len(acked) - accounted) + max(0, invocations_ok - len(produced))
     dup = max(0, accounted - len(acked))
     discarded = {"stale_dropped": stale}
+    in_model = trained  # batches whose learning the final policy holds
     if any(rep.learner_functions_launched for rep in reports):  # stellaris: every counted batch gets an outcome
         produced_u = sum(rep.gradients_produced for rep in reports)
         skipped = sum(rep.learner_functions_skipped for rep in reports)
@@ -303,9 +306,10 @@ def account(state_dir: Path, job_id: str, steps: int, observer: StreamObserver, 
         dup += max(0, learned - trained)
         discarded.update(gradients_dropped=sum(rep.gradients_dropped for rep in reports), learner_skipped=skipped,
                          learner_failed=failed)
+        in_model = sum(rep.gradients_applied for rep in reports)
     return {"batches_produced": len(produced), "actor_invocations_ok": invocations_ok,
             "stream_entries_seen": observer.entries, "batches_acked": len(acked), "batches_trained": trained,
-            "batches_discarded": discarded, "batches_lost": lost, "duplicates_trained": dup,
+            "batches_discarded": discarded, "batches_untrained": max(0, len(produced) - in_model), "batches_lost": lost, "duplicates_trained": dup,
             "unacked_examples": unacked[:5], "stream_left": left, "pending_left": pending,
             "trained_steps_match": trained_steps == trained * steps}
 
@@ -347,7 +351,8 @@ def run_cell(state_dir: Path, loop: str, fault: str, args) -> dict:
     def on_fault(arr: dict) -> dict:
         ref_gap = arr[FAULT_AFTER_ROUND] - arr.get(FAULT_AFTER_ROUND - 1, t_start)
         info = inject(state_dir, fault, ref_gap)
-        say(f"{loop} x {fault}: fault landed ({info['landed']})")
+        info["round"] = max((k for k, t in arr.items() if t < info["start"]), default=-1) + 1
+        say(f"{loop} x {fault}: fault landed in round {info['round']} ({info['landed']})")
         return {"fault": info}
 
     try:
@@ -375,7 +380,7 @@ def run_cell(state_dir: Path, loop: str, fault: str, args) -> dict:
         ref = reference_gap(arrivals, info)
         rec = after - info["end"] if after is not None else None
         cell.update(
-            landed=info["landed"],
+            landed=info["landed"], fault_round=info["round"],
             recovery_seconds=round(rec, 2) if rec is not None else None,
             fault_to_round_seconds=round(after - info["start"], 2) if after is not None else None,
             reference_round_seconds=round(ref, 2) if ref is not None else None,

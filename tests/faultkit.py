@@ -74,11 +74,12 @@ def wait_for_round(client: NitroClient, job_id: str, k: int) -> None:
             return
 
 
-def busy_worker(endpoint, function: str | None = None):
+def busy_worker(endpoint, function: str | None = None, min_cpu: float = 20.0):
     """A worker process of the endpoint seen clearly busy over a short window, else None.
 
     `function`: only workers of that function (its name is in the worker's command line), so a kill meant
-    for an actor does not hit a Stellaris learner function."""
+    for an actor does not hit a Stellaris learner function. `min_cpu` (percent of one core over 0.25 s):
+    idle workers sit near 0; on a crowded machine a running actor may get little more than 10."""
     import psutil
 
     workers = endpoint.children(recursive=True)
@@ -93,7 +94,7 @@ def busy_worker(endpoint, function: str | None = None):
     time.sleep(0.25)
     for p in workers:
         try:
-            if p.cpu_percent(None) > 20:  # idle workers sit near 0
+            if p.cpu_percent(None) > min_cpu:
                 return p
         except psutil.NoSuchProcess:
             pass

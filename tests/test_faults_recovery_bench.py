@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[1]
 CELL_KEYS = {"completed", "batches_produced", "batches_acked", "batches_trained", "batches_lost",
              "duplicates_trained", "recovery_seconds", "fault_to_round_seconds", "reference_round_seconds",
-             "recovery_ratio", "restarts", "meets_target"}
+             "recovery_ratio", "fault_round", "restarts", "meets_target"}
 
 
 def test_one_cell_of_the_faults_bench(tmp_path):
