@@ -300,7 +300,8 @@ def test_train_backend_aws_starts_the_local_system_without_the_local_endpoint(aw
 
     class FakeSystem:
         def __init__(self, state_dir, ports=None, *, concurrency=64, startup_timeout_s=180.0, lambda_backend="local",
-                     actor_redis_url=None, aws_region=None, hmac_key=None, redis_password=None, redis_bind=None):
+                     actor_redis_url=None, aws_region=None, hmac_key=None, redis_password=None, redis_bind=None,
+                     restart_policy=None):
             seen.update(ports=ports, lambda_backend=lambda_backend, actor_redis_url=actor_redis_url,
                         aws_region=aws_region, hmac_key=hmac_key, redis_password=redis_password, redis_bind=redis_bind)
 
