@@ -6,10 +6,13 @@ and the detector's sample subset -> [detector scores v+1 while the learner
 checkpoints and evaluates it] -> the scaler plans round k+1 -> report.
 
 Faults: failed invocations are retried by the scaler with the same id; those
-still failed, and successful ones whose batch never arrived, get one wave of
-replacement invocations within budget while the deadline allows. At the
-deadline the round proceeds with what arrived if that is at least
-min_sample_fraction of the planned steps. A detector that does not answer in
+still failed, and successful ones whose batch never arrived, get a wave of
+replacement invocations within budget while the round is short (up to
+MAX_WAVES waves in all). At the deadline the round proceeds with what arrived
+if that is at least min_sample_fraction of the planned steps. A resumed learner
+takes over the waves its predecessor launched for the round it redoes (their
+invocations outlive it) and waits for them like for its own launch; only their
+shortfall gets replacements. A detector that does not answer in
 detector_timeout_s gives the configured fallback plan; a scaler or Redis that
 is briefly down is retried. Every such event is a note in the round report.
 
@@ -62,11 +65,17 @@ class Collected:
 
 class OnPolicyLoop(RoundLoop):
     learner_class = PPOLearner
+    inherit_round: int | None = None  # the round a resumed learner redoes: its waves may be out already
 
     # -- sampling ---------------------------------------------------------------------------
     def _collect(self, k: int, actors: int, phases: dict, cloud: dict) -> Collected:
         """Launch the round's actors and ingest their batches; replace failures while below the minimum.
-        `cloud` gets the modelled sampling time (the waves' slowest invocations) and the learner's CPU."""
+
+        A round a learner before this one launched already (`inherit_round`) is not launched again: its waves
+        are waited for like a launch whose response is lost, and their batches (pending or still to come)
+        used; a second launch would be billed and, arriving after the round closed, dropped as stale.
+        `cloud` gets the modelled sampling time (the waves' slowest invocations, those of inherited waves
+        unknown: their responses died with that learner) and the learner's CPU."""
         out = Collected(batches=[], launched=actors)
         spec = self.spec
         expected_steps = actors * spec.steps_per_actor
@@ -78,16 +87,26 @@ class OnPolicyLoop(RoundLoop):
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ack_seconds, dispatch = self.reader.processing_seconds, 0.0, 0.0
         slots, failed_total = list(range(actors)), set()
-        for _ in range(MAX_WAVES):
-            wave = self.new_wave(k)  # ids are never reused within a round, across restarts too
-            for s in slots:
-                slot_of[invocation_id(self.job.job_id, k, s, wave)] = s
-            out.waves += 1
-            fut = self.pool.submit(self.launch, k, slots, wave)
-            wave_deadline = time.perf_counter() + spec.round_deadline_s
+        inherited = self._inherited_waves(k)
+        while True:
+            if inherited is not None:  # every slot is out already; no response will come for them
+                (n, launched_at), inherited, fut = inherited, None, None
+                label = f"the {n} wave(s) launched before the learner restarted"
+                out.waves += 1  # as the round's planned launch: its shortfall still gets replacement waves
+                # Their deadline as theirs, but at least the lost-batch grace to read what is in the stream.
+                left = spec.round_deadline_s - (time.time() - launched_at) if launched_at else spec.round_deadline_s
+                wave_deadline = time.perf_counter() + max(left, LOST_BATCH_GRACE_S)
+            else:
+                wave = self.new_wave(k)  # ids are never reused within a round, across restarts too
+                for s in slots:
+                    slot_of[invocation_id(self.job.job_id, k, s, wave)] = s
+                out.waves += 1
+                fut = self.pool.submit(self.launch, k, slots, wave)
+                label = f"wave {wave}"
+                wave_deadline = time.perf_counter() + spec.round_deadline_s
             resp, failed, done_at = None, set(), None
             while time.perf_counter() < wave_deadline and not self.job.stop_requested.is_set():
-                if resp is None and fut.done():
+                if resp is None and fut is not None and fut.done():
                     done_at = time.perf_counter()
                     try:
                         resp = fut.result()
@@ -133,7 +152,9 @@ class OnPolicyLoop(RoundLoop):
                     t_ack = time.perf_counter()
                     self.redis_call(lambda: self.reader.ack(drop), "stream ack")
                     ack_seconds += time.perf_counter() - t_ack
-            if resp is None and not (set(slots) - covered):
+            if fut is None:
+                out.notes.append(f"took over {label}: {len(covered)}/{actors} batches")
+            elif resp is None and not (set(slots) - covered):
                 try:  # every batch is in: the invocations are returning, collect their retry counts
                     resp = fut.result(timeout=2.0)
                     dispatch += resp.dispatch_seconds
@@ -142,13 +163,16 @@ class OnPolicyLoop(RoundLoop):
                     out.notes += [note for note in map(retry_note, resp.invocations) if note]
                 except Exception:  # noqa: BLE001 - bookkeeping only; the data is already here
                     pass
-            elif resp is None and not self.job.stop_requested.is_set():
-                out.notes.append(f"wave {wave}: round deadline ({spec.round_deadline_s:g} s) passed with "
+            if fut is not None and resp is None and set(slots) - covered and not self.job.stop_requested.is_set():
+                out.notes.append(f"{label}: round deadline ({spec.round_deadline_s:g} s) passed with "
                                  f"{len(set(slots) & covered)}/{len(slots)} batches")
             failed_total |= failed - covered
             missing = sorted(set(range(actors)) - covered)
             steps = sum(len(b["rewards"]) for b in batches.values())
             if not missing or self.job.stop_requested.is_set() or steps >= spec.min_sample_fraction * expected_steps:
+                break
+            if out.waves >= MAX_WAVES:
+                out.notes.append(f"{len(missing)} actor(s) missing after {out.waves} waves")
                 break
             slots = self._affordable(missing)
             if not slots:
@@ -168,6 +192,15 @@ class OnPolicyLoop(RoundLoop):
         out.batches = [batches[i] for i in sorted(batches)]
         out.completed = sum(1 for inv, seen in parts_seen.items() if len(seen) == parts_total[inv])
         return out
+
+    def _inherited_waves(self, k: int) -> tuple[int, float | None] | None:
+        """(waves, wall time of the latest launch) an earlier learner launched for round k, when this learner
+        resumed into it; asked once, so a retried empty round launches afresh."""
+        if self.inherit_round != k:
+            return None
+        self.inherit_round = None
+        n, launched_at = self.launched_waves(k)
+        return (n, launched_at) if n else None
 
     def _affordable(self, slots: list[int]) -> list[int]:
         """As many of `slots` as the budget left pays for, at this job's mean cost per invocation."""
@@ -189,6 +222,7 @@ class OnPolicyLoop(RoundLoop):
     def _start(self, resume: bool):
         if resume:
             pending = self.restore()
+            self.inherit_round = self.next_round
             if pending is not None:  # died after the update, before the report: finish that round
                 k = self.next_round - 1
                 self.publish()

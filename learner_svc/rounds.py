@@ -58,6 +58,7 @@ RPC_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 CHECKPOINT_FORMAT = 2
 EVAL_SEED_TAG = 2  # evaluation seeds: (seed, round, 2, 0), four parts, never an actor launch's (seed, round, wave)
 LOST_BATCH_GRACE_S = 5.0  # a launched actor whose batch is still missing this long after it returned is lost
+WAVE_RECORD_TTL_S = 7 * 24 * 3600  # a round's wave records outlive any resume of it
 
 
 class JobAborted(RuntimeError):
@@ -382,17 +383,31 @@ class RoundLoop:
             normalize_advantages=getattr(self.cfg, "normalize_advantages", False)),
             timeout=self.spec.detector_timeout_s, metadata=self.deps.call_metadata or None)
 
-    def new_wave(self, round_index: int) -> int:
-        """A fresh wave number for this round; kept in Redis so a restarted learner never reuses one."""
+    def _wave_keys(self, round_index: int) -> tuple[str, str]:
+        """The round's wave counter and the wall time its latest wave was launched."""
         key = f"nitro:{self.job.job_id}:waves:{round_index}"
+        return key, f"{key}:at"
+
+    def new_wave(self, round_index: int) -> int:
+        """A fresh wave number for this round; kept in Redis so a restarted learner never reuses one, and
+        knows what the learner before it launched (`launched_waves`)."""
+        key, at = self._wave_keys(round_index)
 
         def incr():
             pipe = self.deps.redis.pipeline(transaction=True)
             pipe.incr(key)
-            pipe.expire(key, 7 * 24 * 3600)
+            pipe.set(at, repr(time.time()), ex=WAVE_RECORD_TTL_S)
+            pipe.expire(key, WAVE_RECORD_TTL_S)
             return pipe.execute()[0]
 
         return int(self.redis_call(incr, "wave counter")) - 1
+
+    def launched_waves(self, round_index: int) -> tuple[int, float | None]:
+        """(waves launched for this round so far, wall time of the latest launch or None): what a learner
+        before this one launched, when this one resumes the round."""
+        key, at = self._wave_keys(round_index)
+        count, t = self.redis_call(lambda: self.deps.redis.mget(key, at), "wave record")
+        return int(count or 0), float(t) if t is not None else None
 
     def fallback_actors(self) -> int:
         return self.spec.scaler.i_min if self.spec.detector_fallback == "i_min" else self.last_actors

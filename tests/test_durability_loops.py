@@ -7,7 +7,8 @@ and account for every batch the actors produced:
 - the job succeeds, every round reported once and in order, one report says the learner resumed;
 - steps: the reports' env_steps add up to total_env_steps, and the scaler's ledger of the steps it billed (one
   batch of STEPS steps per successful actor invocation) equals total_env_steps plus the steps of the batches
-  the on-policy loop reported stale: every batch produced was counted once, none lost, none twice;
+  the on-policy loop reported stale: every batch produced was counted once, none lost, none twice; in the
+  on-policy loop none is stale either (the resumed round trains on the dead learner's wave, launches no twin);
 - nothing left: the trajectory stream is empty and nothing is pending in the learner's consumer group;
 - Stellaris: every batch counted was learned from once: updates produced, skipped and failed over the reports
   add up to the batches.
@@ -141,6 +142,11 @@ def test_learner_killed_mid_round_resumes_with_every_batch_learned_once(system, 
         billed = int(red.hget(state_key(job_id), "steps_billed"))
         stale = sum(r.stale_batches_dropped for r in reports)
         assert billed == total + stale * STEPS, f"every batch produced counted once (killed {where})"
+        if mode == "ppo":
+            # The resumed round waits for the wave the dead learner launched instead of launching a second
+            # one whose batches would arrive after it closed: every billed batch is trained on, none dropped.
+            assert stale == 0 and billed == total, \
+                f"{stale} batches dropped as stale, {billed - total} billed steps untrained (killed {where})"
         assert red.xlen(stream_key(job_id)) == 0, "every batch consumed"
         assert red.xpending(stream_key(job_id), "learner")["pending"] == 0, "nothing left unacknowledged"
     finally:
