@@ -662,11 +662,15 @@ DIAGNOSTICS = {"clip_fraction": "clip_frac", "grad_norm": "grad_norm", "explaine
 
 
 def export_diagnostics(report: training_pb2.RoundReport) -> None:
-    """The round's learner diagnostics as per-job gauges (dropped with the job's other series)."""
+    """The round's learner diagnostics as per-job gauges (dropped with the job's other series), and the
+    faults it records (replaced actors, a resume) as counters."""
     for gauge, value in ((metrics.CLIP_FRACTION, report.clip_fraction), (metrics.GRAD_NORM, report.grad_norm),
                          (metrics.EXPLAINED_VARIANCE, report.explained_variance),
                          (metrics.KL_COEFF, report.kl_coeff), (metrics.MEAN_EPISODE_LENGTH, report.mean_episode_length)):
         metrics.set_job(gauge, report.job_id, value)
+    metrics.ACTORS_REPLACED.inc(max(0, report.actors_replaced))
+    if report.resumed:  # the first report after a resume carries the flag, once per resume
+        metrics.JOB_RESUMES.inc()
 
 
 def _numpy(x) -> np.ndarray:

@@ -39,6 +39,9 @@ CLOUD_PHASE_SECONDS = Histogram(
 REJECTED_PAYLOADS = Counter("nitro_rejected_payloads_total", "Stream entries rejected before unpickling.",
                             ["reason"])
 DUPLICATE_BATCHES = Counter("nitro_duplicate_batches_total", "Trajectory batches dropped as duplicates.")
+# Faults a user should be able to see (issue 17): replaced actors and jobs a restarted learner resumed.
+ACTORS_REPLACED = Counter("nitro_actors_replaced_total", "Actors launched to replace ones that failed or straggled.")
+JOB_RESUMES = Counter("nitro_job_resumes_total", "Jobs a learner resumed from their checkpoint after a restart.")
 CURRENT_ROUND = Gauge("nitro_current_round", "Round a job is in.", [JOB_LABEL])
 ACTORS_IN_FLIGHT = Gauge("nitro_actors_in_flight", "Actor invocations currently running.")
 ACTORS_PER_ROUND = Gauge("nitro_actors_per_round", "Actors launched in the job's latest round.", [JOB_LABEL])

@@ -43,3 +43,17 @@ def test_forget_idle_jobs_drops_only_the_quiet_ones(monkeypatch):
     assert metrics.forget_idle_jobs(900) == ["old"]
     assert series(g) == {("new",)}
     metrics.forget_job("new")
+
+
+def test_a_round_report_counts_replaced_actors_and_resumes():
+    from learner_svc.rounds import export_diagnostics
+    from nitro.v1 import training_pb2
+
+    def value(counter) -> float:
+        return next(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+    replaced, resumes = value(metrics.ACTORS_REPLACED), value(metrics.JOB_RESUMES)
+    export_diagnostics(training_pb2.RoundReport(job_id="m", actors_replaced=3, resumed=True))
+    export_diagnostics(training_pb2.RoundReport(job_id="m", actors_replaced=0, resumed=False))
+    assert value(metrics.ACTORS_REPLACED) == replaced + 3 and value(metrics.JOB_RESUMES) == resumes + 1
+    metrics.forget_job("m")
