@@ -332,8 +332,8 @@ class OnPolicyLoop(RoundLoop):
             except (grpc.RpcError, TimeoutError) as exc:
                 detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
                 fallback = self.fallback_actors()
-                notes.append(f"detector unavailable ({detail}); fallback plan of {fallback} actors "
-                             f"({self.spec.detector_fallback})")
+                notes.append(f"detector unavailable ({detail}); fallback for a policy that reads the score: "
+                             f"{fallback} actors ({self.spec.detector_fallback})")
         # On the cloud the detector scores on the learner server while the learner evaluates.
         cloud["detect"] = cloud_detect_wait(score_resp.cpu_seconds, cloud.get("evaluate", 0.0))
         with metrics.timed("plan", phases):

@@ -44,6 +44,7 @@ from nitro.grpc_util import DEADLINES
 from nitro.inference import PolicyRunner
 from nitro.models import policy_to_blob, spec_for_spaces
 from nitro.rollout import evaluate
+from nitro.scaling.base import FALLBACK_REASON
 from nitro.spec import algo_config, env_kwargs_to_wire
 from nitro.store import PolicyStore, TrajectoryReader
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
@@ -358,6 +359,10 @@ class RoundLoop:
         if math.isfinite(eval_return):
             metrics.set_job(metrics.EVAL_RETURN, self.job.job_id, eval_return)
         metrics.set_job(metrics.BUDGET_LEFT_USD, self.job.job_id, cost.budget_left_usd)
+        fallback_used = fallback > 0 and next_plan.reason.startswith(FALLBACK_REASON)
+        if fallback > 0 and not fallback_used:
+            notes = [*notes, f"scaler policy {self.spec.scaler.policy!r} does not read the score: its plan needs no "
+                             "fallback"]
         return dict(
             job_id=self.job.job_id,
             train_return=float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
@@ -368,7 +373,7 @@ class RoundLoop:
             serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
             phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
             round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
-            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback > 0,
+            notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback_used,
             cloud_round_seconds=nitro_cost.cloud_round_seconds(cloud_phases),
             cloud_round_cost_usd=max(0.0, cost.cloud_total_cost_usd - prev_cloud),
             cloud_total_cost_usd=cost.cloud_total_cost_usd, evaluated=not math.isnan(eval_return),
@@ -511,7 +516,8 @@ class RoundLoop:
             return self.score(k, ref, algo=algo), 0
         except grpc.RpcError as exc:
             fallback = self.fallback_actors()
-            notes.append(f"detector unavailable ({exc.code().name}); fallback plan of {fallback}")
+            notes.append(f"detector unavailable ({exc.code().name}); fallback for a policy that reads the score: "
+                         f"{fallback} actors")
             return detector_pb2.ScoreResponse(), fallback
 
     def async_plan_inputs(self, means: dict, cloud: dict) -> dict:

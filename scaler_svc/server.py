@@ -24,7 +24,7 @@ from nitro.errors import ConfigError
 from nitro.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
 from nitro.metrics import serve_metrics
 from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
-from nitro.scaling.base import RoundInputs
+from nitro.scaling.base import FALLBACK_REASON, RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
 from nitro.scaling.policies import make_policy
@@ -193,7 +193,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         # Only a policy that reads the boosting score needs a fallback when the score is missing.
         if request.fallback_actors > 0 and getattr(policy, "reads_score", False):
             desired = max(sc.i_min, min(sc.i_max, request.fallback_actors))
-            new_state, reason = policy_state, f"fallback plan: {desired} actors (no boosting score this round)"
+            new_state, reason = policy_state, f"{FALLBACK_REASON}: {desired} actors (no boosting score this round)"
         else:
             desired, new_state, reason = policy.decide(policy_state, inputs)
         if base == "minions":

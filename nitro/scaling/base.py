@@ -14,6 +14,10 @@ from typing import Protocol
 
 from nitro.errors import ConfigError
 
+# How a plan made from the detector fallback starts its reason: the learner reads it to report whether the
+# fallback was used (only a policy that reads the boosting score needs one).
+FALLBACK_REASON = "fallback plan"
+
 DEFAULT_I_MIN = 8
 DEFAULT_I_MAX = 64
 
