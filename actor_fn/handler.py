@@ -4,7 +4,7 @@ Event (JSON):
   job_id          str   job namespace in Redis
   round           int   training round this batch belongs to
   policy_version  int   version to load from nitro:{job}:policy:{version}
-  env_id          str   Gymnasium id (see nitro.envs)
+  env_id          str   Gymnasium id (see nitro.policy.envs)
   env_kwargs      dict  optional keyword arguments for the environment
   num_steps       int   environment steps to sample
   seed            int   seeds the action noise (and the env on a cold sampler)
@@ -14,7 +14,7 @@ Event (JSON):
   compress        bool  optional; zlib-compress the payload. Default: on for image (uint8) observations
                         such as Atari frames, off otherwise
   max_entry_bytes int   optional; largest stream entry; a bigger batch is split into contiguous parts
-                        (default NITRO_MAX_ENTRY_BYTES, else 32 MiB; see nitro.store)
+                        (default NITRO_MAX_ENTRY_BYTES, else 32 MiB; see nitro.data.store)
   reset_episodes  bool  optional; start fresh episodes from `seed` instead of continuing the warm
                         environment's episode, so the batch depends on the event only (reproducible runs)
 
@@ -34,13 +34,13 @@ from urllib.parse import quote, urlparse, urlunparse
 
 import numpy as np
 
-from nitro import codec
 from nitro.clock import InvocationClock
+from nitro.data import codec
+from nitro.data.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
 from nitro.errors import ConfigError
-from nitro.inference import PolicyRunner
-from nitro.model_spec import blob_to_doc
-from nitro.rollout import Sampler
-from nitro.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.model_spec import blob_to_doc
+from nitro.policy.rollout import Sampler
 
 REQUIRED = {"job_id": str, "round": int, "policy_version": int, "env_id": str, "num_steps": int, "seed": int,
             "invocation_id": str}
@@ -127,7 +127,7 @@ def _client(url: str, clock: InvocationClock | None = None):
     if client is None:
         import redis
 
-        from nitro.redis_server import connect
+        from nitro.local.redis_server import connect
 
         client = connect(url, socket_connect_timeout=2.0, socket_timeout=10.0)
         try:

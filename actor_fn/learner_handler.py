@@ -35,8 +35,8 @@ import time
 from collections import OrderedDict
 
 from actor_fn.handler import check_fields
-from nitro import codec
 from nitro.clock import InvocationClock
+from nitro.data import codec
 from nitro.errors import ConfigError
 
 REQUIRED = {"job_id": str, "round": int, "policy_version": int, "invocation_id": str, "payload_ref": str}
@@ -67,8 +67,8 @@ def _validate(event: dict) -> None:
 
 def _policy(client, job_id: str, version: int, key: bytes):
     """The policy of `version` (cached while warm); PolicyNotFoundError when it is not published."""
-    from nitro.models import policy_from_blob
-    from nitro.store import PolicyStore
+    from nitro.data.store import PolicyStore
+    from nitro.policy.models import policy_from_blob
 
     ck = (job_id, version)
     if ck in _Warm.policies:
@@ -91,7 +91,7 @@ def _recent(client, job_id: str, base: int, count: int, key: bytes, latest: int 
     missing; the walk down from `policy:latest` skips missing ones, within a bounded number of
     lookups.
     """
-    from nitro.store import PolicyNotFoundError
+    from nitro.data.store import PolicyNotFoundError
 
     out = []
     v = latest if latest is not None else base
@@ -124,7 +124,7 @@ def handler(event: dict, context=None) -> dict:
         update_stream_key,
     )
     from nitro.config import make_config
-    from nitro.store import PolicyStore
+    from nitro.data.store import PolicyStore
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # a function gets about one vCPU per 1.8 GB; more threads only contend

@@ -1,6 +1,6 @@
 """Actor sampling throughput on Hopper-v5 with the 2x256 Tanh policy.
 
-Figure: env steps/s of the actor handler's sampling loop (nitro.rollout.Sampler,
+Figure: env steps/s of the actor handler's sampling loop (nitro.policy.rollout.Sampler,
 numpy policy inference, full batch bookkeeping). Reference, same run: raw
 Hopper-v5 with random actions. Target ratio >= 0.60.
 """
@@ -16,10 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from nitro.envs import make_env  # noqa: E402
-from nitro.inference import PolicyRunner  # noqa: E402
-from nitro.models import Policy, spec_for_spaces  # noqa: E402
-from nitro.rollout import Sampler  # noqa: E402
+from nitro.policy.envs import make_env  # noqa: E402
+from nitro.policy.inference import PolicyRunner  # noqa: E402
+from nitro.policy.models import Policy, spec_for_spaces  # noqa: E402
+from nitro.policy.rollout import Sampler  # noqa: E402
 
 ENV, STEPS, REPEATS, TARGET = "Hopper-v5", 4096, 5, 0.60
 

@@ -1,6 +1,6 @@
 """Actor sampling throughput on ALE/Qbert-v5 with Atari preprocessing and the paper's CNN.
 
-Figure: env steps/s of the actor handler's sampling loop (nitro.rollout.Sampler with
+Figure: env steps/s of the actor handler's sampling loop (nitro.policy.rollout.Sampler with
 the PolicyRunner's batch-1 CNN inference for actor and critic, full batch
 bookkeeping). Reference, same run: the same preprocessed environment (grayscale
 84x84, frame skip 4, 3 stacked frames) stepped with random actions drawn up front.
@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from nitro.envs import make_env  # noqa: E402
-from nitro.inference import PolicyRunner  # noqa: E402
-from nitro.models import Policy, spec_for_spaces  # noqa: E402
-from nitro.rollout import Sampler  # noqa: E402
+from nitro.policy.envs import make_env  # noqa: E402
+from nitro.policy.inference import PolicyRunner  # noqa: E402
+from nitro.policy.models import Policy, spec_for_spaces  # noqa: E402
+from nitro.policy.rollout import Sampler  # noqa: E402
 
 ENV, STEPS, REPEATS, TARGET = "ALE/Qbert-v5", 1000, 5, 0.5
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nitro.local_system import LocalSystem  # noqa: E402
-from nitro.sdk import NitroClient  # noqa: E402
+from nitro.client.sdk import NitroClient  # noqa: E402
+from nitro.local.system import LocalSystem  # noqa: E402
 
 ROUNDS = int(os.environ.get("NITRO_BENCH_ROUNDS", "4"))
 ACTORS, STEPS, TARGET = 16, 512, 0.10

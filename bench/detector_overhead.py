@@ -41,10 +41,10 @@ from nitro.detector import detect  # noqa: E402
 from nitro.detector.hvp import make_hvp, ppo_objective, select_subset  # noqa: E402
 from nitro.detector.lanczos import lanczos  # noqa: E402
 from nitro.detector.solvers import eigsh_extremes, explicit_extremes, lobpcg_extremes  # noqa: E402
-from nitro.envs import env_spaces  # noqa: E402
-from nitro.inference import PolicyRunner  # noqa: E402
-from nitro.models import ModelSpec, Policy, spec_for_spaces  # noqa: E402
-from nitro.rollout import Sampler  # noqa: E402
+from nitro.policy.envs import env_spaces  # noqa: E402
+from nitro.policy.inference import PolicyRunner  # noqa: E402
+from nitro.policy.models import ModelSpec, Policy, spec_for_spaces  # noqa: E402
+from nitro.policy.rollout import Sampler  # noqa: E402
 
 ENV, ACTORS, STEPS_PER_ACTOR, TARGET = "Hopper-v5", 16, 256, 0.10
 

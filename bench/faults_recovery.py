@@ -2,7 +2,7 @@
 
 For each loop (ppo on-policy, impact, stellaris) and each fault kind, one small CartPole-v1 job (preset
 `fast`, a few fixed actors) runs on one local system started as `nitro up` starts it
-(`python -m nitro.local_system`, whose supervisor restarts what exits). Once round 1 is reported the
+(`python -m nitro.local.system`, whose supervisor restarts what exits). Once round 1 is reported the
 fault lands in the round under way (fault_round, normally 2), a real signal (os.kill) to a pid from the
 system's state.json (a worker: a child of the endpoint's pid):
 
@@ -58,9 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 import redis  # noqa: E402
 
-from nitro import local_system as ls  # noqa: E402
-from nitro.sdk import NitroRpcError  # noqa: E402
-from nitro.store import seen_key, stream_key  # noqa: E402
+from nitro.client.sdk import NitroRpcError  # noqa: E402
+from nitro.data.store import seen_key, stream_key  # noqa: E402
+from nitro.local import system as ls  # noqa: E402
 from scaler_svc.server import state_key  # noqa: E402
 from tests.faultkit import (  # noqa: E402
     all_serving,

@@ -15,15 +15,20 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import boto3
 import urllib3
 from botocore.config import Config
 
-from nitro.local_lambda import FunctionConfig, LocalLambda, testing_handlers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.lambda_handlers, here and in the workers
+
+from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda  # noqa: E402
+from tests import lambda_handlers  # noqa: E402
 
 N = 1000
 CONCURRENCY = 64
@@ -81,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: the endpoint's)")
     args = parser.parse_args()
-    fn = FunctionConfig("noop", "nitro.local_lambda.testing_handlers.noop", concurrency=CONCURRENCY,
+    fn = FunctionConfig("noop", "tests.lambda_handlers.noop", concurrency=CONCURRENCY,
                         max_workers=args.workers)
     with LocalLambda([fn]) as ll:
         client = boto3.client(
@@ -123,7 +128,7 @@ def main() -> None:
     reps = 100_000
     t0 = time.perf_counter()
     for _ in range(reps):
-        testing_handlers.noop({}, None)
+        lambda_handlers.noop({}, None)
     direct_ms = (time.perf_counter() - t0) * 1000 / reps
 
     latency = [r[0] for r in results]

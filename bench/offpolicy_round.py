@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nitro.local_system import LocalSystem  # noqa: E402
-from nitro.sdk import NitroClient  # noqa: E402
+from nitro.client.sdk import NitroClient  # noqa: E402
+from nitro.local.system import LocalSystem  # noqa: E402
 
 ENV, ACTORS, STEPS, ROUNDS = "Hopper-v5", 8, 256, 8
 

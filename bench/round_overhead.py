@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nitro.local_system import LocalSystem  # noqa: E402
-from nitro.sdk import NitroClient  # noqa: E402
+from nitro.client.sdk import NitroClient  # noqa: E402
+from nitro.local.system import LocalSystem  # noqa: E402
 from tests.system import sample_value, scrape  # noqa: E402
 
 ROUNDS, ACTORS, STEPS, TARGET = 6, 16, 256, 0.05

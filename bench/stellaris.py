@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nitro.local_system import LocalSystem  # noqa: E402
-from nitro.sdk import NitroClient  # noqa: E402
+from nitro.client.sdk import NitroClient  # noqa: E402
+from nitro.local.system import LocalSystem  # noqa: E402
 
 ROUNDS, ACTORS, STEPS, EVAL_EPISODES, SEED = 20, 8, 256, 3, 0
 

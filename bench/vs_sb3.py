@@ -65,10 +65,10 @@ def run_ours() -> dict:
     import os
 
     os.environ["NITRO_TORCH_THREADS"] = str(OUR_THREADS)
-    from nitro.local_system import LocalSystem
-    from nitro.policy_io import load_policy
-    from nitro.rollout import evaluate
-    from nitro.sdk import NitroClient
+    from nitro.client.sdk import NitroClient
+    from nitro.local.system import LocalSystem
+    from nitro.policy.rollout import evaluate
+    from nitro.policy.trained import load_policy
 
     with tempfile.TemporaryDirectory() as tmp:
         system = LocalSystem(state_dir=tmp, concurrency=ACTORS).start()

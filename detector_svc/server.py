@@ -17,18 +17,19 @@ import grpc
 import numpy as np
 import torch
 
-from nitro import auth, codec, metrics
 from nitro.clock import critical_path_cpu_seconds
+from nitro.data import codec
+from nitro.data.store import PolicyNotFoundError, PolicyStore
 from nitro.detector.core import ALGOS as DETECTOR_ALGOS
 from nitro.detector.core import detect
 from nitro.detector.score import boosting_score
 from nitro.errors import ConfigError
-from nitro.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
-from nitro.metrics import serve_metrics
-from nitro.models import Policy, blob_to_doc
-from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
+from nitro.local.redis_server import connect, warn_if_not_persistent, with_credentials
+from nitro.policy.models import Policy, blob_to_doc
+from nitro.rpc import auth, metrics
+from nitro.rpc.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
+from nitro.rpc.metrics import serve_metrics
 from nitro.spec import JOB_ID_RE
-from nitro.store import PolicyNotFoundError, PolicyStore
 from nitro.v1 import detector_pb2, detector_pb2_grpc
 
 log = logging.getLogger("detector_svc")

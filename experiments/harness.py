@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from nitro import results
-from nitro.local_system import LocalSystem
-from nitro.sdk import NitroClient
+from nitro.client import results
+from nitro.client.sdk import NitroClient
+from nitro.local.system import LocalSystem
 
 
 @dataclass(frozen=True)

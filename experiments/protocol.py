@@ -370,8 +370,8 @@ class LocalRunner:
     def start(self) -> None:
         with self._lock:
             if self.client is None:
-                from nitro.local_system import LocalSystem
-                from nitro.sdk import NitroClient
+                from nitro.client.sdk import NitroClient
+                from nitro.local.system import LocalSystem
 
                 self.system = LocalSystem(state_dir=self.state_dir, concurrency=self.concurrency).start()
                 self.client = NitroClient(self.system.learner_address)
@@ -622,10 +622,10 @@ def iqm_interval(values_by_scheme: dict[str, Sequence[float]], reps: int = BOOTS
                  seed: int = 0) -> dict[str, tuple[float, float, float]]:
     """IQM with a 95% stratified-bootstrap CI (runs x 1 task) per scheme: {scheme: (iqm, low, high)}.
 
-    Each scheme is resampled with its own seeded RNG (nitro.policy_eval.iqm_interval, rliable), so its
+    Each scheme is resampled with its own seeded RNG (nitro.policy.evaluation.iqm_interval, rliable), so its
     interval does not depend on the others.
     """
-    from nitro.policy_eval import iqm_interval as one
+    from nitro.policy.evaluation import iqm_interval as one
 
     return {k: one(v, reps, seed)[:3] for k, v in values_by_scheme.items() if len(v)}
 

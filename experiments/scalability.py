@@ -11,13 +11,13 @@ import boto3
 import numpy as np
 from botocore.config import Config
 
-from nitro import codec
-from nitro.inference import PolicyRunner
-from nitro.local_lambda import FunctionConfig, LocalLambda
-from nitro.models import Policy, spec_for_spaces
-from nitro.redis_server import LocalRedis, connect
-from nitro.rollout import Sampler
-from nitro.store import TrajectoryReader
+from nitro.data import codec
+from nitro.data.store import TrajectoryReader
+from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
+from nitro.local.redis_server import LocalRedis, connect
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import Policy, spec_for_spaces
+from nitro.policy.rollout import Sampler
 
 
 def actor_duration(steps: int) -> float:

@@ -43,10 +43,10 @@ from nitro.config import make_config
 from nitro.detector.core import detect
 from nitro.detector.hvp import make_hvp, ppo_objective, select_subset
 from nitro.detector.score import boosting_score
-from nitro.envs import env_spaces
-from nitro.inference import PolicyRunner
-from nitro.models import spec_for_spaces
-from nitro.rollout import Sampler, evaluate
+from nitro.policy.envs import env_spaces
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import spec_for_spaces
+from nitro.policy.rollout import Sampler, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "experiments" / "signal"

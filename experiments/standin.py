@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 
-from nitro import codec
-from nitro.redis_server import connect
-from nitro.store import TrajectoryWriter
+from nitro.data import codec
+from nitro.data.store import TrajectoryWriter
+from nitro.local.redis_server import connect
 
 _clients: dict = {}
 _batches: dict = {}

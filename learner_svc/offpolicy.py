@@ -29,11 +29,11 @@ import time
 import numpy as np
 
 from learner_svc.rounds import DIAGNOSTICS, RoundLoop, slot_index
-from nitro import metrics
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
 from nitro.clock import critical_path_cpu_seconds
 from nitro.cost import cloud_round_seconds
+from nitro.rpc import metrics
 from nitro.v1 import scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)

@@ -34,10 +34,10 @@ import grpc
 import numpy as np
 
 from learner_svc.rounds import DIAGNOSTICS, LOST_BATCH_GRACE_S, RoundLoop, invocation_id, retry_note, slot_index
-from nitro import metrics
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
 from nitro.cost import cloud_detect_wait, cloud_round_seconds
+from nitro.rpc import metrics
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)

@@ -36,17 +36,18 @@ import redis
 import torch
 
 from learner_svc.jobs import Job
-from nitro import codec, metrics
 from nitro import cost as nitro_cost
+from nitro.data import codec
+from nitro.data.store import PolicyStore, TrajectoryReader
 from nitro.detector.core import REQUIRED_FIELDS
-from nitro.envs import env_spaces
-from nitro.grpc_util import DEADLINES
-from nitro.inference import PolicyRunner
-from nitro.models import policy_to_blob, spec_for_spaces
-from nitro.rollout import evaluate
+from nitro.policy.envs import env_spaces
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import policy_to_blob, spec_for_spaces
+from nitro.policy.rollout import evaluate
+from nitro.rpc import metrics
+from nitro.rpc.grpc_util import DEADLINES
 from nitro.scaling.base import FALLBACK_REASON
 from nitro.spec import algo_config, env_kwargs_to_wire
-from nitro.store import PolicyStore, TrajectoryReader
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
@@ -621,7 +622,7 @@ class RoundLoop:
 
         checkpoint.pt holds exactly the policy evaluated: every loop commits round k before it evaluates
         it, and calls this before it trains any further. Ties keep the earlier round, as
-        nitro.results.summarize's best_round does."""
+        nitro.client.results.summarize's best_round does."""
         if math.isnan(eval_return):  # not evaluated
             return
         best = max((r.eval_return for r in self.job.reports if r.evaluated), default=-math.inf)

@@ -14,12 +14,13 @@ from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
 from learner_svc.rounds import LearnerDeps, job_dir, load_reports
 from learner_svc.stellaris import StellarisLoop
-from nitro import auth, codec
+from nitro.data import codec
 from nitro.devices import resolve_device
 from nitro.errors import ConfigError
-from nitro.grpc_util import Service, configure_logging, make_channel
-from nitro.metrics import serve_metrics
-from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
+from nitro.local.redis_server import connect, warn_if_not_persistent, with_credentials
+from nitro.rpc import auth
+from nitro.rpc.grpc_util import Service, configure_logging, make_channel
+from nitro.rpc.metrics import serve_metrics
 from nitro.scaling.minions import SchedulerMismatchError
 from nitro.spec import ScalerSettings, TrainingSpec, from_proto, validate
 from nitro.v1 import detector_pb2_grpc, scaler_pb2_grpc, training_pb2, training_pb2_grpc

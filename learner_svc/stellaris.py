@@ -52,7 +52,6 @@ import grpc
 import numpy as np
 
 from learner_svc.rounds import DIAGNOSTICS, POLICY_TTL_S, RoundLoop, derived_seed, slot_index
-from nitro import codec, metrics
 from nitro.algos.ppo import collate, standardize_batch
 from nitro.algos.stellaris import (
     ParameterServer,
@@ -66,7 +65,9 @@ from nitro.algos.stellaris import (
 )
 from nitro.clock import critical_path_cpu_seconds
 from nitro.cost import cloud_round_seconds
-from nitro.models import policy_to_blob
+from nitro.data import codec
+from nitro.policy.models import policy_to_blob
+from nitro.rpc import metrics
 from nitro.v1 import scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
@@ -454,7 +455,7 @@ class StellarisLoop(RoundLoop):
         keep |= self.actor_versions
         stale = [v for v in self.published if v not in keep and v < self.version]
         if stale:
-            from nitro.store import policy_key
+            from nitro.data.store import policy_key
 
             self.redis_call(lambda: self.deps.redis.delete(*(policy_key(self.job.job_id, v) for v in stale)),
                             "policy prune")

@@ -101,7 +101,7 @@ class TrainingSpec:
     # The policy's MLP: hidden layer widths and activation; empty means the algorithm preset's.
     hidden_sizes: list[int] = field(default_factory=list)
     activation: str = ""
-    # Keyword arguments of every environment the job builds (learner and actors), see nitro.env_kwargs.
+    # Keyword arguments of every environment the job builds (learner and actors), see nitro.policy.env_kwargs.
     env_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -124,7 +124,7 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     expanded first by `apply_env_preset`; fields that differ from their defaults win.
     """
     from nitro.config import ALGO_PRESETS, make_config
-    from nitro.envs import resolve_env_id
+    from nitro.policy.envs import resolve_env_id
 
     apply_env_preset(spec)
     if spec.reproducible and (spec.algo != "ppo" or spec.learner_mode != "central"):
@@ -221,7 +221,7 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
 def _validate_model(spec: TrainingSpec) -> None:
     """hidden_sizes and activation: the MLP of the policy (the Atari CNN's layers are fixed)."""
     from nitro.config import ACTIVATIONS
-    from nitro.envs import is_atari
+    from nitro.policy.envs import is_atari
 
     hs = spec.hidden_sizes
     if not isinstance(hs, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hs):
@@ -238,10 +238,10 @@ def _validate_model(spec: TrainingSpec) -> None:
 
 
 def _validate_env_kwargs(spec: TrainingSpec) -> None:
-    """Structure first (nitro.env_kwargs), then build the environment once: a keyword it does not
+    """Structure first (nitro.policy.env_kwargs), then build the environment once: a keyword it does not
     take fails here, as INVALID_ARGUMENT, rather than in every actor."""
-    from nitro import env_kwargs
-    from nitro.envs import make_env
+    from nitro.policy import env_kwargs
+    from nitro.policy.envs import make_env
 
     try:
         spec.env_kwargs = env_kwargs.check(spec.env_kwargs)
@@ -490,7 +490,7 @@ def from_proto(msg) -> TrainingSpec:
 
 def env_kwargs_from_wire(text: str) -> dict:
     """TrainingSpec.env_kwargs_json -> dict; InvalidSpec naming env_kwargs when malformed."""
-    from nitro import env_kwargs
+    from nitro.policy import env_kwargs
 
     try:
         return env_kwargs.from_json(text)
@@ -500,7 +500,7 @@ def env_kwargs_from_wire(text: str) -> dict:
 
 def env_kwargs_to_wire(kwargs) -> str:
     """dict -> TrainingSpec.env_kwargs_json ("" for none); InvalidSpec naming env_kwargs when malformed."""
-    from nitro import env_kwargs
+    from nitro.policy import env_kwargs
 
     try:
         return env_kwargs.to_json(kwargs)

@@ -20,7 +20,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from nitro.local_lambda.report import parse_report
+from nitro.aws.lambda_report import parse_report
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,12 @@ import time
 
 import grpc
 
-from nitro import auth, cost, metrics
+from nitro import cost
 from nitro.errors import ConfigError
-from nitro.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
-from nitro.metrics import serve_metrics
-from nitro.redis_server import connect, warn_if_not_persistent, with_credentials
+from nitro.local.redis_server import connect, warn_if_not_persistent, with_credentials
+from nitro.rpc import auth, metrics
+from nitro.rpc.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
+from nitro.rpc.metrics import serve_metrics
 from nitro.scaling.base import FALLBACK_REASON, RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation

@@ -6,8 +6,8 @@ import secrets
 
 import pytest
 
-from nitro.redis_server import LocalRedis, connect
-from nitro.sdk import NitroClient
+from nitro.client.sdk import NitroClient
+from nitro.local.redis_server import LocalRedis, connect
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Fault injection on a supervised local system (`python -m nitro.local_system`, as `nitro up` starts it).
+"""Fault injection on a supervised local system (`python -m nitro.local.system`, as `nitro up` starts it).
 
 Shared by the fault tests and bench/faults_recovery.py: start the supervisor, read pids from its
 state.json, signal them, wait for components to serve again, find an endpoint worker mid-invocation.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import redis
 
-from nitro import local_system as ls
-from nitro.sdk import NitroClient
+from nitro.client.sdk import NitroClient
+from nitro.local import system as ls
 
 
 def supervised(state_dir: Path, *flags: str) -> dict:

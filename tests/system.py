@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nitro.local_system import LocalSystem
+from nitro.local.system import LocalSystem
 
 
 def start_system(state_dir, concurrency: int = 8) -> LocalSystem:

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from botocore.config import Config
 
-from nitro.envs import env_spaces
-from nitro.local_lambda import FunctionConfig, LocalLambda
-from nitro.models import Policy, policy_to_blob, spec_for_spaces
-from nitro.store import PolicyStore, TrajectoryReader
+from nitro.data.store import PolicyStore, TrajectoryReader
+from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
+from nitro.policy.envs import env_spaces
+from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
 
 JOB = "handler-test"
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import actor_fn.handler as handler_mod
-from nitro import codec
-from nitro.batching import split_batch, wants_compression
-from nitro.envs import env_spaces, make_env
-from nitro.inference import PolicyRunner
-from nitro.models import AtariCNN, Policy, policy_to_blob, spec_for_spaces
-from nitro.rollout import Sampler
-from nitro.store import PolicyStore, TrajectoryReader, TrajectoryWriter
+from nitro.data import codec
+from nitro.data.batching import split_batch, wants_compression
+from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
+from nitro.policy.envs import env_spaces, make_env
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import AtariCNN, Policy, policy_to_blob, spec_for_spaces
+from nitro.policy.rollout import Sampler
 
 ENV = "ALE/Qbert-v5"
 JOB = "atari-test"

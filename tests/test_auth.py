@@ -1,4 +1,4 @@
-"""Token authentication and TLS on in-process gRPC servers built like the services (nitro.grpc_util.Service).
+"""Token authentication and TLS on in-process gRPC servers built like the services (nitro.rpc.grpc_util.Service).
 
 Covers: token loading (env, file, rotation list, bad values), the server
 interceptor (missing / malformed / wrong / right token, streams, health open,
@@ -23,10 +23,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from nitro import auth, grpc_util
+from nitro.client.sdk import NitroClient, UnauthenticatedError
 from nitro.errors import ConfigError
-from nitro.grpc_util import Service, make_channel
-from nitro.sdk import NitroClient, UnauthenticatedError
+from nitro.rpc import auth, grpc_util
+from nitro.rpc.grpc_util import Service, make_channel
 from nitro.v1 import detector_pb2, detector_pb2_grpc, training_pb2, training_pb2_grpc
 
 TOKEN = "tok-" + "a1B2" * 8
@@ -74,7 +74,7 @@ def test_world_readable_token_file_warns(tmp_path, caplog):
     f = tmp_path / "token"
     f.write_text(TOKEN)
     f.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="nitro.auth"):
+    with caplog.at_level(logging.WARNING, logger="nitro.rpc.auth"):
         auth.load_tokens({"NITRO_TOKEN_FILE": str(f)})
     assert "chmod 600" in caplog.text and TOKEN not in caplog.text
 
@@ -205,7 +205,7 @@ def test_nothing_secret_in_logs(service, caplog, monkeypatch):
 
 def test_failure_warnings_are_rate_limited(caplog):
     log = auth._FailureLog(interval_s=60)
-    with caplog.at_level(logging.WARNING, logger="nitro.auth"):
+    with caplog.at_level(logging.WARNING, logger="nitro.rpc.auth"):
         for _ in range(50):
             log.warn("/m", "invalid access token")
     assert caplog.text.count("refused /m") == 1
@@ -417,8 +417,8 @@ def test_learner_stubs_carry_token_over_tls(tls, tmp_path, monkeypatch):
 def test_every_listener_binds_loopback_by_default():
     from detector_svc import server as detector
     from learner_svc import server as learner
-    from nitro.local_lambda.__main__ import _parser as lambda_parser
-    from nitro.redis_server import LocalRedis
+    from nitro.local.lambda_endpoint.__main__ import _parser as lambda_parser
+    from nitro.local.redis_server import LocalRedis
     from scaler_svc import server as scaler
 
     for mod in (learner, detector, scaler):

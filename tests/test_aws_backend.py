@@ -13,10 +13,10 @@ import socket
 import pytest
 import redis
 
-from nitro.local_lambda import FunctionConfig, LocalLambda
-from nitro.local_system import LocalSystem, LocalSystemError
-from nitro.redis_server import ACTOR_USER
-from nitro.sdk import NitroClient
+from nitro.client.sdk import NitroClient
+from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
+from nitro.local.redis_server import ACTOR_USER
+from nitro.local.system import LocalSystem, LocalSystemError
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -2,7 +2,7 @@
 job the restarted learner already runs, and, when the system itself is gone, exits non-zero with the
 job's last known state and the commands that go on with it (never "PENDING ... exit 0").
 
-Runs `nitro train` as a subprocess against a supervised local system (`python -m nitro.local_system`,
+Runs `nitro train` as a subprocess against a supervised local system (`python -m nitro.local.system`,
 as `nitro up` starts it) and crashes components with SIGKILL.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nitro import local_system as ls
+from nitro.local import system as ls
 from tests.faultkit import client_of, component, kill, serving_again, supervised, wait_for_round, wait_until
 from tests.test_supervisor_restarts import SPEC, check_job
 
@@ -37,7 +37,7 @@ def system_dir(tmp_path_factory):
 
 def train(state_dir: Path, results: Path, *argv: str) -> subprocess.Popen:
     """`nitro train` in a subprocess, on the local system in `state_dir`; stdout and stderr merged."""
-    cmd = [sys.executable, "-m", "nitro.cli", "train", "--state-dir", str(state_dir), "--results-dir", str(results),
+    cmd = [sys.executable, "-m", "nitro.client.cli", "train", "--state-dir", str(state_dir), "--results-dir", str(results),
            "--no-progress", *argv]
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

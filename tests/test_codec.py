@@ -1,4 +1,4 @@
-"""nitro.codec: signed envelope round trips, and every way a payload is refused."""
+"""nitro.data.codec: signed envelope round trips, and every way a payload is refused."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import zlib
 import numpy as np
 import pytest
 
-from nitro import codec
-from nitro.codec import (
+from nitro.data import codec
+from nitro.data.codec import (
     BadSignatureError,
     DisallowedTypeError,
     MalformedPayloadError,
@@ -133,7 +133,7 @@ def test_round_trip(hmac_key, compress):
 
 
 def _hopper_batch(steps: int = 4096) -> dict:
-    """What an actor sends after a Hopper rollout (nitro.rollout's batch layout)."""
+    """What an actor sends after a Hopper rollout (nitro.policy.rollout's batch layout)."""
     rng = np.random.default_rng(1)
     done = rng.random(steps) < 0.002
     return {

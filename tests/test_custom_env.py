@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from nitro import cli
+from nitro.client import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "custom_env"
@@ -45,7 +45,7 @@ def test_nitro_train_local_trains_the_example_module(tmp_path):
     the learner (spaces, evaluation) and every actor import it."""
     shutil.copy(EXAMPLE / "line_walk.py", tmp_path / "line_walk.py")
     nitro = shutil.which("nitro", path=str(Path(sys.executable).parent))
-    cmd = [nitro] if nitro else [sys.executable, "-m", "nitro.cli"]
+    cmd = [nitro] if nitro else [sys.executable, "-m", "nitro.client.cli"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NITRO_")}
     env.update(PYTHONPATH=".", NITRO_ENV_MODULES="line_walk")  # relative on purpose: the services run elsewhere
     proc = subprocess.run(
@@ -66,7 +66,7 @@ def test_nitro_train_local_trains_the_example_module(tmp_path):
 
 
 def test_the_example_renders_and_honours_its_keyword_arguments(allowed):
-    from nitro.envs import make_env
+    from nitro.policy.envs import make_env
 
     env = make_env(LINE_WALK, seed=3, step_size=0.5, render_mode="rgb_array")
     obs, _ = env.reset(seed=3)
@@ -280,7 +280,7 @@ def test_image_observations_get_the_cnn_and_channels_last_is_flagged(capsys):
 def test_a_2d_box_observation_goes_flattened_to_the_mlp_and_trains(capsys):
     """The actors (numpy) and the learner (torch, batches of (n, 4, 4)) both flatten it."""
     from nitro.config import make_config
-    from nitro.inprocess import train_ppo
+    from tests.inprocess import train_ppo
 
     rc, r, _ = check(capsys, "NitroCheckGrid-v0", "--steps", "100")
     assert rc == 0 and r["policy"].startswith("MLP 16 flattened -> 256 -> 256") and r["warnings"] == [], r

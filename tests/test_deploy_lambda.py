@@ -19,8 +19,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from nitro import cli, deploy_lambda
-from nitro import local_system as ls
+from nitro.aws import lambda_deploy
+from nitro.client import cli
+from nitro.local import system as ls
 
 ROOT = Path(__file__).resolve().parents[1]
 REGION = "us-east-2"
@@ -52,14 +53,14 @@ def aws(monkeypatch):
                            "digest": "sha256:" + tag.replace(".", "") * 8},
                 "layers": []}))
         fake = FakeProvisioned()
-        real_clients = deploy_lambda.clients
+        real_clients = lambda_deploy.clients
 
         def clients(region):
             lam, iam_c, ecr_c = real_clients(region)
             fake.attach(lam)
             return lam, iam_c, ecr_c
 
-        monkeypatch.setattr(deploy_lambda, "clients", clients)
+        monkeypatch.setattr(lambda_deploy, "clients", clients)
         yield types.SimpleNamespace(lam=boto3.client("lambda", region_name=REGION), iam=iam, ecr=ecr,
                                     provisioned=fake.configs)
 
@@ -240,9 +241,9 @@ def test_a_function_that_fails_to_become_active_reports_lambdas_reason():
         def get_waiter(self, name):
             return Waiter()
 
-    opts = deploy_lambda.DeployOptions(function="nitro-actor", image_uri=f"{IMAGE}:0.1.0", role_arn=ROLE)
-    with pytest.raises(deploy_lambda.DeployError) as exc:
-        deploy_lambda.Deployer(Lambda(), out=lambda _: None).deploy(opts)
+    opts = lambda_deploy.DeployOptions(function="nitro-actor", image_uri=f"{IMAGE}:0.1.0", role_arn=ROLE)
+    with pytest.raises(lambda_deploy.DeployError) as exc:
+        lambda_deploy.Deployer(Lambda(), out=lambda _: None).deploy(opts)
     assert "creation of nitro-actor did not complete" in str(exc.value) and "(ImageAccessDenied)" in str(exc.value)
 
 
@@ -372,7 +373,7 @@ def test_deployer_passes_only_the_execution_role_and_only_to_lambda():
     granted = {a for s in lam for a in as_list(s["Action"])}
     import re
 
-    calls = set(re.findall(r"self\.lam\.(\w+)", Path(deploy_lambda.__file__).read_text()))
+    calls = set(re.findall(r"self\.lam\.(\w+)", Path(lambda_deploy.__file__).read_text()))
     calls -= {"meta", "exceptions", "get_waiter"}  # not API calls; the waiters poll GetFunction
     used = {"lambda:" + "".join(w.capitalize() for w in c.split("_")) for c in calls} | {"lambda:GetFunction"}
     assert len(used) >= 12 and used <= granted, sorted(used - granted)

@@ -1,6 +1,6 @@
 """deploy/ checked offline: Kubernetes manifests against the API schema, Dockerfiles with hadolint,
 the compose file's references and commands, Prometheus and Grafana configuration, and every metric
-name the dashboard and alerts use against nitro/metrics.py and a scrape of a running local system.
+name the dashboard and alerts use against nitro/rpc/metrics.py and a scrape of a running local system.
 
 No Docker engine or cluster is needed. Commands in the compose file and the manifests are parsed
 with the services' own argument parsers, so a renamed flag fails here rather than in a pod.
@@ -265,8 +265,8 @@ def test_hpas_scale_detector_and_scaler_independently_and_services_select_pods()
 
 
 def test_config_files_are_what_the_code_accepts():
+    from nitro.client.sdk import spec_to_proto
     from nitro.cost import Prices
-    from nitro.sdk import spec_to_proto
     from nitro.spec import from_proto, validate
 
     prices = Prices.from_mapping(yaml.safe_load((K8S / "config/prices.yaml").read_text()))  # unknown keys raise
@@ -455,7 +455,7 @@ def test_compose_passes_the_user_environment_build_arguments(compose):
 
 
 def test_healthcheck_tool_reports_serving_and_unreachable():
-    from nitro.grpc_util import Service
+    from nitro.rpc.grpc_util import Service
     from nitro.tools import healthcheck
 
     svc = Service("probe-test", "127.0.0.1", 0)
@@ -512,10 +512,10 @@ def test_compose_commands_are_the_services_own_flags(compose):
         env = compose["services"][svc]["environment"]
         assert {"NITRO_HMAC_KEY", "NITRO_TOKEN", "NITRO_REDIS_URL"} <= set(env)
         assert ":?" in env["NITRO_HMAC_KEY"], "a missing secret must stop compose, not start an insecure service"
-    from nitro.local_lambda.__main__ import _parser
+    from nitro.local.lambda_endpoint.__main__ import _parser
 
     actors = compose["services"]["actors"]
-    assert actors["entrypoint"] == ["python", "-m", "nitro.local_lambda"]
+    assert actors["entrypoint"] == ["python", "-m", "nitro.local.lambda_endpoint"]
     assert parses(_parser().parse_args, interpolate(actors["command"]))
     scaler = interpolate(compose["services"]["scaler"]["command"])
     assert scaler[scaler.index("--lambda-endpoint") + 1] == "http://actors:9000"
@@ -618,7 +618,7 @@ def series_names(families) -> dict[str, set[str]]:
 def declared_series() -> dict[str, set[str]]:
     from prometheus_client.metrics import MetricWrapperBase
 
-    from nitro import metrics
+    from nitro.rpc import metrics
 
     fams = []
     for obj in vars(metrics).values():
@@ -636,7 +636,7 @@ def test_dashboard_and_alerts_use_only_declared_metrics_and_labels():
     declared = declared_series()
     used = used_series()
     assert len(used) >= 12, used
-    assert used <= set(declared), f"not in nitro/metrics.py: {sorted(used - set(declared))}"
+    assert used <= set(declared), f"not in nitro/rpc/metrics.py: {sorted(used - set(declared))}"
     for expr in dashboard_exprs() + alert_exprs():
         names = METRIC_RE.findall(expr)
         labels = set().union(*(declared[m] for m in names)) if names else set()
@@ -658,7 +658,7 @@ def live_scrape(tmp_path_factory):
     """Every service's /metrics after a real (tiny) CartPole job on the local system."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from nitro.sdk import NitroClient
+    from nitro.client.sdk import NitroClient
     from tests.system import start_system
 
     system = start_system(tmp_path_factory.mktemp("deploy-metrics"), concurrency=4)

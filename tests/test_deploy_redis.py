@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from nitro.redis_server import ACTOR_RULES, ACTOR_USER, SERVICE_RULES, SERVICE_USER, find_redis_server_binary
+from nitro.local.redis_server import ACTOR_RULES, ACTOR_USER, SERVICE_RULES, SERVICE_USER, find_redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "deploy/k8s/config/redis-start.sh"

@@ -12,7 +12,7 @@ import torch
 from nitro.detector import detect
 from nitro.detector.score import convexity_ratio
 from nitro.errors import ConfigError
-from nitro.models import ModelSpec, Policy
+from nitro.policy.models import ModelSpec, Policy
 
 
 def small_round(n=700, seed=0, hidden=(8,)):

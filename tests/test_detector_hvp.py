@@ -8,7 +8,7 @@ import torch
 from torch.distributions import Normal
 
 from nitro.detector.hvp import explicit_hessian, make_hvp, ppo_objective, ppo_surrogate, select_subset
-from nitro.models import ModelSpec, Policy
+from nitro.policy.models import ModelSpec, Policy
 
 
 class TinyGaussian(torch.nn.Module):

@@ -9,7 +9,7 @@ import torch
 from nitro.detector.hvp import explicit_hessian, make_hvp, ppo_objective
 from nitro.detector.lanczos import extremes_delta, lanczos, tridiagonal_eigenvalues
 from nitro.detector.solvers import eigsh_extremes, explicit_extremes, lobpcg_extremes
-from nitro.models import ModelSpec, Policy
+from nitro.policy.models import ModelSpec, Policy
 
 
 def quadratic(eigs, seed=0):

@@ -32,10 +32,10 @@ import torch
 from learner_svc.jobs import Job
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.rounds import LearnerDeps
-from nitro.redis_server import connect
-from nitro.sdk import NitroClient
+from nitro.client.sdk import NitroClient
+from nitro.data.store import TrajectoryWriter, seen_key, stream_key
+from nitro.local.redis_server import connect
 from nitro.spec import TrainingSpec, validate
-from nitro.store import TrajectoryWriter, seen_key, stream_key
 from scaler_svc.server import state_key
 from tests.system import module_system, sample_value, scrape
 

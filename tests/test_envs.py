@@ -4,8 +4,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from nitro.envs import make_env, resolve_env_id
 from nitro.errors import UnknownEnvironmentError
+from nitro.policy.envs import make_env, resolve_env_id
 
 
 def test_unknown_id_fails_at_once_naming_it():

@@ -322,7 +322,7 @@ def test_budget_mode_specs_and_report(tmp_path):
     """Budget mode sends budget_usd with budget_clock "cloud" (checked by the real spec code) and reports
     whether the budget stopped every run. (A real budget-bound run needs more than the scaler's first-round
     reserve of 10 s of learner time, $0.0085, i.e. dozens of CartPole rounds: see docs/results.md.)"""
-    from nitro.sdk import spec_to_proto
+    from nitro.client.sdk import spec_to_proto
     from nitro.spec import from_proto, validate
 
     proto = tiny(tmp_path, seeds=(0,), schemes=("nitro", "max", "fixed:nbar", "shuffled"), budget_usd=0.02)

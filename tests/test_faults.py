@@ -17,9 +17,9 @@ import time
 import psutil
 import pytest
 
-from nitro.redis_server import connect
-from nitro.sdk import NitroClient
-from nitro.store import stream_key
+from nitro.client.sdk import NitroClient
+from nitro.data.store import stream_key
+from nitro.local.redis_server import connect
 from tests.faultkit import busy_worker, wait_for_round
 from tests.system import start_system
 
@@ -161,7 +161,7 @@ def test_learner_killed_then_resumed_with_the_cli(system, monkeypatch, tmp_path)
     with NitroClient(system.learner_address) as client:
         st = client.get(job.job_id)
         assert st.state_name == "STOPPED" and "--resume" in st.message
-    out = subprocess.run([sys.executable, "-m", "nitro.cli", "train", "--resume", job.job_id, "--target",
+    out = subprocess.run([sys.executable, "-m", "nitro.client.cli", "train", "--resume", job.job_id, "--target",
                           system.learner_address, "--token", system.token, "--results-dir", str(tmp_path),
                           "--no-progress"], capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -9,7 +9,7 @@ from concurrent import futures
 
 import grpc
 
-from nitro.grpc_util import Service, make_channel, service_config
+from nitro.rpc.grpc_util import Service, make_channel, service_config
 
 METHOD = "/nitro.v1.BoostingDetector/Score"  # a retried service's path; the handler is a stand-in
 

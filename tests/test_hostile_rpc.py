@@ -28,8 +28,8 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nitro import grpc_util
-from nitro.grpc_util import check_health, make_channel
+from nitro.rpc import grpc_util
+from nitro.rpc.grpc_util import check_health, make_channel
 from nitro.spec import from_proto, validate
 from nitro.v1 import (
     common_pb2,

@@ -22,10 +22,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from nitro import codec
-from nitro.redis_server import connect
-from nitro.sdk import NitroClient
-from nitro.store import stream_key
+from nitro.client.sdk import NitroClient
+from nitro.data import codec
+from nitro.data.store import stream_key
+from nitro.local.redis_server import connect
 from tests.system import scrape, start_system
 
 pytestmark = pytest.mark.timeout(420)

@@ -13,9 +13,9 @@ from nitro.algos.replay import ReplayBuffer
 from nitro.config import IMPACT_PRESETS, IMPACTConfig, impact_config, make_config
 from nitro.detector.core import REQUIRED_FIELDS, detect
 from nitro.errors import ConfigError
-from nitro.inference import PolicyRunner
-from nitro.models import ModelSpec, Policy
-from nitro.rollout import Sampler
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import ModelSpec, Policy
+from nitro.policy.rollout import Sampler
 
 T = torch.tensor
 

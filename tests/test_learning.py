@@ -3,7 +3,7 @@
 import pytest
 
 from nitro.config import ppo_config
-from nitro.inprocess import train_ppo
+from tests.inprocess import train_ppo
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 import pytest
 
 from nitro.config import impact_config
-from nitro.inprocess import train_impact
+from tests.inprocess import train_impact
 
 
 @pytest.mark.slow

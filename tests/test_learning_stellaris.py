@@ -28,10 +28,10 @@ from nitro.algos.stellaris import (
     staleness_bound,
 )
 from nitro.config import ppo_config
-from nitro.envs import env_spaces
-from nitro.inference import PolicyRunner
-from nitro.models import spec_for_spaces
-from nitro.rollout import Sampler
+from nitro.policy.envs import env_spaces
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import spec_for_spaces
+from nitro.policy.rollout import Sampler
 
 ACTORS, STEPS, MAX_STEPS, DEPTH = 4, 512, 100_000, 6
 BOUND_START, BOUND_END, RHO_BAR = 8, 2, 2.0

@@ -17,10 +17,11 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from nitro.local_lambda import FunctionConfig, LocalLambda, parse_report
-from nitro.local_lambda.api import split_function_name
+from nitro.aws.lambda_report import parse_report
+from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
+from nitro.local.lambda_endpoint.api import split_function_name
 
-H = "nitro.local_lambda.testing_handlers."
+H = "tests.lambda_handlers."
 
 FUNCTIONS = [
     FunctionConfig("noop", H + "noop"),
@@ -246,7 +247,7 @@ def test_warm_reuse_and_env(client):
 
 
 def test_cli_prints_url_and_stops_on_sigterm():
-    proc = subprocess.Popen([sys.executable, "-m", "nitro.local_lambda", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "nitro.local.lambda_endpoint", "--port", "0",
                              "--function", f"noop={H}noop", "--workers", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from nitro import metrics
+from nitro.rpc import metrics
 
 
 def series(gauge: Gauge) -> set[tuple]:

@@ -231,7 +231,7 @@ def test_loaded_scheduler_is_cached_per_path_and_reloaded_when_rewritten(tmp_pat
 
 
 def test_inputs_are_standardised_with_the_stored_statistics(tmp_path):
-    from nitro.model_spec import OBS_CLIP
+    from nitro.policy.model_spec import OBS_CLIP
 
     assert m.OBS_NORM_CLIP == OBS_CLIP
     state = random_state(4, seed=3)
@@ -247,11 +247,11 @@ def test_inputs_are_standardised_with_the_stored_statistics(tmp_path):
     np.testing.assert_allclose(sched.logits(obs), m.scheduler_from_state(state, 4).logits(obs), rtol=1e-6)
     far = np.full(m.OBS_DIM, 1e6, np.float32)
     assert np.all(sched.standardise(far) == OBS_CLIP)
-    # the same network as torch computes it (nitro.models.Policy with obs_norm)
+    # the same network as torch computes it (nitro.policy.models.Policy with obs_norm)
     import torch
 
-    from nitro.minions_pretrain import scheduler_model_spec
-    from nitro.models import Policy
+    from nitro.policy.models import Policy
+    from nitro.scaling.minions_pretrain import scheduler_model_spec
 
     policy = Policy(scheduler_model_spec(4))
     policy.load_numpy_state({**state, "obs_count": np.array(10.0)})
@@ -308,7 +308,7 @@ def test_decision_distribution_counts_greedy_decisions(tmp_path):
 def test_short_pretraining_in_process_does_not_collapse_to_one_count(tmp_path):
     """A few seconds of pre-training on a cheap setting: the scheduler's greedy decisions over the
     inputs its jobs produced are not all one count (a scheduler that always returns I_min fails)."""
-    from nitro.minions_pretrain import PretrainSettings, pretrain
+    from nitro.scaling.minions_pretrain import PretrainSettings, pretrain
 
     settings = PretrainSettings("CartPole-v1", episodes=16, episodes_per_update=4, rounds_per_episode=4, i_max=4,
                                 steps_per_actor=32, preset="fast", eval_episodes=1, holdout_jobs=1, seed=3,
@@ -346,7 +346,7 @@ def test_short_pretraining_in_process_does_not_collapse_to_one_count(tmp_path):
 
 
 def test_pretraining_settings_are_validated():
-    from nitro.minions_pretrain import PretrainSettings
+    from nitro.scaling.minions_pretrain import PretrainSettings
 
     assert PretrainSettings().validate().env_id == "Hopper-v5"
     for change, message in ((dict(episodes=0), "episodes"), (dict(eval_episodes=0), "needs the evaluation return"),
@@ -366,7 +366,7 @@ def test_pretraining_settings_are_validated():
 
 
 def test_jobs_whose_budget_pays_for_no_round_are_skipped(tmp_path):
-    from nitro.minions_pretrain import PretrainError, PretrainSettings, pretrain
+    from nitro.scaling.minions_pretrain import PretrainError, PretrainSettings, pretrain
 
     settings = PretrainSettings("CartPole-v1", episodes=2, rounds_per_episode=2, i_max=2, steps_per_actor=8,
                                 preset="fast", eval_episodes=1, budget_usd=1e-9, budget_min_usd=0.0,
@@ -379,7 +379,7 @@ def test_jobs_whose_budget_pays_for_no_round_are_skipped(tmp_path):
 
 
 def test_trajectory_key_is_the_scalers():
-    from nitro.minions_pretrain import SCALER_STATE_KEY
+    from nitro.scaling.minions_pretrain import SCALER_STATE_KEY
     from scaler_svc.server import state_key
 
     assert SCALER_STATE_KEY.format(job_id="j-1") == state_key("j-1")
@@ -415,7 +415,7 @@ def test_spec_validation_of_the_scheduler(tmp_path):
     (["--via", "system", "--target", "127.0.0.1:1", "--redis-url", ""], "--target needs --redis-url"),
 ])
 def test_pretrain_cli_rejects_bad_settings_before_starting_anything(capsys, tmp_path, monkeypatch, argv, message):
-    from nitro.cli import main
+    from nitro.client.cli import main
 
     monkeypatch.delenv("NITRO_TARGET", raising=False)
     assert main(["pretrain-minions", "--episodes", "1", *argv, "--state-dir", str(tmp_path),
@@ -426,7 +426,7 @@ def test_pretrain_cli_rejects_bad_settings_before_starting_anything(capsys, tmp_
 
 
 def test_pretrain_cli_prints_cost_and_decisions(capsys, tmp_path):
-    from nitro.cli import main
+    from nitro.client.cli import main
 
     out = tmp_path / "cli.npz"
     assert main(["pretrain-minions", "--env", "CartPole-v1", "--episodes", "2", "--episodes-per-update", "2",
@@ -451,8 +451,8 @@ system = module_system("minions-state", concurrency=4)
 
 @pytest.fixture(scope="module")
 def pretrained(system, client, tmp_path_factory):
-    from nitro.minions_pretrain import PretrainSettings, pretrain
-    from nitro.redis_server import connect
+    from nitro.local.redis_server import connect
+    from nitro.scaling.minions_pretrain import PretrainSettings, pretrain
 
     out = tmp_path_factory.mktemp("minions") / "scheduler.npz"
     settings = PretrainSettings("CartPole-v1", episodes=2, rounds_per_episode=3, i_max=I_MAX, steps_per_actor=64,
@@ -484,7 +484,7 @@ def test_pretraining_through_the_system_writes_a_loadable_checkpoint(pretrained)
     assert info["jobs"] == [ep.job_id for ep in result.episodes] and info["episodes_trained"] == 2
     # PPO really updated it: the weights moved away from the initialisation of the same seed.
     from nitro.algos.ppo import PPOLearner
-    from nitro.minions_pretrain import PretrainSettings, scheduler_model_spec, scheduler_ppo_config
+    from nitro.scaling.minions_pretrain import PretrainSettings, scheduler_model_spec, scheduler_ppo_config
 
     init = PPOLearner(scheduler_model_spec(I_MAX), scheduler_ppo_config(PretrainSettings("CartPole-v1", 1)), seed=1)
     moved = np.abs(init.policy.numpy_state()["actor.layers.0.weight"] - m.read_checkpoint(result.path)[1][
@@ -523,8 +523,8 @@ def test_minions_end_to_end_for_three_rounds(system, client, pretrained):
 
 @pytest.mark.timeout(120)
 def test_bad_scheduler_checkpoints_are_clear_statuses(system, client, pretrained, tmp_path):
-    from nitro.grpc_util import make_channel
-    from nitro.sdk import FailedPreconditionError, InvalidArgumentError
+    from nitro.client.sdk import FailedPreconditionError, InvalidArgumentError
+    from nitro.rpc.grpc_util import make_channel
     from nitro.v1 import common_pb2, scaler_pb2, scaler_pb2_grpc
 
     def start(path, i_max=I_MAX):

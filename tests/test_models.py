@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from nitro.errors import ConfigError
-from nitro.inference import PolicyRunner
-from nitro.models import ModelSpec, Policy, blob_to_doc, policy_from_blob, policy_to_blob
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import ModelSpec, Policy, blob_to_doc, policy_from_blob, policy_to_blob
 
 BOX = ModelSpec((11,), "box", 3, (-1.0,) * 3, (1.0,) * 3, obs_norm=True)
 DISC = ModelSpec((4,), "discrete", 2)
@@ -38,7 +38,7 @@ def test_blob_roundtrip_carries_version_and_obs_stats():
 
 
 def test_blob_with_wrong_key_is_rejected():
-    from nitro.codec import PayloadError
+    from nitro.data.codec import PayloadError
 
     blob = policy_to_blob(Policy(DISC), 1, b"a" * 32)
     with pytest.raises(PayloadError):

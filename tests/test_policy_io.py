@@ -17,10 +17,11 @@ import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from learner_svc.rounds import EVAL_SEED_TAG, derived_seed
-from nitro import cli, load_policy, results
+from nitro import load_policy
+from nitro.client import cli, results
 from nitro.errors import ConfigError, PolicyError
-from nitro.policy_eval import evaluate_policy, iqm_interval
-from nitro.policy_io import export_policy
+from nitro.policy.evaluation import evaluate_policy, iqm_interval
+from nitro.policy.trained import export_policy
 from tests.system import module_system
 
 pytestmark = pytest.mark.timeout(300)
@@ -293,9 +294,9 @@ def test_iqm_interval_without_rliable_agrees_with_it(monkeypatch):
 
 
 def test_box_actions_are_clipped_means_and_survive_export(tmp_path):
-    from nitro.envs import env_spaces
-    from nitro.models import Policy, spec_for_spaces
-    from nitro.policy_io import TrainedPolicy
+    from nitro.policy.envs import env_spaces
+    from nitro.policy.models import Policy, spec_for_spaces
+    from nitro.policy.trained import TrainedPolicy
 
     spec = spec_for_spaces(*env_spaces("Pendulum-v1"), hidden_sizes=(16,), obs_norm=True)
     torch.manual_seed(0)  # a fixed network: the test is about clipping, not about one draw of weights
@@ -317,7 +318,7 @@ def test_box_actions_are_clipped_means_and_survive_export(tmp_path):
 
 @pytest.mark.parametrize("fps,step,gif_fps", [(50, 1, 50.0), (125, 5, 25.0), (20, 1, 20.0), (60, 3, 20.0)])
 def test_gif_keeps_real_time_in_whole_hundredths(fps, step, gif_fps):
-    from nitro.video import _gif_timing
+    from nitro.policy.video import _gif_timing
 
     assert _gif_timing(fps) == (step, gif_fps)
 

@@ -10,7 +10,7 @@ import nitro.algos.ppo as ppo_module
 from nitro.algos.ppo import PPOLearner, adapt_kl_coeff, clipped_surrogate, ppo_loss, value_loss
 from nitro.config import PPOConfig, ppo_config
 from nitro.errors import ConfigError
-from nitro.models import ModelSpec
+from nitro.policy.models import ModelSpec
 
 
 def t(*xs):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import redis
 
-from nitro.redis_server import (
+from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
+from nitro.local.redis_server import (
     ACTOR_USER,
     SERVICE_USER,
     LocalRedis,
@@ -24,7 +25,6 @@ from nitro.redis_server import (
     warn_if_not_persistent,
     with_credentials,
 )
-from nitro.store import PolicyStore, TrajectoryReader, TrajectoryWriter
 
 SERVICE_PW, ACTOR_PW = "svc-" + "s" * 28, "act-" + "a" * 28
 JOB = "acl-job"
@@ -152,8 +152,8 @@ def test_service_user_lacks_server_wide_dangerous_commands(service, what):
 def test_actor_handler_logs_in_as_the_actor_user(server, service, tmp_path, monkeypatch):
     """actor_fn.handler builds its URL from the event's address + NITRO_REDIS_USERNAME/PASSWORD_FILE."""
     from actor_fn import handler as actor_handler
-    from nitro.envs import env_spaces
-    from nitro.models import Policy, policy_to_blob, spec_for_spaces
+    from nitro.policy.envs import env_spaces
+    from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
 
     PolicyStore(service, JOB).put(1, policy_to_blob(Policy(spec_for_spaces(*env_spaces("CartPole-v1"))), 1, KEY))
     pw = tmp_path / "actor.password"
@@ -193,13 +193,13 @@ def test_aof_survives_kill_9(tmp_path):
 def test_persistence_check(redis_server, server, caplog):
     plain = connect(redis_server.url)  # the suite's Redis: save "" and appendonly no
     assert persistence(plain) == "none"
-    with caplog.at_level(logging.WARNING, logger="nitro.redis_server"):
+    with caplog.at_level(logging.WARNING, logger="nitro.local.redis_server"):
         warn_if_not_persistent(plain, redis_server.url, "learner").join(10)
     assert "no persistence" in caplog.text and "appendonly yes" in caplog.text
     actor = connect(server.url_for(ACTOR_USER), retries=0)
     assert persistence(actor).startswith("unknown: CONFIG GET refused")
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="nitro.redis_server"):
+    with caplog.at_level(logging.INFO, logger="nitro.local.redis_server"):
         warn_if_not_persistent(actor, server.url_for(ACTOR_USER), "learner").join(10)
         warn_if_not_persistent(connect("redis://127.0.0.1:1/0", retries=0), "redis://:pw@127.0.0.1:1/0",
                                "learner").join(20)
@@ -208,7 +208,7 @@ def test_persistence_check(redis_server, server, caplog):
 
 
 def test_users_are_validated():
-    from nitro.redis_server import RedisUser
+    from nitro.local.redis_server import RedisUser
 
     with pytest.raises(ValueError):
         RedisUser("default", "x" * 20, "+@all")

@@ -1,4 +1,4 @@
-"""nitro.redis_server: a real private redis-server process."""
+"""nitro.local.redis_server: a real private redis-server process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 import redis
 
-from nitro.redis_server import LocalRedis, RedisServerError, connect, find_redis_server_binary
+from nitro.local.redis_server import LocalRedis, RedisServerError, connect, find_redis_server_binary
 
 
 def _alive(pid: int) -> bool:

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from learner_svc.rounds import DependencyUnavailable, dependency_failure, resume_advice
-from nitro import cli
-from nitro.sdk import FailedPreconditionError, NitroClient
+from nitro.client import cli
+from nitro.client.sdk import FailedPreconditionError, NitroClient
 from tests.faultkit import wait_for_round, wait_until
 from tests.system import start_system
 from tests.test_faults import check_accounting

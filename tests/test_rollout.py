@@ -3,9 +3,9 @@
 import gymnasium as gym
 import numpy as np
 
-from nitro.inference import PolicyRunner
-from nitro.models import Policy, spec_for_spaces
-from nitro.rollout import Sampler, evaluate
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import Policy, spec_for_spaces
+from nitro.policy.rollout import Sampler, evaluate
 
 
 class _Countdown(gym.Env):
@@ -68,8 +68,8 @@ def test_actors_sample_mlp_policies_without_importing_torch(tmp_path):
     import subprocess
     import sys
 
-    from nitro.envs import env_spaces
-    from nitro.models import Policy, spec_for_spaces
+    from nitro.policy.envs import env_spaces
+    from nitro.policy.models import Policy, spec_for_spaces
 
     spec = spec_for_spaces(*env_spaces("Hopper-v5"), obs_norm=True)
     (tmp_path / "policy.pkl").write_bytes(pickle.dumps((spec.to_dict(), Policy(spec).numpy_state())))
@@ -77,9 +77,9 @@ def test_actors_sample_mlp_policies_without_importing_torch(tmp_path):
 import pickle, sys
 import numpy as np
 import actor_fn.handler  # everything the actor function imports at cold start
-from nitro.inference import PolicyRunner
-from nitro.model_spec import ModelSpec
-from nitro.rollout import Sampler
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.model_spec import ModelSpec
+from nitro.policy.rollout import Sampler
 spec, state = pickle.loads(open({str(tmp_path / "policy.pkl")!r}, "rb").read())
 runner = PolicyRunner(ModelSpec.from_dict(spec), state, 0)
 batch = Sampler("Hopper-v5", seed=0).sample(runner, 64, np.random.default_rng(0))

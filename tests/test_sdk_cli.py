@@ -13,7 +13,8 @@ import sys
 import grpc
 import pytest
 
-from nitro import cli, local_system, results, sdk
+from nitro.client import cli, results, sdk
+from nitro.local import system as local_system
 from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
 from nitro.v1 import common_pb2, training_pb2
 

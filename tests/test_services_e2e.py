@@ -13,10 +13,10 @@ import sys
 import grpc
 import pytest
 
-from nitro import results
-from nitro.grpc_util import check_health
-from nitro.metrics import PHASES
-from nitro.sdk import InvalidArgumentError, NitroClient, NotFoundError, UnavailableError
+from nitro.client import results
+from nitro.client.sdk import InvalidArgumentError, NitroClient, NotFoundError, UnavailableError
+from nitro.rpc.grpc_util import check_health
+from nitro.rpc.metrics import PHASES
 from tests.system import module_system, sample_value, scrape
 
 pytestmark = pytest.mark.timeout(300)
@@ -134,7 +134,7 @@ def test_unknown_job_is_not_found(client):
 
 
 def test_redis_unreachable_is_unavailable_with_address(system, tmp_path):
-    from nitro.local_system import free_port
+    from nitro.local.system import free_port
 
     port = free_port()
     env = system.child_env()

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nitro import cli, env_kwargs, sdk, spec_file
+from nitro import spec_file
+from nitro.client import cli, sdk
 from nitro.config import ALGO_PRESETS
+from nitro.policy import env_kwargs
 from nitro.presets import ENV_PRESETS
 from nitro.spec import InvalidSpec, TrainingSpec, algo_config, from_proto, to_proto, validate
 from nitro.v1 import training_pb2

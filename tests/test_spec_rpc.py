@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from nitro import load_policy, sdk
+from nitro import load_policy
+from nitro.client import sdk
 from nitro.config import PPOConfig
 from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec, from_proto, validate
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc, training_pb2, training_pb2_grpc

@@ -18,7 +18,7 @@ from actor_fn import learner_handler
 from learner_svc.jobs import Job
 from learner_svc.rounds import LearnerDeps
 from learner_svc.stellaris import StellarisLoop
-from nitro import codec, cost
+from nitro import cost
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.ppo import PPOLearner
 from nitro.algos.stellaris import (
@@ -41,13 +41,14 @@ from nitro.algos.stellaris import (
     update_stream_key,
 )
 from nitro.config import impact_config, ppo_config, preset_names
-from nitro.envs import env_spaces
+from nitro.data import codec
+from nitro.data.store import PolicyStore
 from nitro.errors import ConfigError
-from nitro.inference import PolicyRunner
-from nitro.models import Policy, policy_to_blob, spec_for_spaces
-from nitro.rollout import Sampler
+from nitro.policy.envs import env_spaces
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
+from nitro.policy.rollout import Sampler
 from nitro.spec import InvalidSpec, TrainingSpec, from_proto, to_proto, validate
-from nitro.store import PolicyStore
 from nitro.v1 import scaler_pb2
 from scaler_svc.invoker import InvocationOutcome
 from scaler_svc.server import ScalerServicer
@@ -606,7 +607,7 @@ def test_bad_stellaris_settings_name_the_field(field, value):
 
 
 def test_cli_flags_reach_the_stellaris_spec():
-    from nitro import cli, sdk
+    from nitro.client import cli, sdk
 
     args = cli.build_parser().parse_args([
         "train", "--env", ENV, "--learner-mode", "stellaris", "--learner-function", "fn", "--learner-memory", "512",

@@ -15,8 +15,8 @@ import re
 import pytest
 
 from nitro.algos.stellaris import staleness_bound
-from nitro.redis_server import connect
-from nitro.sdk import InvalidArgumentError
+from nitro.client.sdk import InvalidArgumentError
+from nitro.local.redis_server import connect
 from nitro.v1 import scaler_pb2
 from tests.system import module_system, sample_value, scrape
 
@@ -128,7 +128,7 @@ def test_unknown_learner_mode_is_invalid_argument(client):
 
 
 def system_scaler(system):
-    from nitro.grpc_util import make_channel
+    from nitro.rpc.grpc_util import make_channel
     from nitro.v1 import scaler_pb2_grpc
 
     return scaler_pb2_grpc.ActorScalerStub(make_channel(system.components["scaler"].address, token=system.token))

@@ -1,4 +1,4 @@
-"""nitro.store against a real redis-server: policies and the trajectory stream."""
+"""nitro.data.store against a real redis-server: policies and the trajectory stream."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from nitro import codec
-from nitro.codec import encode
-from nitro.redis_server import LocalRedis, connect
-from nitro.store import (
+from nitro.data import codec
+from nitro.data.codec import encode
+from nitro.data.store import (
     PolicyNotFoundError,
     PolicyStore,
     TrajectoryReader,
@@ -24,6 +23,7 @@ from nitro.store import (
     seen_key,
     stream_key,
 )
+from nitro.local.redis_server import LocalRedis, connect
 
 JOB = "job-1"
 

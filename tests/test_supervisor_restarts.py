@@ -1,7 +1,7 @@
 """The local supervisor restarts crashed components; secrets outlive restarts and `nitro down`/`nitro up`.
 
 The restart decision and the secret files are tested as pure functions; everything else runs
-`python -m nitro.local_system` as `nitro up` does, and crashes components with SIGKILL of the pid
+`python -m nitro.local.system` as `nitro up` does, and crashes components with SIGKILL of the pid
 that state.json names.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nitro import cli
-from nitro import local_system as ls
-from nitro.sdk import NitroClient
-from nitro.store import stream_key
+from nitro.client import cli
+from nitro.client.sdk import NitroClient
+from nitro.data.store import stream_key
+from nitro.local import system as ls
 from tests.faultkit import (
     busy_worker,
     client_of,

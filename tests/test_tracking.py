@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from nitro import cli, results, sdk, tracking
+from nitro.client import cli, results, sdk, tracking
 from nitro.v1 import training_pb2
 from tests.test_sdk_cli import FakeClient, report
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nitro import cli
+from nitro.client import cli
 from tests.system import module_system, sample_value, scrape
 from tests.test_tracking import event_scalars
 
@@ -50,7 +50,7 @@ def run_cli(system, tmp_path, *argv: str) -> int:
 def trained(system, tmp_path_factory):
     """`nitro train --tensorboard` in a subprocess; rounds.csv is read as soon as its first row is there."""
     tmp = tmp_path_factory.mktemp("train")
-    argv = [sys.executable, "-m", "nitro.cli", "train", "--target", system.learner_address, "--env", "CartPole-v1",
+    argv = [sys.executable, "-m", "nitro.client.cli", "train", "--target", system.learner_address, "--env", "CartPole-v1",
             "--preset", "fast", "--rounds", str(ROUNDS), "--steps-per-actor", "128", "--eval-episodes", "1",
             "--eval-every", "2", "--scaler", "fixed:2", "--seed", "1", "--job-id", "tracked-ppo",
             "--results-dir", str(tmp / "results"), "--tensorboard", str(tmp / "tb"), "--no-progress"]

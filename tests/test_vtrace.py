@@ -7,7 +7,7 @@ import pytest
 
 from nitro.algos.advantages import batch_gae, gae, next_values
 from nitro.algos.vtrace import batch_vtrace, vtrace
-from nitro.batching import split_batch
+from nitro.data.batching import split_batch
 
 F, T_ = False, True
 

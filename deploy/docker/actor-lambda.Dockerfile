@@ -38,7 +38,7 @@ RUN pip install --no-deps --target /opt/app . \
 FROM public.ecr.aws/lambda/python:${LAMBDA_PYTHON}
 COPY --from=build /opt/deps ${LAMBDA_TASK_ROOT}
 COPY --from=build /opt/app ${LAMBDA_TASK_ROOT}
-# Modules that 'module:EnvId' ids may import (nitro.envs); the function's configuration overrides it.
+# Modules that 'module:EnvId' ids may import (nitro.policy.envs); the function's configuration overrides it.
 ARG NITRO_ENV_MODULES=""
 # Caches must go to /tmp (the only writable path). One thread per BLAS/OpenMP pool: an actor
 # runs batch-1 inference on a fraction of a vCPU, where more threads only contend.

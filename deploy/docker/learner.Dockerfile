@@ -45,7 +45,7 @@ RUN groupadd --system --gid 10001 nitro \
  && useradd --system --uid 10001 --gid nitro --home-dir /var/lib/nitro --create-home --shell /usr/sbin/nologin nitro \
  && install -d -o nitro -g nitro /var/lib/nitro/data
 COPY --from=build /opt/venv /opt/venv
-# Modules that 'module:EnvId' ids may import (nitro.envs); the container's environment overrides it.
+# Modules that 'module:EnvId' ids may import (nitro.policy.envs); the container's environment overrides it.
 ARG NITRO_ENV_MODULES=""
 ENV NITRO_ENV_MODULES=${NITRO_ENV_MODULES} \
     PATH=/opt/venv/bin:$PATH \

@@ -4,7 +4,7 @@
 #   docker build -f deploy/docker/scaler.Dockerfile -t nitro-scaler .
 # Without --lambda-endpoint the scaler invokes real AWS Lambda with the standard credential chain
 # (IRSA / instance role / AWS_* variables). The compose file also runs the local Lambda endpoint
-# (python -m nitro.local_lambda) from this image, for a single host without AWS.
+# (python -m nitro.local.lambda_endpoint) from this image, for a single host without AWS.
 
 ARG PYTHON_VERSION=3.12
 
@@ -46,7 +46,7 @@ RUN groupadd --system --gid 10001 nitro \
  && useradd --system --uid 10001 --gid nitro --home-dir /var/lib/nitro --create-home --shell /usr/sbin/nologin nitro \
  && install -d -o nitro -g nitro /var/lib/nitro/data
 COPY --from=build /opt/venv /opt/venv
-# Modules that 'module:EnvId' ids may import (nitro.envs); the container's environment overrides it.
+# Modules that 'module:EnvId' ids may import (nitro.policy.envs); the container's environment overrides it.
 ARG NITRO_ENV_MODULES=""
 ENV NITRO_ENV_MODULES=${NITRO_ENV_MODULES} \
     PATH=/opt/venv/bin:$PATH \

@@ -60,7 +60,7 @@ def clip_rewards(rewards: np.ndarray, bound: float) -> np.ndarray:
 
 
 def batch_gae(batch: dict, gamma: float, lam: float, reward_clip: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """GAE for one actor batch in the rollout format (see nitro.rollout); rewards clipped first if asked."""
+    """GAE for one actor batch in the rollout format (see nitro.policy.rollout); rewards clipped first if asked."""
     nv = next_values(batch["values"], batch["final_values"], batch["bootstrap_value"],
                      batch["terminated"], batch["truncated"])
     return gae(clip_rewards(batch["rewards"], reward_clip), batch["values"], nv, batch["terminated"],

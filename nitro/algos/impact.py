@@ -36,7 +36,7 @@ from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, normalize
 from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
 from nitro.algos.vtrace import vtrace_batches
 from nitro.config import IMPACTConfig
-from nitro.models import ModelSpec, Policy
+from nitro.policy.models import ModelSpec, Policy
 
 FORWARD_CHUNK = 1024  # rows per no-grad target-network pass: bounds memory on Atari batches
 

@@ -21,7 +21,7 @@ import torch
 from nitro.algos.advantages import batch_gae
 from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
 from nitro.config import PPOConfig
-from nitro.models import ModelSpec, Policy
+from nitro.policy.models import ModelSpec, Policy
 
 
 def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,

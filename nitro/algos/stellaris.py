@@ -97,7 +97,7 @@ from nitro.algos.ppo import collate, normalize, standardize_batch, value_loss
 from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
 from nitro.algos.vtrace import vtrace_batches
 from nitro.errors import ConfigError
-from nitro.models import Policy
+from nitro.policy.models import Policy
 from nitro.spec import BOUND_SCHEDULES
 from nitro.spec import STALENESS_WEIGHTS as WEIGHT_FUNCTIONS
 
@@ -484,7 +484,7 @@ class UpdateRecord:
 
 
 def encode_update(rec: UpdateRecord, key: bytes) -> bytes:
-    from nitro import codec
+    from nitro.data import codec
 
     g = None if rec.update is None else np.ascontiguousarray(rec.update, dtype=np.float32)
     return codec.encode((UPDATE_FORMAT, rec.invocation_id, int(rec.round), int(rec.base_version), int(rec.steps),
@@ -499,7 +499,7 @@ def skip_record(invocation_id: str, round_index: int, base: int, latest: int, bo
 
 def decode_update(payload: bytes, key: bytes, n_params: int, max_size: int = 256 << 20) -> UpdateRecord:
     """Verify and decode an update or a skip record; codec.PayloadError: bad MAC, bad shape, non-finite values."""
-    from nitro import codec
+    from nitro.data import codec
 
     obj = codec.decode(payload, key, max_size=max_size)
     if not (isinstance(obj, tuple) and len(obj) == 7 and obj[0] == UPDATE_FORMAT):

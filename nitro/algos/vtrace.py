@@ -60,7 +60,7 @@ def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_v
 def batch_vtrace(batch: dict, target_logp: np.ndarray, values: np.ndarray, *, gamma: float, rho_bar: float = 1.0,
                  c_bar: float = 1.0, pg_rho_bar: float | None = None,
                  reward_clip: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """V-trace for one actor batch in the rollout format (see nitro.rollout); rewards clipped first if asked.
+    """V-trace for one actor batch in the rollout format (see nitro.policy.rollout); rewards clipped first if asked.
 
     target_logp and values come from the learner's target network on batch["obs"];
     the behaviour log-probs are batch["logp"]. The values after a truncation and after

@@ -51,7 +51,7 @@ def ppo_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Ten
 
 def ppo_objective(policy, obs: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
                   clip: float) -> Callable[[], torch.Tensor]:
-    """A closure evaluating the PPO surrogate of `policy` (a nitro.models.Policy) on fixed samples.
+    """A closure evaluating the PPO surrogate of `policy` (a nitro.policy.models.Policy) on fixed samples.
 
     Other algorithms supply their own closure (`impact_objective`) and reuse
     make_hvp and the eigensolvers as is.

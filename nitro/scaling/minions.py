@@ -2,7 +2,7 @@
 
 A small actor-critic agent (2x64 tanh MLP, categorical over 1..I_max actors) looks
 at how the last round went and picks the next round's actor count. It is trained by
-`nitro pretrain-minions` (nitro.minions_pretrain) with this project's PPO across short
+`nitro pretrain-minions` (nitro.scaling.minions_pretrain) with this project's PPO across short
 training jobs run through the real system; at serving time it acts greedily (argmax).
 This module is numpy only, so the scaler process never imports torch.
 
@@ -14,7 +14,7 @@ Pure pieces: `observation(inputs)` (the 8 features, OBS_NAMES), `round_penalty` 
 Checkpoint: one .npz (numpy, allow_pickle=False) holding the actor and critic weights
 and the running mean and variance of the observations seen in pre-training (the
 network's inputs are standardised with them, as obs_norm does for a PPO policy)
-under nitro.models.Policy's state-dict names, plus a JSON `__meta__` entry: format name,
+under nitro.policy.models.Policy's state-dict names, plus a JSON `__meta__` entry: format name,
 format version, mode ("serve" = argmax, "explore" = sample; pre-training writes the
 latter), and a fingerprint of what the weights were trained for (I_max, observation
 layout, network shape). A missing or unreadable file is SchedulerCheckpointError
@@ -49,7 +49,7 @@ OBS_DIM = len(OBS_NAMES)
 HIDDEN_SIZES = (64, 64)
 ACTIVATION = "tanh"
 OBS_NORM = "running mean/var"  # the features are standardised with pre-training's statistics before the network
-OBS_NORM_CLIP = 10.0  # as nitro.model_spec.OBS_CLIP: standardised features are clipped to +-10
+OBS_NORM_CLIP = 10.0  # as nitro.policy.model_spec.OBS_CLIP: standardised features are clipped to +-10
 MODES = ("serve", "explore")
 META_KEY = "__meta__"
 
@@ -259,7 +259,7 @@ def _layer_shapes(prefix: str, out_dim: int) -> dict[str, tuple[int, ...]]:
 
 
 def weight_shapes(i_max: int) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the actor, the critic and the observation statistics (nitro.models.Policy
+    """Names and shapes of the actor, the critic and the observation statistics (nitro.policy.models.Policy
     naming, so PPO can resume them)."""
     return {**_layer_shapes("actor", i_max), **_layer_shapes("critic", 1), "obs_mean": (OBS_DIM,),
             "obs_var": (OBS_DIM,)}
@@ -390,7 +390,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray
 
 def scheduler_from_state(state: dict[str, np.ndarray], i_max: int, *, mode: str = "serve", explore_seed: int = 0,
                          meta: dict | None = None) -> Scheduler:
-    """A Scheduler straight from weights (nitro.models.Policy names), as load_scheduler would build it."""
+    """A Scheduler straight from weights (nitro.policy.models.Policy names), as load_scheduler would build it."""
     if mode not in MODES:
         raise ConfigError(f"invalid scheduler mode {mode!r}; allowed: {list(MODES)}")
     n_hidden = len(HIDDEN_SIZES)

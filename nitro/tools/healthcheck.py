@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 def check(address: str, service: str = "", timeout: float = 3.0, *, tls: bool = False,
           ca_file: str | None = None, server_name: str | None = None) -> str:
-    """The serving status name, or 'unreachable: <why>'. Health needs no token (nitro.auth leaves it open)."""
+    """The serving status name, or 'unreachable: <why>'. Health needs no token (nitro.rpc.auth leaves it open)."""
     options = [("grpc.enable_http_proxy", 0)]  # a probe talks to its own container, never through a proxy
     if tls:
         root = None

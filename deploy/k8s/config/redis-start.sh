@@ -5,7 +5,7 @@
 #   default        disabled: a connection without credentials can do nothing
 # Passwords come from the environment (NITRO_REDIS_PASSWORD, NITRO_REDIS_ACTOR_PASSWORD) and go
 # into an ACL file readable only by redis in a memory-backed directory, never onto a command line.
-# The rules must equal nitro.redis_server.SERVICE_RULES / ACTOR_RULES (tests/test_deploy_redis.py).
+# The rules must equal nitro.local.redis_server.SERVICE_RULES / ACTOR_RULES (tests/test_deploy_redis.py).
 set -eu
 : "${NITRO_REDIS_PASSWORD:?the nitro-service password}"
 : "${NITRO_REDIS_ACTOR_PASSWORD:?the nitro-actor password}"

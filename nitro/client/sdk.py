@@ -1,0 +1,373 @@
+"""Python client for the learner's TrainingService.
+
+    from nitro.client.sdk import NitroClient
+    with NitroClient("127.0.0.1:50051") as client:
+        status = client.start_training({"env_id": "CartPole-v1", "rounds": 3})
+        for report in client.watch(status.job_id):
+            print(report.round, report.eval_return, report.phases)
+
+`watch` yields `RoundReport` and the other calls return `TrainingStatus`: thin
+read-only wrappers around the proto messages. Attribute access falls through to
+the message (`report.eval_return`), `phases` is a dict {phase: seconds} and
+`to_dict()` gives plain Python values. `.proto` is the message itself.
+
+Server errors raise `NitroRpcError` subclasses carrying the gRPC status
+(`.code`) and the server's message (`.details`). A spec the client can already
+tell is malformed raises `nitro.spec.InvalidSpec` before anything is sent; all
+other validation (env ids, ranges) is the server's, so the client does not
+need the user's environments installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+import grpc
+
+from nitro.rpc import auth, grpc_util
+from nitro.spec import InvalidSpec, TrainingSpec, env_kwargs_to_wire, to_proto
+from nitro.v1 import common_pb2, training_pb2, training_pb2_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+WATCH_PATIENCE_S = 60.0  # how long `watch` waits for a learner that went away (a restart) to come back
+
+# --- errors ---------------------------------------------------------------------------
+
+
+class NitroRpcError(Exception):
+    """A failed call: `.code` is the grpc.StatusCode, `.details` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, method: str = ""):
+        self.code = code
+        self.details = details or ""
+        self.method = method
+        super().__init__(f"{code.name}: {self.details}")
+
+
+class InvalidArgumentError(NitroRpcError):
+    pass
+
+
+class NotFoundError(NitroRpcError):
+    pass
+
+
+class UnavailableError(NitroRpcError):
+    pass
+
+
+class FailedPreconditionError(NitroRpcError):
+    pass
+
+
+class ResourceExhaustedError(NitroRpcError):
+    pass
+
+
+class UnauthenticatedError(NitroRpcError):
+    pass
+
+
+_ERROR_BY_CODE = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+}
+
+
+def map_rpc_error(err: grpc.RpcError, method: str = "") -> NitroRpcError:
+    """The typed exception for a grpc.RpcError (a call error exposes code() and details())."""
+    code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = err.details() if callable(getattr(err, "details", None)) else str(err)
+    code = code or grpc.StatusCode.UNKNOWN
+    return _ERROR_BY_CODE.get(code, NitroRpcError)(code, details or "", method)
+
+
+# --- results ----------------------------------------------------------------------------
+
+
+class _Wrapper:
+    __slots__ = ("proto",)  # not "message": TrainingStatus has a field of that name
+
+    def __init__(self, proto):
+        object.__setattr__(self, "proto", proto)
+
+    def __getattr__(self, name):
+        return getattr(self.proto, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_dict()!r})"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.proto == self.proto
+
+    def to_dict(self) -> dict:
+        return message_to_dict(self.proto)
+
+
+class RoundReport(_Wrapper):
+    """One finished round (see training.proto RoundReport for the fields)."""
+
+    __slots__ = ()
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """This machine's phase latencies (wall time on its shared cores)."""
+        return {p.phase: p.seconds for p in self.proto.phases}
+
+    @property
+    def cloud_phases(self) -> dict[str, float]:
+        """The same phases on the modelled cloud clock (docs/cost.md)."""
+        return {p.phase: p.seconds for p in self.proto.cloud_phases}
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.proto.notes)
+
+
+class TrainingStatus(_Wrapper):
+    """A job's state; `state_name` is e.g. "RUNNING", `finished` is True once it ended."""
+
+    __slots__ = ()
+
+    @property
+    def state_name(self) -> str:
+        return _state_name(self.proto.state)
+
+    @property
+    def finished(self) -> bool:
+        return self.proto.state in _FINAL_STATES
+
+    @property
+    def last_report(self) -> RoundReport | None:
+        return RoundReport(self.proto.last_report) if self.proto.HasField("last_report") else None
+
+
+_FINAL_STATES = {training_pb2.JOB_STATE_SUCCEEDED, training_pb2.JOB_STATE_FAILED, training_pb2.JOB_STATE_STOPPED}
+
+
+def _state_name(value: int) -> str:
+    return training_pb2.JobState.Name(value).removeprefix("JOB_STATE_")
+
+
+def message_to_dict(msg) -> dict:
+    """Proto message -> plain dict; phases become {phase: seconds}, enums their names, every field present."""
+    out = {}
+    for f in msg.DESCRIPTOR.fields:
+        value = getattr(msg, f.name)
+        if f.name in ("phases", "cloud_phases"):
+            out[f.name] = {p.phase: p.seconds for p in value}
+        elif f.message_type is not None and f.message_type.GetOptions().map_entry:
+            out[f.name] = dict(value)
+        elif f.is_repeated:
+            out[f.name] = [message_to_dict(v) if hasattr(v, "DESCRIPTOR") else v for v in value]
+        elif f.message_type is not None:
+            out[f.name] = message_to_dict(value) if msg.HasField(f.name) else None
+        elif f.enum_type is not None:
+            out[f.name] = _state_name(value) if f.enum_type.name == "JobState" else f.enum_type.values_by_number[value].name
+        else:
+            out[f.name] = value
+    return out
+
+
+# --- specs ------------------------------------------------------------------------------
+
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(TrainingSpec)}
+_SCALER_FIELDS = set(common_pb2.ScalerSpec.DESCRIPTOR.fields_by_name)
+_STELLARIS_FIELDS = set(training_pb2.StellarisSpec.DESCRIPTOR.fields_by_name)
+
+
+def spec_to_proto(spec) -> training_pb2.TrainingSpec:
+    """TrainingSpec dataclass, partial dict or proto -> proto.
+
+    A dict sets only the fields it names, so the server's defaults apply to the
+    rest. Its keys are TrainingSpec's field names; "scaler" is a dict of
+    ScalerSpec fields or a policy string ("nitro", "fixed:16", ...); "stellaris"
+    a dict of StellarisSpec fields; "hyperparameters" a dict of numeric overrides;
+    "hidden_sizes" a list of layer widths; "env_kwargs" a dict of JSON values.
+    """
+    if isinstance(spec, training_pb2.TrainingSpec):
+        return spec
+    if isinstance(spec, TrainingSpec):
+        return to_proto(spec)
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"spec must be a TrainingSpec, a dict or a nitro.v1 TrainingSpec, not {type(spec).__name__}")
+    unknown = sorted(set(spec) - _SPEC_FIELDS)
+    if unknown:
+        raise InvalidSpec(unknown[0], f"unknown field; allowed: {sorted(_SPEC_FIELDS)}")
+    from nitro.presets import is_env_preset
+
+    if (not isinstance(spec.get("env_id"), str) or not spec["env_id"]) and not is_env_preset(spec.get("preset", "")):
+        raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1' (or an environment preset "
+                                    "such as 'hopper-ppo')")
+    msg = training_pb2.TrainingSpec()
+    for name, value in spec.items():
+        if value is None:
+            continue
+        if name == "scaler":
+            _set_scaler(msg.scaler, value)
+        elif name == "stellaris":
+            _set_stellaris(msg.stellaris, value)
+        elif name == "hyperparameters":
+            if not isinstance(value, Mapping):
+                raise InvalidSpec(name, f"must be a dict of numeric overrides, e.g. {{'lr': 3e-4}}, got {value!r}")
+            for key, v in value.items():
+                _set(msg.hyperparameters, key, v, f"hyperparameters.{key}")
+        elif name == "hidden_sizes":
+            _set_hidden_sizes(msg, value)
+        elif name == "env_kwargs":
+            msg.env_kwargs_json = env_kwargs_to_wire(value)
+        else:
+            _set(msg, name, value, name)
+    return msg
+
+
+def _set_hidden_sizes(msg, value) -> None:
+    if not isinstance(value, list | tuple) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
+        raise InvalidSpec("hidden_sizes", f"must be a list of layer widths, e.g. [64, 64], got {value!r}")
+    try:
+        msg.hidden_sizes.extend(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSpec("hidden_sizes", f"bad value {value!r}: {exc}") from None
+
+
+def _set_scaler(msg, value) -> None:
+    _set_nested(msg, {"policy": value} if isinstance(value, str) else value, "scaler", _SCALER_FIELDS,
+                "must be a policy name or a dict of scaler settings")
+
+
+def _set_stellaris(msg, value) -> None:
+    _set_nested(msg, value, "stellaris", _STELLARIS_FIELDS, "must be a dict of stellaris settings")
+
+
+def _set_nested(msg, value, group: str, fields: set[str], what: str) -> None:
+    """Fill a nested message (ScalerSpec, StellarisSpec) from a dict or dataclass, naming bad fields."""
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(group, what)
+    unknown = sorted(set(value) - fields)
+    if unknown:
+        raise InvalidSpec(f"{group}.{unknown[0]}", f"unknown field; allowed: {sorted(fields)}")
+    for name, v in value.items():
+        if v is not None:
+            _set(msg, name, v, f"{group}.{name}")
+    msg.SetInParent()  # an empty dict still marks the field as given
+
+
+def _set(target, name: str, value, label: str) -> None:
+    try:
+        if isinstance(target, training_pb2.TrainingSpec | common_pb2.ScalerSpec | training_pb2.StellarisSpec):
+            setattr(target, name, value)
+        else:  # map<string, double>
+            target[name] = value
+    except (TypeError, ValueError) as exc:
+        raise InvalidSpec(label, f"bad value {value!r}: {exc}") from None
+
+
+# --- client -----------------------------------------------------------------------------
+
+
+class NitroClient:
+    """A TrainingService client. Every call carries a deadline (per method, or `timeout` seconds
+    for all unary calls when given) and an "authorization: Bearer <token>" header.
+
+    The token is `token`, else $NITRO_TOKEN or the first line of $NITRO_TOKEN_FILE,
+    else that of a LocalSystem this process started at `target`; with none, no
+    header is sent. `tls_ca` (default $NITRO_TLS_CA): a PEM CA certificate, and
+    the channel uses TLS.
+    """
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None, timeout: float | None = None,
+                 tls_ca: str | None = None):
+        self.target = target
+        self._timeout = timeout
+        token = auth.client_token(target, token)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        tls_ca = tls_ca if tls_ca is not None else os.environ.get(auth.TLS_CA_ENV)
+        self._channel = grpc_util.make_channel(target, auth.channel_credentials(tls_ca))
+        self._stub = training_pb2_grpc.TrainingServiceStub(self._channel)
+
+    def __enter__(self) -> NitroClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: str, request):
+        timeout = self._timeout if self._timeout is not None else grpc_util.DEADLINES[method]
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise map_rpc_error(err, method) from None
+
+    def start_training(self, spec: TrainingSpec | Mapping | training_pb2.TrainingSpec) -> TrainingStatus:
+        request = training_pb2.StartTrainingRequest(spec=spec_to_proto(spec))
+        return TrainingStatus(self._call("StartTraining", request))
+
+    def resume(self, job_id: str) -> TrainingStatus:
+        """Continue an interrupted job from its last checkpoint (model, optimiser, round, RNG, budget spent);
+        a job the learner is running already (it resumed it after a restart) is returned as it is."""
+        request = training_pb2.StartTrainingRequest(spec=training_pb2.TrainingSpec(job_id=job_id), resume=True)
+        return TrainingStatus(self._call("StartTraining", request))
+
+    def get(self, job_id: str) -> TrainingStatus:
+        return TrainingStatus(self._call("GetTraining", training_pb2.GetTrainingRequest(job_id=job_id)))
+
+    def stop(self, job_id: str) -> TrainingStatus:
+        return TrainingStatus(self._call("StopTraining", training_pb2.StopTrainingRequest(job_id=job_id)))
+
+    def list(self) -> list[TrainingStatus]:
+        return [TrainingStatus(j) for j in self._call("ListTrainings", training_pb2.ListTrainingsRequest()).jobs]
+
+    def watch(self, job_id: str, from_round: int = 0, *, patience_s: float = WATCH_PATIENCE_S,
+              on_wait: Callable[[NitroRpcError, float], None] | None = None) -> Iterator[RoundReport]:
+        """Round reports from `from_round` on, until the job ends.
+
+        If the stream breaks with UNAVAILABLE (learner restarting, network blip) it is
+        reopened after the last round received, with backoff, for up to `patience_s`
+        seconds; meanwhile NOT_FOUND counts as "not back yet" too (a restarted learner
+        lists its jobs just after it starts serving). Before each retry,
+        `on_wait(error, seconds waited)` is called (a progress line; raising in it gives
+        up). Closing the iterator cancels the stream.
+        """
+        next_round, lost_since, tries = from_round, None, 0
+        while True:
+            call = self._stub.WatchTraining(
+                training_pb2.WatchTrainingRequest(job_id=job_id, from_round=next_round),
+                timeout=grpc_util.DEADLINES["WatchTraining"], metadata=self._metadata)
+            try:
+                call.initial_metadata()  # returns once the stream is open (the learner sends it first) or ended
+                if not call.done():
+                    lost_since, tries = None, 0  # reached the learner: a later break is a new outage
+                for msg in call:
+                    lost_since, tries = None, 0
+                    if msg.round < next_round:  # already yielded (before a reconnect)
+                        continue
+                    next_round = msg.round + 1
+                    yield RoundReport(msg)
+                return
+            except grpc.RpcError as err:
+                code, now = err.code(), time.monotonic()
+                away = code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.NOT_FOUND and lost_since)
+                lost_since = lost_since or (now if away else None)
+                if not away or now - lost_since >= patience_s:
+                    raise map_rpc_error(err, "WatchTraining") from None
+                tries += 1
+                if on_wait is not None:
+                    on_wait(map_rpc_error(err, "WatchTraining"), now - lost_since)
+                time.sleep(min(0.5 * 2 ** tries, 5.0))
+            finally:
+                call.cancel()

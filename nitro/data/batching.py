@@ -1,0 +1,49 @@
+"""Pure helpers on actor batches (format: nitro.policy.rollout) for the trajectory stream: split, compress or not.
+
+A batch too large for one stream entry is cut into contiguous parts that are
+each a complete batch in their own right: per-step arrays are sliced, a part
+that ends mid-episode bootstraps from the behaviour value of the next part's
+first observation (exactly what the sampler would have recorded had it stopped
+there), and finished episodes go to the part in which they ended. GAE and
+V-trace over a part are then the same kind of estimate as at the end of any
+batch: identical to the unsplit batch's wherever the step's episode ends inside
+the part, and bootstrapped from V at the cut (a shorter trace) just before it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def steps_of(batch: dict) -> int:
+    return len(batch["rewards"])
+
+
+def wants_compression(batch: dict) -> bool:
+    """True for image observations (uint8, 2-D or more per step): Atari frames shrink several-fold under zlib."""
+    obs = batch.get("obs")
+    return isinstance(obs, np.ndarray) and obs.dtype == np.uint8 and obs.ndim >= 3
+
+
+def split_batch(batch: dict, parts: int) -> list[dict]:
+    """`parts` contiguous sub-batches of near-equal length (at least one step each)."""
+    n = steps_of(batch)
+    if not 1 <= parts <= max(n, 1):
+        raise ValueError(f"cannot split a batch of {n} steps into {parts} parts")
+    if parts == 1:
+        return [batch]
+    bounds = np.linspace(0, n, parts + 1).round().astype(int)
+    done = np.asarray(batch["terminated"]) | np.asarray(batch["truncated"])
+    ends = np.flatnonzero(done)  # the j-th finished episode ended at step ends[j]
+    per_step = {k for k, v in batch.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n}
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        part = {k: (v[a:b] if k in per_step else v) for k, v in batch.items()}
+        if b < n:
+            part["bootstrap_value"] = 0.0 if done[b - 1] else float(batch["values"][b])
+        mine = (ends >= a) & (ends < b)
+        for k in ("episode_returns", "episode_lengths"):
+            if k in batch:
+                part[k] = [x for x, m in zip(batch[k], mine) if m]
+        out.append(part)
+    return out

@@ -1,0 +1,406 @@
+"""Redis layout of a job (DESIGN section 3): policy blobs and the trajectory stream.
+
+Every key is bounded: policies expire, acked stream entries are deleted, the
+stream has a MAXLEN safety cap, and the dedup record keeps a time window.
+
+Entry size: a stream entry holds one signed batch. `append_batch` keeps each
+entry under the writer's `max_entry_bytes` (default 32 MiB, far below Redis's
+proto-max-bulk-len of 512 MiB and the reader's max_payload_bytes of 256 MiB):
+image observations are compressed, and a batch still too large is split into
+contiguous parts (nitro.data.batching) written atomically, each a complete batch whose
+signed record carries (part, parts). A part is deduplicated by
+"invocation_id#part/parts"; an unsplit entry keeps the exact earlier format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from nitro.data.batching import split_batch, steps_of, wants_compression
+from nitro.data.codec import (
+    BadSignatureError,
+    MalformedPayloadError,
+    PayloadError,
+    PayloadTooLargeError,
+    UnsignedPayloadError,
+    decode,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_FIELDS = (b"inv", b"round", b"version", b"steps")
+_PART_FIELDS = (b"part", b"parts")
+DEFAULT_MAX_ENTRY_BYTES = 32 << 20
+REDIS_MAX_BULK_BYTES = 512 << 20  # Redis's default proto-max-bulk-len: no single value may be larger
+
+
+def _job(job_id: str) -> str:
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
+        raise ValueError(f"job_id must match [A-Za-z0-9_-]{{1,64}}, got {job_id!r}")
+    return job_id
+
+
+def _version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be a non-negative int, got {version!r}")
+    return version
+
+
+def policy_key(job_id: str, version: int) -> str:
+    return f"nitro:{_job(job_id)}:policy:{_version(version)}"
+
+
+def latest_policy_key(job_id: str) -> str:
+    return f"nitro:{_job(job_id)}:policy:latest"
+
+
+def stream_key(job_id: str) -> str:
+    return f"nitro:{_job(job_id)}:traj"
+
+
+def seen_key(job_id: str) -> str:
+    return f"nitro:{_job(job_id)}:seen"
+
+
+class PolicyNotFoundError(LookupError):
+    def __init__(self, job_id: str, version: int):
+        self.job_id, self.version = job_id, version
+        super().__init__(f"policy version {version} of job {job_id!r} not found (never published or expired)")
+
+
+class PolicyStore:
+    """Serialized policy weights by version; one writer (the learner), many readers."""
+
+    def __init__(self, client: redis.Redis, job_id: str, ttl_s: int = 3600):
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+        self._r, self.job_id, self.ttl_s = client, _job(job_id), int(ttl_s)
+
+    def put(self, version: int, blob: bytes) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set(policy_key(self.job_id, version), blob, ex=self.ttl_s)
+        pipe.set(latest_policy_key(self.job_id), version, ex=self.ttl_s)
+        pipe.execute()
+
+    def get(self, version: int) -> bytes:
+        blob = self._r.get(policy_key(self.job_id, version))
+        if blob is None:
+            raise PolicyNotFoundError(self.job_id, version)
+        return blob
+
+    def latest(self) -> int | None:
+        v = self._r.get(latest_policy_key(self.job_id))
+        return int(v) if v is not None else None
+
+
+class TrajectoryWriter:
+    """Actor side: one signed stream entry per invocation (several when `append_batch` splits it)."""
+
+    def __init__(self, client: redis.Redis, job_id: str, key: bytes, maxlen: int = 10000,
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES, io=contextlib.nullcontext):
+        """`io`: a context-manager factory entered around each network round trip (the cloud clock's
+        InvocationClock.io), so encoding and signing stay outside it."""
+        if not 0 < max_entry_bytes <= REDIS_MAX_BULK_BYTES:
+            raise ValueError(f"max_entry_bytes must be in (0, {REDIS_MAX_BULK_BYTES}] (Redis proto-max-bulk-len), "
+                             f"got {max_entry_bytes!r}")
+        self._r, self._stream, self._key, self._maxlen = client, stream_key(job_id), key, maxlen
+        self.max_entry_bytes = int(max_entry_bytes)
+        self._io = io
+
+    def append(
+        self,
+        *,
+        invocation_id: str,
+        round: int,
+        policy_version: int,
+        steps: int,
+        batch: dict,
+        compress: bool = False,
+    ) -> str:
+        if not invocation_id or not isinstance(invocation_id, str):
+            raise ValueError("invocation_id must be a non-empty str")
+        meta = (invocation_id, int(round), int(policy_version), int(steps))
+        # The stream fields are readable without decoding, but the signed copy is
+        # what the reader trusts: re-labelling a valid payload cannot dodge dedup.
+        payload = encode((*meta, batch), self._key, compress=compress)
+        fields = dict(zip(_FIELDS, (str(v).encode() for v in meta)))
+        fields[b"payload"] = payload
+        # Approximate MAXLEN is a memory cap for a stalled learner, not the normal cleanup (ack deletes).
+        with self._io():
+            entry_id = self._r.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
+        return entry_id.decode()
+
+    def append_batch(self, *, invocation_id: str, round: int, policy_version: int, batch: dict,
+                     compress: bool | None = None) -> list[str]:
+        """Append a batch as one entry, or as contiguous parts if it encodes above max_entry_bytes.
+
+        compress=None compresses image observations (nitro.data.batching.wants_compression).
+        Parts go in one MULTI/EXEC, so the learner never sees half of a split batch.
+        Raises PayloadTooLargeError when even a single step is over the cap.
+        """
+        if not invocation_id or not isinstance(invocation_id, str):
+            raise ValueError("invocation_id must be a non-empty str")
+        compress = wants_compression(batch) if compress is None else bool(compress)
+        steps = steps_of(batch)
+        meta = (invocation_id, int(round), int(policy_version), int(steps))
+        payload = encode((*meta, batch), self._key, compress=compress)
+        if len(payload) <= self.max_entry_bytes:
+            return [self._xadd([(meta, payload)])[0]]
+        parts = -(-len(payload) // self.max_entry_bytes) + 1  # parts compress unevenly: start with slack
+        while True:
+            if parts > steps:
+                raise PayloadTooLargeError(f"one step of the batch encodes above max_entry_bytes="
+                                           f"{self.max_entry_bytes}; raise the cap or sample smaller observations")
+            encoded = []
+            for i, piece in enumerate(split_batch(batch, parts)):
+                pmeta = (invocation_id, int(round), int(policy_version), steps_of(piece), i, parts)
+                encoded.append((pmeta, encode((*pmeta[:4], piece, i, parts), self._key, compress=compress)))
+            if max(len(p) for _, p in encoded) <= self.max_entry_bytes:
+                return self._xadd(encoded)
+            parts = min(parts * 2, max(steps, 1)) if parts < steps else parts + 1
+
+    def _xadd(self, encoded: list[tuple[tuple, bytes]]) -> list[str]:
+        pipe = self._r.pipeline(transaction=True)
+        for meta, payload in encoded:
+            fields = dict(zip(_FIELDS + _PART_FIELDS, (str(v).encode() for v in meta)))
+            fields[b"payload"] = payload
+            pipe.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
+        with self._io():
+            ids = pipe.execute()
+        return [eid.decode() if isinstance(eid, bytes) else str(eid) for eid in ids]
+
+
+@dataclass
+class TrajectoryEntry:
+    entry_id: str
+    invocation_id: str
+    round: int
+    policy_version: int
+    steps: int
+    batch: dict
+    part: int = 0  # index of this contiguous part of a split batch (0 of 1 when unsplit)
+    parts: int = 1
+
+    @property
+    def dedup_id(self) -> str:
+        """What the stream deduplicates on: the invocation id, per part for a split batch."""
+        return self.invocation_id if self.parts == 1 else f"{self.invocation_id}#{self.part}/{self.parts}"
+
+
+class _RecentIds:
+    """invocation id -> entry id of entries this reader handed out, oldest evicted first.
+
+    The size cap bounds memory; the Redis window covers ids evicted here.
+    """
+
+    def __init__(self, cap: int):
+        self._ids: dict[str, str] = {}
+        self._cap = cap
+
+    def get(self, invocation_id: str) -> str | None:
+        return self._ids.get(invocation_id)
+
+    def add(self, invocation_id: str, entry_id: str) -> None:
+        self._ids[invocation_id] = entry_id
+        if len(self._ids) > self._cap:
+            del self._ids[next(iter(self._ids))]
+
+
+class TrajectoryReader:
+    """Learner side of the stream: verified, deduplicated, at-least-once batches.
+
+    An entry stays pending until `ack`, so a learner that dies mid-batch gets it
+    back (same consumer name: on its first `read`; another consumer: `claim_stale`).
+    Rejected and duplicate entries are acked and deleted at once and only counted.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        job_id: str,
+        key: bytes,
+        group: str = "learner",
+        consumer: str = "learner-0",
+        max_payload_bytes: int = 256 << 20,
+        dedup_window_s: int = 24 * 3600,
+        recent_cap: int = 100_000,
+    ):
+        self._r, self._key = client, key
+        self.job_id = _job(job_id)
+        self._stream, self._seen_key = stream_key(job_id), seen_key(job_id)
+        self.group, self.consumer = group, consumer
+        self.max_payload_bytes = max_payload_bytes
+        self.dedup_window_s = int(dedup_window_s)
+        self.rejected: Counter[str] = Counter()
+        self.duplicates = 0
+        self.processing_seconds = 0.0  # verify + decode + dedup time: the learner's "ingest" phase
+        self.lost = 0  # pending entries whose data was trimmed away before they were acked
+        self._recent = _RecentIds(recent_cap)
+        self._backlog_from: str | None = "0"  # own pending entries are replayed first
+        self._claim_from = "0-0"
+        self._next_trim = 0.0
+        self._create_group()
+
+    def _create_group(self) -> None:
+        try:
+            self._r.xgroup_create(self._stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _grouped(self, fn, *args, **kwargs):
+        """Run a group command, recreating the group once if Redis lost it (restart without AOF)."""
+        try:
+            return fn(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("consumer group %s of job %s was missing; recreated", self.group, self.job_id)
+            self._create_group()
+            return fn(*args, **kwargs)
+
+    def read(self, count: int, block_ms: int) -> list[TrajectoryEntry]:
+        """Up to `count` entries, waiting at most `block_ms` (<= 0: no wait) for new ones.
+
+        Returns [] on timeout, and may return [] early when everything it
+        received was rejected or a duplicate. The client's socket_timeout must
+        exceed block_ms.
+        """
+        while self._backlog_from is not None:
+            msgs = self._xreadgroup(self._backlog_from, count, None)
+            if not msgs:
+                self._backlog_from = None
+                break
+            self._backlog_from = msgs[-1][0]
+            entries = self._admit(msgs)
+            if entries:
+                return entries
+        msgs = self._xreadgroup(">", count, block_ms if block_ms > 0 else None)
+        return self._admit(msgs) if msgs else []
+
+    def ack(self, entries: list[TrajectoryEntry]) -> None:
+        """Mark entries consumed: ack, delete, and remember their invocation ids, atomically."""
+        if not entries:
+            return
+        ids = [e.entry_id for e in entries]
+        now = time.time()
+        pipe = self._r.pipeline(transaction=True)
+        pipe.xack(self._stream, self.group, *ids)
+        pipe.xdel(self._stream, *ids)
+        pipe.zadd(self._seen_key, {e.dedup_id: now for e in entries})
+        if now >= self._next_trim:  # the window needs no per-ack precision; keep acks lean
+            pipe.zremrangebyscore(self._seen_key, "-inf", now - self.dedup_window_s)
+            pipe.expire(self._seen_key, self.dedup_window_s)
+            self._next_trim = now + min(60.0, self.dedup_window_s / 10)
+        pipe.execute()
+
+    def claim_stale(self, min_idle_ms: int, count: int) -> list[TrajectoryEntry]:
+        """Take over entries another (dead) consumer left pending for at least `min_idle_ms`."""
+        resp = self._grouped(
+            self._r.xautoclaim,
+            self._stream, self.group, self.consumer, min_idle_ms, start_id=self._claim_from, count=count,
+        )
+        # SCAN-like cursor: continue where the last call stopped, wrap at "0-0".
+        cursor = resp[0]
+        self._claim_from = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+        return self._admit(resp[1])
+
+    def pending_count(self) -> int:
+        """Entries delivered to any consumer of the group and not yet acked."""
+        return int(self._grouped(self._r.xpending, self._stream, self.group)["pending"])
+
+    # --- internals -------------------------------------------------------------
+    def _xreadgroup(self, start: str, count: int, block: int | None) -> list:
+        resp = self._grouped(
+            self._r.xreadgroup, self.group, self.consumer, {self._stream: start}, count=count, block=block
+        )
+        return resp[0][1] if resp else []
+
+    def _admit(self, msgs: list) -> list[TrajectoryEntry]:
+        t0 = time.perf_counter()
+        try:
+            return self._admit_timed(msgs)
+        finally:
+            self.processing_seconds += time.perf_counter() - t0
+
+    def _admit_timed(self, msgs: list) -> list[TrajectoryEntry]:
+        entries: list[TrajectoryEntry] = []
+        drop: list[bytes] = []
+        for entry_id, fields in msgs:
+            if entry_id is None:
+                # XAUTOCLAIM (Redis 6.2) hides the id of a trimmed entry it just moved
+                # to us; the next read's pass over our own pending entries acks it.
+                self.lost += 1
+                self._backlog_from = "0"
+                continue
+            if not fields:
+                self.lost += 1
+                drop.append(entry_id)
+                continue
+            try:
+                entries.append(self._verify(entry_id, fields))
+            except PayloadError as exc:
+                self.rejected[exc.reason] += 1
+                log.warning("rejected trajectory entry %s of job %s: %s", entry_id, self.job_id, exc.reason)
+                drop.append(entry_id)
+        entries = self._drop_duplicates(entries, drop)
+        if drop:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.xack(self._stream, self.group, *drop)
+            pipe.xdel(self._stream, *drop)
+            pipe.execute()
+        return entries
+
+    def _verify(self, entry_id: Any, fields: dict) -> TrajectoryEntry:
+        payload = fields.get(b"payload")
+        if payload is None:
+            raise UnsignedPayloadError("entry has no payload field")
+        signed = decode(payload, self._key, max_size=self.max_payload_bytes)
+        if not (isinstance(signed, tuple) and len(signed) in (5, 7)):
+            raise MalformedPayloadError("payload is not a trajectory record")
+        inv, rnd, version, steps, batch = signed[:5]
+        part, parts = signed[5:] if len(signed) == 7 else (0, 1)
+        ints = all(type(v) is int for v in (rnd, version, steps, part, parts)) and 0 <= part < parts
+        if not (isinstance(inv, str) and ints and isinstance(batch, dict)):
+            raise MalformedPayloadError("payload is not a trajectory record")
+        names, meta = _FIELDS, (inv, rnd, version, steps)
+        if len(signed) == 7:
+            names, meta = _FIELDS + _PART_FIELDS, (*meta, part, parts)
+        elif any(f in fields for f in _PART_FIELDS):
+            raise BadSignatureError("stream fields differ from the signed metadata")
+        claimed = tuple(fields.get(f) for f in names)
+        if claimed != tuple(str(v).encode() for v in meta):
+            raise BadSignatureError("stream fields differ from the signed metadata")
+        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return TrajectoryEntry(eid, inv, rnd, version, steps, batch, part, parts)
+
+    def _drop_duplicates(self, entries: list[TrajectoryEntry], drop: list) -> list[TrajectoryEntry]:
+        if not entries:
+            return entries
+        fresh = [e for e in entries if self._recent.get(e.dedup_id) is None]
+        known = set()
+        if fresh:
+            scores = self._r.zmscore(self._seen_key, [e.dedup_id for e in fresh])
+            known = {e.dedup_id for e, s in zip(fresh, scores) if s is not None}
+        kept: list[TrajectoryEntry] = []
+        for e in entries:
+            handed_out = self._recent.get(e.dedup_id)
+            if handed_out == e.entry_id:
+                continue  # the same entry again (re-scan/claim of our own pending): caller has it
+            if handed_out is not None or e.dedup_id in known:
+                self.duplicates += 1  # another entry for an invocation already consumed (retry)
+                drop.append(e.entry_id)
+                continue
+            self._recent.add(e.dedup_id, e.entry_id)  # also catches a repeat later in this batch
+            kept.append(e)
+        return kept

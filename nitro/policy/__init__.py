@@ -1,0 +1,2 @@
+"""A policy and its environments: networks, the torch-free inference actors run, sampling, evaluation,
+and trained policies out of checkpoints or exports."""
