@@ -27,13 +27,12 @@ platform reports them as function errors with a clear errorType/errorMessage.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from urllib.parse import quote, urlparse, urlunparse
 
 import numpy as np
 
+from actor_fn.runtime import check_fields, redis_url, warm_client
 from nitro.clock import InvocationClock
 from nitro.data import codec
 from nitro.data.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
@@ -47,36 +46,15 @@ REQUIRED = {"job_id": str, "round": int, "policy_version": int, "env_id": str, "
 MAX_STEPS = 1_000_000
 
 
-class RedisUnavailableError(ConnectionError):
-    """Redis could not be reached within the connect timeout."""
-
-
 class _Warm:
     """What survives between invocations in one execution environment."""
 
-    clients: dict[str, object] = {}
     sampler: Sampler | None = None
     sampler_key: tuple | None = None
     runner: PolicyRunner | None = None
     runner_key: tuple | None = None
     key: bytes | None = None
     invocations = 0
-
-
-def check_fields(event: dict, required: dict[str, type], *, non_negative: bool = False) -> None:
-    """ConfigError naming the field unless `event` is an object with every required field of its type
-    (integers, not booleans; non-empty strings)."""
-    if not isinstance(event, dict):
-        raise ConfigError(f"event must be a JSON object, got {type(event).__name__}")
-    for name, typ in required.items():
-        if name not in event:
-            raise ConfigError(f"event is missing required field {name!r}")
-        value = event[name]
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int) or (non_negative and value < 0)):
-            kind = "a non-negative integer" if non_negative else "an integer"
-            raise ConfigError(f"event field {name!r} must be {kind}, got {value!r}")
-        if typ is str and (not isinstance(value, str) or not value):
-            raise ConfigError(f"event field {name!r} must be a non-empty string")
 
 
 def _validate(event: dict) -> None:
@@ -96,48 +74,6 @@ def _max_entry_bytes(event: dict) -> int:
     if not 1 <= value <= REDIS_MAX_BULK_BYTES:
         raise ConfigError(f"max_entry_bytes must be in [1, {REDIS_MAX_BULK_BYTES}], got {value}")
     return value
-
-
-def _redis_password() -> str | None:
-    if os.environ.get("NITRO_REDIS_PASSWORD"):
-        return os.environ["NITRO_REDIS_PASSWORD"]
-    path = os.environ.get("NITRO_REDIS_PASSWORD_FILE")
-    if path:
-        with open(path) as f:
-            return f.read().strip()
-    return None
-
-
-def _redis_url(event: dict) -> str:
-    url = event.get("redis_url") or os.environ.get("NITRO_REDIS_URL")
-    if not url:
-        raise ConfigError("no Redis address: set event field 'redis_url' or NITRO_REDIS_URL")
-    password = _redis_password()
-    parsed = urlparse(url)
-    if password and not parsed.password:
-        # An ACL user (nitro-actor: XADD trajectories, GET policies); none means Redis's default user.
-        user = parsed.username or os.environ.get("NITRO_REDIS_USERNAME", "")
-        netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{parsed.hostname}:{parsed.port or 6379}"
-        url = urlunparse(parsed._replace(netloc=netloc))
-    return url
-
-
-def _client(url: str, clock: InvocationClock | None = None):
-    client = _Warm.clients.get(url)
-    if client is None:
-        import redis
-
-        from nitro.local.redis_server import connect
-
-        client = connect(url, socket_connect_timeout=2.0, socket_timeout=10.0)
-        try:
-            with clock.io() if clock else contextlib.nullcontext():
-                client.ping()
-        except redis.exceptions.ConnectionError as exc:
-            safe = urlparse(url)._replace(netloc=f"{urlparse(url).hostname}:{urlparse(url).port}")
-            raise RedisUnavailableError(f"cannot reach Redis at {urlunparse(safe)}: {exc}") from exc
-        _Warm.clients[url] = client
-    return client
 
 
 def _runner(client, job_id: str, version: int, key: bytes, clock: InvocationClock) -> PolicyRunner:
@@ -178,7 +114,7 @@ def handler(event: dict, context=None) -> dict:
     sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"])
     if event.get("reset_episodes"):  # reproducible runs: what this invocation samples depends on its seed only
         sampler.reseed(event["seed"])
-    client = _client(_redis_url(event), clock)
+    client = warm_client(redis_url(event), clock)
     runner = _runner(client, event["job_id"], event["policy_version"], key, clock)
     t_loaded = time.perf_counter()
 

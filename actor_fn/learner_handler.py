@@ -34,7 +34,7 @@ import os
 import time
 from collections import OrderedDict
 
-from actor_fn.handler import check_fields
+from actor_fn.runtime import check_fields, redis_url, warm_client
 from nitro.clock import InvocationClock
 from nitro.data import codec
 from nitro.errors import ConfigError
@@ -113,7 +113,6 @@ def handler(event: dict, context=None) -> dict:
     import numpy as np
     import torch
 
-    from actor_fn.handler import _client, _redis_url
     from nitro.algos.stellaris import (
         UpdateRecord,
         certainly_dropped,
@@ -134,7 +133,7 @@ def handler(event: dict, context=None) -> dict:
         _Warm.key = codec.load_hmac_key()
     key = _Warm.key
     job_id, base = event["job_id"], event["policy_version"]
-    client = _client(_redis_url(event), clock)
+    client = warm_client(redis_url(event), clock)
 
     with clock.io():
         blob = client.get(event["payload_ref"])

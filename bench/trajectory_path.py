@@ -35,8 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nitro.data import codec  # noqa: E402
+from nitro.data.redis_client import connect  # noqa: E402
 from nitro.data.store import TrajectoryReader, TrajectoryWriter  # noqa: E402
-from nitro.local.redis_server import LocalRedis, connect  # noqa: E402
+from nitro.local.redis_server import LocalRedis  # noqa: E402
 
 TARGET_RATIO = 2.0
 STEPS = 4096

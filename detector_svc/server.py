@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import threading
 import time
 
@@ -19,12 +18,12 @@ import torch
 
 from nitro.clock import critical_path_cpu_seconds
 from nitro.data import codec
+from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.data.store import PolicyNotFoundError, PolicyStore
 from nitro.detector.core import ALGOS as DETECTOR_ALGOS
 from nitro.detector.core import detect
 from nitro.detector.score import boosting_score
 from nitro.errors import ConfigError
-from nitro.local.redis_server import connect, warn_if_not_persistent, with_credentials
 from nitro.policy.models import Policy, blob_to_doc
 from nitro.rpc import auth, metrics
 from nitro.rpc.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
@@ -147,7 +146,7 @@ def parse_args(argv=None):
     p.add_argument("--port", type=int, default=50052)
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9102)
-    p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--redis-url", default=url_from_env())
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (1: no worker threads to starve when cores are shared)")
     p.add_argument("--log-level", default="INFO")

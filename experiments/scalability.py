@@ -12,9 +12,10 @@ import numpy as np
 from botocore.config import Config
 
 from nitro.data import codec
+from nitro.data.redis_client import connect
 from nitro.data.store import TrajectoryReader
 from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
-from nitro.local.redis_server import LocalRedis, connect
+from nitro.local.redis_server import LocalRedis
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import Policy, spec_for_spaces
 from nitro.policy.rollout import Sampler

@@ -7,8 +7,8 @@ import time
 import numpy as np
 
 from nitro.data import codec
+from nitro.data.redis_client import connect
 from nitro.data.store import TrajectoryWriter
-from nitro.local.redis_server import connect
 
 _clients: dict = {}
 _batches: dict = {}

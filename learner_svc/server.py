@@ -15,9 +15,9 @@ from learner_svc.onpolicy import OnPolicyLoop
 from learner_svc.rounds import LearnerDeps, job_dir, load_reports
 from learner_svc.stellaris import StellarisLoop
 from nitro.data import codec
+from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.devices import resolve_device
 from nitro.errors import ConfigError
-from nitro.local.redis_server import connect, warn_if_not_persistent, with_credentials
 from nitro.rpc import auth
 from nitro.rpc.grpc_util import Service, configure_logging, make_channel
 from nitro.rpc.metrics import serve_metrics
@@ -184,7 +184,7 @@ def parse_args(argv=None):
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9101)
-    p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--redis-url", default=url_from_env())
     p.add_argument("--detector", default=os.environ.get("NITRO_DETECTOR", "127.0.0.1:50052"))
     p.add_argument("--scaler", default=os.environ.get("NITRO_SCALER", "127.0.0.1:50053"))
     p.add_argument("--data-dir", default=os.environ.get("NITRO_DATA_DIR", ".nitro/learner"))

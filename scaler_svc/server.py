@@ -20,8 +20,8 @@ import time
 import grpc
 
 from nitro import cost
+from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.errors import ConfigError
-from nitro.local.redis_server import connect, warn_if_not_persistent, with_credentials
 from nitro.rpc import auth, metrics
 from nitro.rpc.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
 from nitro.rpc.metrics import serve_metrics
@@ -373,7 +373,7 @@ def parse_args(argv=None):
     p.add_argument("--port", type=int, default=50053)
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9103)
-    p.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--redis-url", default=url_from_env())
     p.add_argument("--lambda-endpoint", default=os.environ.get("NITRO_LAMBDA_ENDPOINT"),
                    help="Lambda invoke endpoint; omit for real AWS Lambda (region and credentials from the "
                         "usual AWS environment)")

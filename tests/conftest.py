@@ -7,7 +7,8 @@ import secrets
 import pytest
 
 from nitro.client.sdk import NitroClient
-from nitro.local.redis_server import LocalRedis, connect
+from nitro.data.redis_client import connect
+from nitro.local.redis_server import LocalRedis
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import actor_fn.handler as handler_mod
+import actor_fn.runtime as actor_runtime
 from nitro.data import codec
 from nitro.data.batching import split_batch, wants_compression
 from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
@@ -90,7 +91,7 @@ def fresh_handler(monkeypatch, hmac_key):
     monkeypatch.setenv("NITRO_HMAC_KEY", hmac_key.hex())
     for name in ("key", "sampler", "sampler_key", "runner", "runner_key"):
         monkeypatch.setattr(handler_mod._Warm, name, None)
-    monkeypatch.setattr(handler_mod._Warm, "clients", {})
+    monkeypatch.setattr(actor_runtime, "WARM_CLIENTS", {})
     yield handler_mod.handler
     if handler_mod._Warm.sampler is not None:
         handler_mod._Warm.sampler.close()

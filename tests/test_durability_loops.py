@@ -33,8 +33,8 @@ from learner_svc.jobs import Job
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.rounds import LearnerDeps
 from nitro.client.sdk import NitroClient
+from nitro.data.redis_client import connect
 from nitro.data.store import TrajectoryWriter, seen_key, stream_key
-from nitro.local.redis_server import connect
 from nitro.spec import TrainingSpec, validate
 from scaler_svc.server import state_key
 from tests.system import module_system, sample_value, scrape

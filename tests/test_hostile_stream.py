@@ -24,8 +24,8 @@ import pytest
 
 from nitro.client.sdk import NitroClient
 from nitro.data import codec
+from nitro.data.redis_client import connect
 from nitro.data.store import stream_key
-from nitro.local.redis_server import connect
 from tests.system import scrape, start_system
 
 pytestmark = pytest.mark.timeout(420)

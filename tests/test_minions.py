@@ -451,7 +451,7 @@ system = module_system("minions-state", concurrency=4)
 
 @pytest.fixture(scope="module")
 def pretrained(system, client, tmp_path_factory):
-    from nitro.local.redis_server import connect
+    from nitro.data.redis_client import connect
     from nitro.scaling.minions_pretrain import PretrainSettings, pretrain
 
     out = tmp_path_factory.mktemp("minions") / "scheduler.npz"

@@ -14,17 +14,9 @@ import numpy as np
 import pytest
 import redis
 
+from nitro.data.redis_client import connect, persistence, warn_if_not_persistent, with_credentials
 from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
-from nitro.local.redis_server import (
-    ACTOR_USER,
-    SERVICE_USER,
-    LocalRedis,
-    connect,
-    nitro_users,
-    persistence,
-    warn_if_not_persistent,
-    with_credentials,
-)
+from nitro.local.redis_server import ACTOR_USER, SERVICE_USER, LocalRedis, nitro_users
 
 SERVICE_PW, ACTOR_PW = "svc-" + "s" * 28, "act-" + "a" * 28
 JOB = "acl-job"
@@ -152,6 +144,7 @@ def test_service_user_lacks_server_wide_dangerous_commands(service, what):
 def test_actor_handler_logs_in_as_the_actor_user(server, service, tmp_path, monkeypatch):
     """actor_fn.handler builds its URL from the event's address + NITRO_REDIS_USERNAME/PASSWORD_FILE."""
     from actor_fn import handler as actor_handler
+    from actor_fn import runtime as actor_runtime
     from nitro.policy.envs import env_spaces
     from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
 
@@ -163,14 +156,14 @@ def test_actor_handler_logs_in_as_the_actor_user(server, service, tmp_path, monk
     monkeypatch.delenv("NITRO_REDIS_PASSWORD", raising=False)
     monkeypatch.setenv("NITRO_HMAC_KEY", KEY.hex())
     monkeypatch.setattr(actor_handler._Warm, "key", None)
-    monkeypatch.setattr(actor_handler._Warm, "clients", {})
+    monkeypatch.setattr(actor_runtime, "WARM_CLIENTS", {})
     out = actor_handler.handler({"job_id": JOB, "round": 0, "policy_version": 1, "env_id": "CartPole-v1",
                                  "num_steps": 16, "seed": 0, "invocation_id": "acl-inv",
                                  "redis_url": server.url_without_password})
     assert out["ok"]
     entries = TrajectoryReader(service, JOB, KEY).read(count=5, block_ms=500)
     assert [e.invocation_id for e in entries] == ["acl-inv"]
-    (url,) = actor_handler._Warm.clients
+    (url,) = actor_runtime.WARM_CLIENTS
     assert url.startswith(f"redis://{ACTOR_USER}:")
 
 
@@ -193,13 +186,13 @@ def test_aof_survives_kill_9(tmp_path):
 def test_persistence_check(redis_server, server, caplog):
     plain = connect(redis_server.url)  # the suite's Redis: save "" and appendonly no
     assert persistence(plain) == "none"
-    with caplog.at_level(logging.WARNING, logger="nitro.local.redis_server"):
+    with caplog.at_level(logging.WARNING, logger="nitro.data.redis_client"):
         warn_if_not_persistent(plain, redis_server.url, "learner").join(10)
     assert "no persistence" in caplog.text and "appendonly yes" in caplog.text
     actor = connect(server.url_for(ACTOR_USER), retries=0)
     assert persistence(actor).startswith("unknown: CONFIG GET refused")
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="nitro.local.redis_server"):
+    with caplog.at_level(logging.INFO, logger="nitro.data.redis_client"):
         warn_if_not_persistent(actor, server.url_for(ACTOR_USER), "learner").join(10)
         warn_if_not_persistent(connect("redis://127.0.0.1:1/0", retries=0), "redis://:pw@127.0.0.1:1/0",
                                "learner").join(20)

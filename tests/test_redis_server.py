@@ -7,7 +7,8 @@ import os
 import pytest
 import redis
 
-from nitro.local.redis_server import LocalRedis, RedisServerError, connect, find_redis_server_binary
+from nitro.data.redis_client import connect
+from nitro.local.redis_server import LocalRedis, RedisServerError, find_redis_server_binary
 
 
 def _alive(pid: int) -> bool:

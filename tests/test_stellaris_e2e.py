@@ -16,7 +16,7 @@ import pytest
 
 from nitro.algos.stellaris import staleness_bound
 from nitro.client.sdk import InvalidArgumentError
-from nitro.local.redis_server import connect
+from nitro.data.redis_client import connect
 from nitro.v1 import scaler_pb2
 from tests.system import module_system, sample_value, scrape
 

@@ -14,6 +14,7 @@ import pytest
 
 from nitro.data import codec
 from nitro.data.codec import encode
+from nitro.data.redis_client import connect
 from nitro.data.store import (
     PolicyNotFoundError,
     PolicyStore,
@@ -23,7 +24,7 @@ from nitro.data.store import (
     seen_key,
     stream_key,
 )
-from nitro.local.redis_server import LocalRedis, connect
+from nitro.local.redis_server import LocalRedis
 
 JOB = "job-1"
 

@@ -975,6 +975,7 @@ def cmd_deploy_lambda(args) -> int:
 
 
 def _add_pretrain_minions(sub) -> None:
+    from nitro.data.redis_client import url_from_env
     from nitro.scaling.minions_pretrain import PretrainSettings
 
     d = PretrainSettings()
@@ -1027,7 +1028,7 @@ def _add_pretrain_minions(sub) -> None:
                      help="--via system: where exploration checkpoints go; the scaler must read them "
                           "(default: a temporary dir)")
     _add_target(run, "--via system: learner address of a running system (needs --redis-url)")
-    run.add_argument("--redis-url", default=os.environ.get("NITRO_REDIS_URL"), metavar="URL",
+    run.add_argument("--redis-url", default=url_from_env(default=None), metavar="URL",
                      help="--via system with --target: the system's Redis as the services' user (the "
                           "scheduler's decisions are read from the scaler's job state) (default: $NITRO_REDIS_URL)")
     _add_state_dir(run)
@@ -1044,8 +1045,8 @@ def _print_distribution(title: str, hist: dict[int, int]) -> None:
 
 def cmd_pretrain_minions(args) -> int:
     from nitro.config import make_config
+    from nitro.data.redis_client import connect
     from nitro.errors import ConfigError, UnknownEnvironmentError
-    from nitro.local.redis_server import connect
     from nitro.policy.envs import resolve_env_id
     from nitro.scaling.minions_pretrain import PretrainError, PretrainSettings, pretrain, redis_for_state_dir
 

@@ -593,8 +593,8 @@ def pretrain(settings: PretrainSettings, client=None, redis_client=None, *,
 
 def redis_for_state_dir(state_dir: str | os.PathLike):
     """A Redis client as the services' user of the local system running in `state_dir`."""
+    from nitro.data.redis_client import connect
     from nitro.local import system as ls
-    from nitro.local.redis_server import connect
 
     state = ls.running_state(state_dir)
     if state is None:
