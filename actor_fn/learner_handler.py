@@ -36,6 +36,7 @@ from collections import OrderedDict
 
 from actor_fn.runtime import check_fields, redis_url, warm_client
 from nitro.clock import InvocationClock
+from nitro.contracts import JOB_ID_RULE, is_job_id, is_learn_key, learn_prefix, update_stream_key
 from nitro.data import codec
 from nitro.errors import ConfigError
 
@@ -61,8 +62,10 @@ class _Warm:
 
 def _validate(event: dict) -> None:
     check_fields(event, REQUIRED, non_negative=True)
-    if not event["payload_ref"].startswith(f"nitro:{event['job_id']}:learn:"):
-        raise ConfigError(f"event field 'payload_ref' must name a key under nitro:{event['job_id']}:learn:")
+    if not is_job_id(event["job_id"]):
+        raise ConfigError(f"event field 'job_id' must be {JOB_ID_RULE}, got {event['job_id']!r}")
+    if not is_learn_key(event["job_id"], event["payload_ref"]):
+        raise ConfigError(f"event field 'payload_ref' must name a key under {learn_prefix(event['job_id'])}")
 
 
 def _policy(client, job_id: str, version: int, key: bytes):
@@ -120,7 +123,6 @@ def handler(event: dict, context=None) -> dict:
         compute_update,
         encode_update,
         skip_record,
-        update_stream_key,
     )
     from nitro.config import make_config
     from nitro.data.store import PolicyStore

@@ -2,7 +2,7 @@
 
 For each loop (ppo on-policy, impact, stellaris) and each fault kind, one small CartPole-v1 job (preset
 `fast`, a few fixed actors) runs on one local system started as `nitro up` starts it
-(`python -m nitro.local.system`, whose supervisor restarts what exits). Once round 1 is reported the
+(`python -m nitro.local.supervisor`, whose supervisor restarts what exits). Once round 1 is reported the
 fault lands in the round under way (fault_round, normally 2), a real signal (os.kill) to a pid from the
 system's state.json (a worker: a child of the endpoint's pid):
 
@@ -59,9 +59,12 @@ import psutil  # noqa: E402
 import redis  # noqa: E402
 
 from nitro.client.sdk import NitroRpcError  # noqa: E402
-from nitro.data.store import seen_key, stream_key  # noqa: E402
-from nitro.local import system as ls  # noqa: E402
-from scaler_svc.server import state_key  # noqa: E402
+from nitro.contracts import (  # noqa: E402
+    scaler_state_key,  # noqa: E402
+    seen_key,
+    stream_key,
+)
+from nitro.local import system_state  # noqa: E402
 from tests.faultkit import (  # noqa: E402
     all_serving,
     busy_worker,
@@ -278,7 +281,7 @@ def account(state_dir: Path, job_id: str, steps: int, observer: StreamObserver, 
     try:
         observer.poll(r)
         acked = {m.decode() for m in r.zrange(seen_key(job_id), 0, -1)}
-        billed = int(r.hget(state_key(job_id), "steps_billed") or 0)
+        billed = int(r.hget(scaler_state_key(job_id), "steps_billed") or 0)
         left = r.xlen(stream_key(job_id))
         try:
             pending = r.xpending(stream_key(job_id), "learner")["pending"]
@@ -410,9 +413,9 @@ def meets(cell: dict) -> bool:
 
 def ensure_up(state_dir: Path, args) -> None:
     """Every component serving (a restarted one included) before the next cell; a stopped system is brought up."""
-    if ls.running_state(state_dir) is None:
-        say(f"the local system is down ({ls.last_failure(state_dir) or 'no reason logged'}); bringing it up")
-        ls.shutdown(state_dir)
+    if system_state.running_state(state_dir) is None:
+        say(f"the local system is down ({system_state.last_failure(state_dir) or 'no reason logged'}); bringing it up")
+        system_state.shutdown(state_dir)
         supervised(state_dir, "--concurrency", str(args.concurrency))
     wait_until(lambda: all_serving(state_dir), 120, "every component serving", poll_s=0.5)
 
@@ -451,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                 result.setdefault(loop, {})[fault] = cell
     finally:
         say("stopping the local system")
-        ls.shutdown(state_dir)
+        system_state.shutdown(state_dir)
         if tmp is not None:
             tmp.cleanup()
     result["target"] = {**TARGET, "recovery_from": "the kill; for scaler_hang the SIGCONT"}

@@ -17,6 +17,16 @@ import numpy as np
 import torch
 
 from nitro.clock import critical_path_cpu_seconds
+from nitro.contracts import (
+    DETECTOR_SUBSET,
+    JOB_ID_RULE,
+    LANCZOS_STEPS,
+    SCORE_DECAY,
+    SCORE_WINDOW,
+    detector_ratios_key,
+    is_job_id,
+    sample_key,
+)
 from nitro.data import codec
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.data.store import PolicyNotFoundError, PolicyStore
@@ -28,17 +38,12 @@ from nitro.policy.models import Policy, blob_to_doc
 from nitro.rpc import auth, metrics
 from nitro.rpc.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
 from nitro.rpc.metrics import serve_metrics
-from nitro.spec import JOB_ID_RE
 from nitro.v1 import detector_pb2, detector_pb2_grpc
 
 log = logging.getLogger("detector_svc")
 
 STATE_TTL_S = 7 * 24 * 3600
-DEFAULTS = {"subset_size": 512, "lanczos_steps": 20, "window": 6, "decay": 0.96}
-
-
-def ratios_key(job_id: str) -> str:
-    return f"nitro:{job_id}:detector:ratios"
+DEFAULTS = {"subset_size": DETECTOR_SUBSET, "lanczos_steps": LANCZOS_STEPS, "window": SCORE_WINDOW, "decay": SCORE_DECAY}
 
 
 class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
@@ -70,10 +75,9 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
     def Score(self, request, context):
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         p = {k: getattr(request, k) or v for k, v in DEFAULTS.items()}
-        if not JOB_ID_RE.match(request.job_id):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "job_id: must be 1-64 characters of letters, digits, '-' or '_'")
-        if request.sample_ref != f"nitro:{request.job_id}:sample:{request.round}":
+        if not is_job_id(request.job_id):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: must be {JOB_ID_RULE}")
+        if request.sample_ref != sample_key(request.job_id, request.round):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "sample_ref: must be the round's sample key nitro:{job_id}:sample:{round}")
         if request.round < 0 or request.policy_version < 0:
@@ -115,7 +119,7 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
             self._checkin(request.job_id, policy)
-        key = ratios_key(request.job_id)
+        key = detector_ratios_key(request.job_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, str(request.round), repr(res.ratio))
         pipe.expire(key, STATE_TTL_S)

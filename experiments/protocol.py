@@ -142,7 +142,7 @@ class Protocol:
 def resolve_schemes(schemes: Sequence[str], i_min: int) -> list[str]:
     """Scheme tokens -> internal labels (fixed:imin -> fixed:<I_min>, fixed:nbar -> fixed-nbar); nitro first
     and added when a derived control needs it. ValueError naming a bad token."""
-    from nitro.scaling.policies import POLICY_NAMES
+    from nitro.contracts import SCALING_POLICIES
 
     out: list[str] = []
     for token in schemes:
@@ -156,7 +156,7 @@ def resolve_schemes(schemes: Sequence[str], i_min: int) -> list[str]:
                 raise ValueError(f"scheme {token!r}: fixed:N needs an integer N >= 1 (or fixed:imin, fixed:nbar)")
         elif t == "replay":
             raise ValueError("scheme 'replay' needs a list; the protocol's replay control is 'shuffled'")
-        elif t not in DERIVED and t not in POLICY_NAMES:
+        elif t not in DERIVED and t not in SCALING_POLICIES:
             raise ValueError(f"unknown scheme {token!r}; allowed: nitro, fixed:imin, fixed:N, fixed:nbar, max, "
                              f"schedule, shuffled, nitro-floor, hydrozoa, kungfu")
         if t == "minions":

@@ -28,10 +28,11 @@ import time
 
 import numpy as np
 
-from learner_svc.rounds import DIAGNOSTICS, RoundLoop, slot_index
+from learner_svc.rounds import DIAGNOSTICS, RoundLoop
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
 from nitro.clock import critical_path_cpu_seconds
+from nitro.contracts import MAX_EMPTY_ROUNDS, actor_slot
 from nitro.cost import cloud_round_seconds
 from nitro.rpc import metrics
 from nitro.v1 import scaler_pb2, training_pb2
@@ -79,7 +80,7 @@ class OffPolicyLoop(RoundLoop):
                 acc["lags"].append(lag)
                 fresh.append(e.batch)
                 if e.round == rnd["k"]:
-                    slot = slot_index(e.invocation_id, self.job.job_id, rnd["k"])
+                    slot = actor_slot(e.invocation_id, self.job.job_id, rnd["k"])
                     if slot is not None:
                         rnd["covered"].add(slot)
                     rnd["steps"] += e.steps
@@ -155,8 +156,8 @@ class OffPolicyLoop(RoundLoop):
                 return training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}"
             if acc["steps"] == 0 and rnd["batches"] == 0:
                 empty_rounds += 1
-                if empty_rounds >= 3:
-                    return training_pb2.JOB_STATE_FAILED, "no samples arrived in 3 consecutive rounds"
+                if empty_rounds >= MAX_EMPTY_ROUNDS:
+                    return training_pb2.JOB_STATE_FAILED, f"no samples arrived in {MAX_EMPTY_ROUNDS} consecutive rounds"
                 rnd = self._launch_round(k, rnd["actors"])  # the same round again, fresh invocation ids
                 continue
             empty_rounds = 0

@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from learner_svc.rounds import DIAGNOSTICS, LOST_BATCH_GRACE_S, RoundLoop, invocation_id, retry_note, slot_index
+from learner_svc.rounds import DIAGNOSTICS, LOST_BATCH_GRACE_S, RoundLoop, retry_note
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
+from nitro.contracts import MAX_EMPTY_ROUNDS, actor_slot, invocation_id
 from nitro.cost import cloud_detect_wait, cloud_round_seconds
 from nitro.rpc import metrics
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
 
-MAX_EMPTY_ROUNDS = 3
 MAX_WAVES = 3  # the planned launch plus up to two waves of replacements
 
 
@@ -131,7 +131,7 @@ class OnPolicyLoop(RoundLoop):
                 entries = self.redis_call(lambda: self.reader.read(count=64, block_ms=100), "stream read")
                 drop = []
                 for e in entries:
-                    slot = slot_index(e.invocation_id, self.job.job_id, k)
+                    slot = actor_slot(e.invocation_id, self.job.job_id, k)
                     if e.round == k and e.policy_version == self.version and slot is not None \
                             and e.dedup_id not in batches:
                         # Kept entries stay unacked until the round's commit (RoundLoop.commit).

@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import struct
 import time
@@ -37,6 +36,7 @@ import torch
 
 from learner_svc.jobs import Job
 from nitro import cost as nitro_cost
+from nitro.contracts import DETECTOR_SUBSET, actor_slot, sample_key, waves_key
 from nitro.data import codec
 from nitro.data.store import PolicyStore, TrajectoryReader
 from nitro.detector.core import REQUIRED_FIELDS
@@ -53,7 +53,6 @@ from nitro.v1 import common_pb2, detector_pb2, scaler_pb2, training_pb2
 log = logging.getLogger(__name__)
 
 POLICY_TTL_S = 3600
-DETECTOR_SUBSET = 512
 # How long a Redis outage (restart) is ridden out before the job fails, resumable.
 REDIS_PATIENCE_S = float(os.environ.get("NITRO_REDIS_PATIENCE_S", "60"))
 RPC_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -102,22 +101,6 @@ class LearnerDeps:
     data_dir: str
     call_metadata: tuple = ()  # e.g. the bearer token for detector/scaler calls
     device: str = "cpu"  # torch device of the learner's model and updates (nitro.devices.resolve_device)
-
-
-def sample_key(job_id: str, round_index: int) -> str:
-    return f"nitro:{job_id}:sample:{round_index}"
-
-
-def invocation_id(job_id: str, round_index: int, actor: int, wave: int = 0) -> str:
-    # Deterministic: a retried invocation carries the same id, so the stream drops the copy.
-    base = f"{job_id}-r{round_index}-a{actor}"
-    return base if wave == 0 else f"{base}-x{wave}"
-
-
-def slot_index(inv_id: str, job_id: str, round_index: int) -> int | None:
-    """The actor slot of an invocation id of this job and round (any wave), else None."""
-    m = re.fullmatch(rf"{re.escape(job_id)}-r{round_index}-a(\d+)(?:-x\d+)?", inv_id)
-    return int(m.group(1)) if m else None
 
 
 def retry_note(r: scaler_pb2.InvocationResult) -> str | None:
@@ -274,7 +257,7 @@ class RoundLoop:
         notes += [note for note in map(retry_note, rnd["resp"].invocations) if note]
         for r in rnd["resp"].invocations:
             if not r.ok:
-                slot = slot_index(r.invocation_id, self.job.job_id, rnd["k"])
+                slot = actor_slot(r.invocation_id, self.job.job_id, rnd["k"])
                 if slot is not None:
                     rnd["failed"].add(slot)
                 notes.append(f"actor {r.invocation_id} failed after {r.attempts} attempt(s): {r.error_type}: "
@@ -391,7 +374,7 @@ class RoundLoop:
 
     def _wave_keys(self, round_index: int) -> tuple[str, str]:
         """The round's wave counter and the wall time its latest wave was launched."""
-        key = f"nitro:{self.job.job_id}:waves:{round_index}"
+        key = waves_key(self.job.job_id, round_index)
         return key, f"{key}:at"
 
     def new_wave(self, round_index: int) -> int:

@@ -51,19 +51,26 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from learner_svc.rounds import DIAGNOSTICS, POLICY_TTL_S, RoundLoop, derived_seed, slot_index
+from learner_svc.rounds import DIAGNOSTICS, POLICY_TTL_S, RoundLoop, derived_seed
 from nitro.algos.ppo import collate, standardize_batch
 from nitro.algos.stellaris import (
     ParameterServer,
     aggregate_queue,
     decode_update,
     make_parcel,
-    parcel_key,
     prepare,
     staleness_bound,
-    update_stream_key,
 )
 from nitro.clock import critical_path_cpu_seconds
+from nitro.contracts import (
+    MAX_EMPTY_ROUNDS,
+    actor_slot,
+    invocation_id,
+    learn_counter_key,
+    parcel_key,
+    policy_key,
+    update_stream_key,
+)
 from nitro.cost import cloud_round_seconds
 from nitro.data import codec
 from nitro.policy.models import policy_to_blob
@@ -75,11 +82,6 @@ log = logging.getLogger(__name__)
 LOST_UPDATE_GRACE_S = 5.0  # likewise for a learner function's update
 MAX_LEARNER_THREADS = 24  # one blocking Launch per learner in flight; the scaler serves 32 RPCs at once
 READ_BLOCK_MS = 20
-
-
-def learner_invocation_id(job_id: str, round_index: int, slot: int) -> str:
-    """The id the scaler gives a kind "learner" invocation of slot `slot` (wave 0)."""
-    return f"{job_id}-r{round_index}-g{slot}"
 
 
 class StellarisLoop(RoundLoop):
@@ -131,8 +133,8 @@ class StellarisLoop(RoundLoop):
                 return training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}"
             if rnd["batches"] == 0 and acc["steps"] == 0:
                 empty_rounds += 1
-                if empty_rounds >= 3:
-                    return training_pb2.JOB_STATE_FAILED, "no samples arrived in 3 consecutive rounds"
+                if empty_rounds >= MAX_EMPTY_ROUNDS:
+                    return training_pb2.JOB_STATE_FAILED, f"no samples arrived in {MAX_EMPTY_ROUNDS} consecutive rounds"
                 # The same round again, fresh invocation ids; what its learners settled meanwhile stays counted.
                 rnd = self._launch_round(k, rnd["actors"])
                 continue
@@ -283,7 +285,7 @@ class StellarisLoop(RoundLoop):
             self.waiting.append((acc["k"], e))
             return
         if rnd is not None and e.round == rnd["k"]:
-            slot = slot_index(e.invocation_id, self.job.job_id, rnd["k"])
+            slot = actor_slot(e.invocation_id, self.job.job_id, rnd["k"])
             if slot is not None:
                 rnd["covered"].add(slot)
             rnd["batches"] += 1
@@ -305,9 +307,9 @@ class StellarisLoop(RoundLoop):
         the parcel carries this round's bound for the learner's own check when it starts."""
         while self.waiting and len(self.in_flight) < self.max_in_flight:
             k, e = self.waiting.popleft()
-            slot = int(self.redis_call(lambda: self.deps.redis.incr(f"nitro:{self.job.job_id}:learn:counter"),
+            slot = int(self.redis_call(lambda: self.deps.redis.incr(learn_counter_key(self.job.job_id)),
                                        "learner counter"))
-            inv = learner_invocation_id(self.job.job_id, k, slot)
+            inv = invocation_id(self.job.job_id, k, slot, kind="learner")
             ref = parcel_key(self.job.job_id, inv)
             base = self.version
             parcel = make_parcel(job_id=self.job.job_id, round_index=k, base_version=base, algo=self.spec.algo,
@@ -455,8 +457,6 @@ class StellarisLoop(RoundLoop):
         keep |= self.actor_versions
         stale = [v for v in self.published if v not in keep and v < self.version]
         if stale:
-            from nitro.data.store import policy_key
-
             self.redis_call(lambda: self.deps.redis.delete(*(policy_key(self.job.job_id, v) for v in stale)),
                             "policy prune")
             self.published.difference_update(stale)

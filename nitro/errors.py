@@ -27,3 +27,11 @@ class UnknownEnvironmentError(NitroError, LookupError):
 
 class PolicyError(NitroError, ValueError):
     """A trained policy cannot be loaded, or does not fit the environment or observations it is given."""
+
+
+class LocalSystemError(NitroError, RuntimeError):
+    """A component could not be started, or the system is already up."""
+
+
+class StartupAborted(LocalSystemError):
+    """stop was requested while the system was starting."""

@@ -13,16 +13,25 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from nitro.contracts import (
+    FIXED_ACTORS,
+    FLOOR_ACTORS,
+    FLOOR_DECAY,
+    HYDROZOA_PERIOD,
+    JOB_ID_RULE,
+    SCALING_POLICIES,
+    SCORE_DECAY,
+    SCORE_WINDOW,
+    is_job_id,
+)
 from nitro.cost import CLOCKS
 from nitro.errors import ConfigError, UnknownEnvironmentError
 
 ALGOS = ("ppo", "impact")
-SCALER_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor")
 DETECTOR_FALLBACKS = ("i_min", "last")
 LEARNER_MODES = ("central", "stellaris")
 STALENESS_WEIGHTS = ("inverse", "exp", "none")  # nitro.algos.stellaris.staleness_weight
 BOUND_SCHEDULES = ("linear", "geometric", "constant")  # nitro.algos.stellaris.staleness_bound
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_ACTORS = 1000
 MAX_ROUNDS = 100_000
 MAX_STEPS_PER_ACTOR = 1_000_000
@@ -44,14 +53,14 @@ class ScalerSettings:
     policy: str = "nitro"
     i_min: int = 8
     i_max: int = 64
-    fixed_actors: int = 16
-    decay: float = 0.96
-    window: int = 6
-    period: int = 10
+    fixed_actors: int = FIXED_ACTORS
+    decay: float = SCORE_DECAY
+    window: int = SCORE_WINDOW
+    period: int = HYDROZOA_PERIOD
     scheduler: str = ""  # "minions": path of a pre-trained scheduler checkpoint
     actors_by_round: str = ""  # "replay": comma-separated actor counts per round, e.g. "8,16,12"
-    floor_actors: int = 64  # "nitro-floor": F of the floor round(F * floor_decay^(k^2))
-    floor_decay: float = 0.96  # "nitro-floor": d_f of that floor
+    floor_actors: int = FLOOR_ACTORS  # "nitro-floor": F of the floor round(F * floor_decay^(k^2))
+    floor_decay: float = FLOOR_DECAY  # "nitro-floor": d_f of that floor
 
 
 @dataclass
@@ -158,8 +167,8 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
         raise InvalidSpec("hyperparameters", str(exc)) from exc
 
     sc = spec.scaler
-    if sc.policy not in SCALER_POLICIES:
-        raise InvalidSpec("scaler.policy", f"unknown scaling policy {sc.policy!r}; allowed: {list(SCALER_POLICIES)}")
+    if sc.policy not in SCALING_POLICIES:
+        raise InvalidSpec("scaler.policy", f"unknown scaling policy {sc.policy!r}; allowed: {list(SCALING_POLICIES)}")
     if not 1 <= sc.i_min <= MAX_ACTORS:
         raise InvalidSpec("scaler.i_min", f"must be in [1, {MAX_ACTORS}], got {sc.i_min}")
     if not 1 <= sc.i_max <= MAX_ACTORS:
@@ -210,8 +219,8 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     if not 0 < spec.detector_timeout_s <= 600:
         raise InvalidSpec("detector_timeout_s", f"must be in (0, 600], got {spec.detector_timeout_s}")
     _validate_stellaris(spec)
-    if spec.job_id and not JOB_ID_RE.match(spec.job_id):
-        raise InvalidSpec("job_id", "must be 1-64 characters of letters, digits, '-' or '_'")
+    if spec.job_id and not is_job_id(spec.job_id):
+        raise InvalidSpec("job_id", f"must be {JOB_ID_RULE}")
     _validate_env_kwargs(spec)  # last: it may build the environment
     if not spec.job_id:
         spec.job_id = new_job_id(spec.env_id)

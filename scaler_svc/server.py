@@ -20,6 +20,20 @@ import time
 import grpc
 
 from nitro import cost
+from nitro.contracts import (
+    FIXED_ACTORS,
+    FLOOR_ACTORS,
+    FLOOR_DECAY,
+    HYDROZOA_PERIOD,
+    JOB_ID_RULE,
+    SCALING_POLICIES,
+    SCORE_DECAY,
+    invocation_id,
+    is_job_id,
+    is_learn_key,
+    learn_prefix,
+    scaler_state_key,
+)
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.errors import ConfigError
 from nitro.rpc import auth, metrics
@@ -29,7 +43,7 @@ from nitro.scaling.base import FALLBACK_REASON, RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
 from nitro.scaling.policies import make_policy
-from nitro.spec import JOB_ID_RE, MAX_ACTORS, MAX_BUDGET_USD, SCALER_POLICIES, InvalidSpec, env_kwargs_from_wire
+from nitro.spec import MAX_ACTORS, MAX_BUDGET_USD, InvalidSpec, env_kwargs_from_wire
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
 
@@ -48,9 +62,8 @@ def strip_password(url: str) -> str:
 
 
 def check_job_id(job_id: str, context) -> None:
-    if not JOB_ID_RE.match(job_id or ""):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                      "job_id: must be 1-64 characters of letters, digits, '-' or '_'")
+    if not is_job_id(job_id):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: must be {JOB_ID_RULE}")
 
 
 def check_memory(memory_mb: int, context) -> None:
@@ -70,24 +83,20 @@ _CLOUD_LEDGER = {"actor": ("cloud_actor_cost_usd", "cloud_billed_ms"),
                  "learner": ("cloud_learner_fn_cost_usd", "cloud_learner_fn_billed_ms")}
 
 
-def state_key(job_id: str) -> str:
-    return f"nitro:{job_id}:scaler"
-
-
 def policy_params(sc) -> tuple[str, dict]:
     name = sc.policy or "nitro"
     if name == "fixed":
-        return name, {"actors": sc.fixed_actors or 16}
+        return name, {"actors": sc.fixed_actors or FIXED_ACTORS}
     if name == "hydrozoa":
-        return name, {"every": sc.period or 10}
+        return name, {"every": sc.period or HYDROZOA_PERIOD}
     if name == "minions":
         return name, {"scheduler": sc.scheduler}
     if name == "schedule":
-        return name, {"decay": sc.decay or 0.96}
+        return name, {"decay": sc.decay or SCORE_DECAY}
     if name == "replay":
         return name, {"actors_by_round": sc.actors_by_round}
     if name == "nitro-floor":
-        return name, {"floor_actors": sc.floor_actors or 64, "floor_decay": sc.floor_decay or 0.96}
+        return name, {"floor_actors": sc.floor_actors or FLOOR_ACTORS, "floor_decay": sc.floor_decay or FLOOR_DECAY}
     return name, {}
 
 
@@ -111,7 +120,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
 
     # -- state ---------------------------------------------------------------------------
     def _state(self, job_id: str) -> dict:
-        raw = self.redis.hgetall(state_key(job_id))
+        raw = self.redis.hgetall(scaler_state_key(job_id))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def _ledger(self, st: dict, budget: float) -> dict:
@@ -133,9 +142,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         sc = request.scaler
         name, params = policy_params(sc)
         base = name.partition(":")[0]
-        if base not in SCALER_POLICIES:
+        if base not in SCALING_POLICIES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"scaler.policy: unknown {name!r}; allowed: {list(SCALER_POLICIES)}")
+                          f"scaler.policy: unknown {name!r}; allowed: {list(SCALING_POLICIES)}")
         check_job_id(request.job_id, context)
         if request.round < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"round: must be >= 0, got {request.round}")
@@ -169,7 +178,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"scaler: {exc}")
-        key = state_key(request.job_id)
+        key = scaler_state_key(request.job_id)
         st = self._state(request.job_id)
         cached = st.get(f"plan:{request.round}")
         if cached:  # a retried Plan: same answer, learner time not billed again
@@ -247,9 +256,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if not request.function_name or (kind == "actor" and not request.env_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_id and function_name are required")
         if kind == "learner" and not (_PAYLOAD_REF_RE.fullmatch(request.payload_ref)
-                                      and request.payload_ref.startswith(f"nitro:{request.job_id}:learn:")):
+                                      and is_learn_key(request.job_id, request.payload_ref)):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"payload_ref: kind 'learner' needs a key 'nitro:{request.job_id}:learn:...' of at most 256 "
+                          f"payload_ref: kind 'learner' needs a key '{learn_prefix(request.job_id)}...' of at most 256 "
                           "letters, digits and '_:.#-'")
         if not 0 < request.deadline_s <= 3600:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_s: must be in (0, 3600]")
@@ -264,8 +273,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                           "slots: must be distinct non-negative integers, as many as actors; wave must be >= 0")
         invocations = []
         for i in slots:
-            letter = "a" if kind == "actor" else "g"
-            inv_id = f"{request.job_id}-r{request.round}-{letter}{i}" + (f"-x{request.wave}" if request.wave else "")
+            inv_id = invocation_id(request.job_id, request.round, i, kind=kind, wave=request.wave)
             event = {"job_id": request.job_id, "round": request.round, "policy_version": request.policy_version,
                      "invocation_id": inv_id, "redis_url": self.actor_redis_url}
             if kind == "actor":
@@ -277,7 +285,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             else:
                 event["payload_ref"] = request.payload_ref
             invocations.append(Invocation(inv_id, event))
-        key = state_key(request.job_id)
+        key = scaler_state_key(request.job_id)
         usd_total = cloud_usd_total = 0.0
         cost_field, calls_field, ms_field = _LEDGER[kind]
         cloud_cost_field, cloud_ms_field = _CLOUD_LEDGER[kind]

@@ -1,4 +1,4 @@
-"""Fault injection on a supervised local system (`python -m nitro.local.system`, as `nitro up` starts it).
+"""Fault injection on a supervised local system (`python -m nitro.local.supervisor`, as `nitro up` starts it).
 
 Shared by the fault tests and bench/faults_recovery.py: start the supervisor, read pids from its
 state.json, signal them, wait for components to serve again, find an endpoint worker mid-invocation.
@@ -15,17 +15,18 @@ from pathlib import Path
 import redis
 
 from nitro.client.sdk import NitroClient
-from nitro.local import system as ls
+from nitro.local import health as local_health
+from nitro.local import secret_files, supervisor, system_state
 
 
 def supervised(state_dir: Path, *flags: str) -> dict:
     """Start the supervisor as `nitro up` does; its state.json once ready."""
-    proc = ls.spawn_supervisor(state_dir, ["--concurrency", "4", *flags])
-    return ls.wait_until_ready(state_dir, proc, timeout_s=300)
+    proc = supervisor.spawn_supervisor(state_dir, ["--concurrency", "4", *flags])
+    return supervisor.wait_until_ready(state_dir, proc, timeout_s=300)
 
 
 def state_of(state_dir: Path) -> dict:
-    return ls.read_state(state_dir)
+    return system_state.read_state(state_dir)
 
 
 def component(state_dir: Path, name: str) -> dict:
@@ -51,20 +52,20 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
 
 def serving_again(state_dir: Path, name: str, old_pid: int) -> bool:
     comp = component(state_dir, name)
-    return comp["pid"] != old_pid and ls.probe(name, comp, state_dir) == "SERVING"
+    return comp["pid"] != old_pid and local_health.probe(name, comp, state_dir) == "SERVING"
 
 
 def all_serving(state_dir: Path) -> bool:
     comps = state_of(state_dir)["components"]
-    return all(ls.probe(name, comp, state_dir) == "SERVING" for name, comp in comps.items())
+    return all(local_health.probe(name, comp, state_dir) == "SERVING" for name, comp in comps.items())
 
 
 def client_of(state_dir: Path) -> NitroClient:
-    return NitroClient(ls.local_target(state_dir), token=ls.local_token(state_dir))
+    return NitroClient(system_state.local_target(state_dir), token=system_state.local_token(state_dir))
 
 
 def redis_of(state_dir: Path) -> redis.Redis:
-    password = (state_dir / ls.REDIS_PASSWORD_FILE).read_text().strip()
+    password = (state_dir / secret_files.REDIS_PASSWORD_FILE).read_text().strip()
     return redis.Redis.from_url(component(state_dir, "redis")["url"], password=password)
 
 

@@ -417,7 +417,7 @@ def test_learner_stubs_carry_token_over_tls(tls, tmp_path, monkeypatch):
 def test_every_listener_binds_loopback_by_default():
     from detector_svc import server as detector
     from learner_svc import server as learner
-    from nitro.local.lambda_endpoint.__main__ import _parser as lambda_parser
+    from nitro.local.lambda_endpoint.__main__ import build_parser as lambda_parser
     from nitro.local.redis_server import LocalRedis
     from scaler_svc import server as scaler
 

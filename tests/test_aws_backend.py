@@ -14,9 +14,10 @@ import pytest
 import redis
 
 from nitro.client.sdk import NitroClient
+from nitro.errors import LocalSystemError
 from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
 from nitro.local.redis_server import ACTOR_USER
-from nitro.local.system import LocalSystem, LocalSystemError
+from nitro.local.system import LocalSystem
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -2,7 +2,7 @@
 job the restarted learner already runs, and, when the system itself is gone, exits non-zero with the
 job's last known state and the commands that go on with it (never "PENDING ... exit 0").
 
-Runs `nitro train` as a subprocess against a supervised local system (`python -m nitro.local.system`,
+Runs `nitro train` as a subprocess against a supervised local system (`python -m nitro.local.supervisor`,
 as `nitro up` starts it) and crashes components with SIGKILL.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nitro.local import system as ls
+from nitro.local import system_state
 from tests.faultkit import client_of, component, kill, serving_again, supervised, wait_for_round, wait_until
 from tests.test_supervisor_restarts import SPEC, check_job
 
@@ -32,7 +32,7 @@ def system_dir(tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("cli-truth")
     supervised(state_dir)
     yield state_dir
-    ls.shutdown(state_dir)
+    system_state.shutdown(state_dir)
 
 
 def train(state_dir: Path, results: Path, *argv: str) -> subprocess.Popen:
@@ -111,7 +111,7 @@ def test_train_exits_nonzero_with_the_commands_when_the_system_is_gone(system_di
     proc = train(system_dir, tmp_path, *spec_flags(job, 5))
     try:
         read_until(proc, "round    0", 180)
-        supervisor = ls.read_state(system_dir)["supervisor_pid"]
+        supervisor = system_state.read_state(system_dir)["supervisor_pid"]
         kill(system_dir, "learner")
         os.kill(supervisor, signal.SIGKILL)  # the other components follow it (parent-death signal)
         out, _ = proc.communicate(timeout=120)
@@ -124,7 +124,7 @@ def test_train_exits_nonzero_with_the_commands_when_the_system_is_gone(system_di
     assert f"nitro watch {job} --state-dir {system_dir}" in out
     assert f"nitro train --resume {job} --state-dir {system_dir}" in out
     # The documented way on: bring the system back (same secrets: batches signed before are still valid).
-    ls.shutdown(system_dir)  # what the killed supervisor left
+    system_state.shutdown(system_dir)  # what the killed supervisor left
     supervised(system_dir)
     resumed = tmp_path / "resumed"
     proc = train(system_dir, resumed, "--resume", job)

@@ -21,7 +21,8 @@ from moto import mock_aws
 
 from nitro.aws import lambda_deploy
 from nitro.client import cli
-from nitro.local import system as ls
+from nitro.client.commands import system as system_commands
+from nitro.errors import LocalSystemError
 
 ROOT = Path(__file__).resolve().parents[1]
 REGION = "us-east-2"
@@ -307,7 +308,7 @@ def test_train_backend_aws_starts_the_local_system_without_the_local_endpoint(aw
                         aws_region=aws_region, hmac_key=hmac_key, redis_password=redis_password, redis_bind=redis_bind)
 
         def start(self):
-            raise ls.LocalSystemError("stop here")
+            raise LocalSystemError("stop here")
 
         def request_stop(self):
             pass
@@ -315,7 +316,7 @@ def test_train_backend_aws_starts_the_local_system_without_the_local_endpoint(aw
         def stop(self):
             return []
 
-    monkeypatch.setattr(ls, "LocalSystem", FakeSystem)
+    monkeypatch.setattr(system_commands, "LocalSystem", FakeSystem)
     rc, err = train(*flags)
     assert rc == 1 and "stop here" in err, err
     assert seen == {"ports": {"redis": 6390}, "lambda_backend": "aws", "actor_redis_url": "redis://203.0.113.7:6390/0",

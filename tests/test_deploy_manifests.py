@@ -512,11 +512,11 @@ def test_compose_commands_are_the_services_own_flags(compose):
         env = compose["services"][svc]["environment"]
         assert {"NITRO_HMAC_KEY", "NITRO_TOKEN", "NITRO_REDIS_URL"} <= set(env)
         assert ":?" in env["NITRO_HMAC_KEY"], "a missing secret must stop compose, not start an insecure service"
-    from nitro.local.lambda_endpoint.__main__ import _parser
+    from nitro.local.lambda_endpoint.__main__ import build_parser
 
     actors = compose["services"]["actors"]
     assert actors["entrypoint"] == ["python", "-m", "nitro.local.lambda_endpoint"]
-    assert parses(_parser().parse_args, interpolate(actors["command"]))
+    assert parses(build_parser().parse_args, interpolate(actors["command"]))
     scaler = interpolate(compose["services"]["scaler"]["command"])
     assert scaler[scaler.index("--lambda-endpoint") + 1] == "http://actors:9000"
     aws = yaml.safe_load((DOCKER / "compose.aws.yaml").read_text())

@@ -33,10 +33,10 @@ from learner_svc.jobs import Job
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.rounds import LearnerDeps
 from nitro.client.sdk import NitroClient
+from nitro.contracts import scaler_state_key, seen_key, stream_key
 from nitro.data.redis_client import connect
-from nitro.data.store import TrajectoryWriter, seen_key, stream_key
+from nitro.data.store import TrajectoryWriter
 from nitro.spec import TrainingSpec, validate
-from scaler_svc.server import state_key
 from tests.system import module_system, sample_value, scrape
 
 pytestmark = pytest.mark.timeout(400)
@@ -139,7 +139,7 @@ def test_learner_killed_mid_round_resumes_with_every_batch_learned_once(system, 
     assert status.total_env_steps == total
     red = connect(system.redis_url)
     try:
-        billed = int(red.hget(state_key(job_id), "steps_billed"))
+        billed = int(red.hget(scaler_state_key(job_id), "steps_billed"))
         stale = sum(r.stale_batches_dropped for r in reports)
         assert billed == total + stale * STEPS, f"every batch produced counted once (killed {where})"
         if mode == "ppo":

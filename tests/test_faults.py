@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from nitro.client.sdk import NitroClient
+from nitro.contracts import stream_key
 from nitro.data.redis_client import connect
-from nitro.data.store import stream_key
 from tests.faultkit import busy_worker, wait_for_round
 from tests.system import start_system
 

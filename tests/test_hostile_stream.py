@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from nitro.client.sdk import NitroClient
+from nitro.contracts import stream_key
 from nitro.data import codec
 from nitro.data.redis_client import connect
-from nitro.data.store import stream_key
 from tests.system import scrape, start_system
 
 pytestmark = pytest.mark.timeout(420)

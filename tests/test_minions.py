@@ -378,11 +378,15 @@ def test_jobs_whose_budget_pays_for_no_round_are_skipped(tmp_path):
     assert not (tmp_path / "none.npz").exists()
 
 
-def test_trajectory_key_is_the_scalers():
-    from nitro.scaling.minions_pretrain import SCALER_STATE_KEY
-    from scaler_svc.server import state_key
+def test_trajectory_is_read_from_the_scalers_job_state():
+    from nitro.scaling.minions_pretrain import read_trajectory
 
-    assert SCALER_STATE_KEY.format(job_id="j-1") == state_key("j-1")
+    class Hash:
+        def hget(self, key, field):
+            assert (key, field) == ("nitro:j-1:scaler", "policy_state")  # the scaler's hash (nitro.contracts)
+            return json.dumps({"trajectory": [{"round": 1}, {"round": 0}]})
+
+    assert read_trajectory(Hash(), "j-1") == [{"round": 0}, {"round": 1}]
 
 
 def test_spec_validation_of_the_scheduler(tmp_path):

@@ -19,6 +19,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from learner_svc.rounds import EVAL_SEED_TAG, derived_seed
 from nitro import load_policy
 from nitro.client import cli, results
+from nitro.client.commands import follow
 from nitro.errors import ConfigError, PolicyError
 from nitro.policy.evaluation import evaluate_policy, iqm_interval
 from nitro.policy.trained import export_policy
@@ -98,7 +99,7 @@ def test_best_pt_is_the_best_evaluated_round(trained, checkpoint):
 
 def test_results_copy_and_name_best_pt(trained, tmp_path, capsys):
     status, reports = trained
-    out = cli._write_results(tmp_path / "job", status, reports, 1.0)
+    out = follow.write_results(tmp_path / "job", status, reports, 1.0)
     assert (out / "best.pt").read_bytes() == open(os.path.join(os.path.dirname(status.checkpoint_path),
                                                                "best.pt"), "rb").read()
     assert f"best policy   {out / 'best.pt'} (round" in capsys.readouterr().out
@@ -318,9 +319,9 @@ def test_box_actions_are_clipped_means_and_survive_export(tmp_path):
 
 @pytest.mark.parametrize("fps,step,gif_fps", [(50, 1, 50.0), (125, 5, 25.0), (20, 1, 20.0), (60, 3, 20.0)])
 def test_gif_keeps_real_time_in_whole_hundredths(fps, step, gif_fps):
-    from nitro.policy.video import _gif_timing
+    from nitro.policy.video import gif_timing
 
-    assert _gif_timing(fps) == (step, gif_fps)
+    assert gif_timing(fps) == (step, gif_fps)
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["eval", "--help"], ["export", "--help"]])

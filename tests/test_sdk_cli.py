@@ -14,7 +14,8 @@ import grpc
 import pytest
 
 from nitro.client import cli, results, sdk
-from nitro.local import system as local_system
+from nitro.client.commands import common, train
+from nitro.local import processes, secret_files, system_state
 from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
 from nitro.v1 import common_pb2, training_pb2
 
@@ -24,7 +25,7 @@ def parse_train(*flags: str):
 
 
 def spec_of(*flags: str) -> dict:
-    return cli.build_spec(parse_train(*flags))
+    return train.build_spec(parse_train(*flags))
 
 
 # --- nitro train flags -> spec ---------------------------------------------------------------
@@ -42,7 +43,7 @@ def test_only_given_flags_are_set():
 
 
 def test_every_spec_field_has_a_flag():
-    covered = {f for _, f, _, _ in cli.TRAIN_FIELDS} | {"scaler.policy", "hyperparameters", "reproducible", "env_kwargs"}
+    covered = {f for _, f, _, _ in train.TRAIN_FIELDS} | {"scaler.policy", "hyperparameters", "reproducible", "env_kwargs"}
     wanted = {f.name for f in dataclasses.fields(TrainingSpec) if f.name not in ("scaler", "stellaris")}
     wanted |= {f"scaler.{f.name}" for f in dataclasses.fields(ScalerSettings)}
     wanted |= {f"stellaris.{f.name}" for f in dataclasses.fields(StellarisSettings)}
@@ -374,7 +375,7 @@ def test_train_writes_results(tmp_path, monkeypatch, capsys):
     ckpt.parent.mkdir()
     ckpt.write_bytes(b"weights")
     FakeClient.checkpoint = str(ckpt)
-    monkeypatch.setattr(cli, "NitroClient", FakeClient)
+    monkeypatch.setattr(common, "NitroClient", FakeClient)
     out = tmp_path / "results"
     rc = cli.main(["train", "--target", "h:1", "--env", "CartPole-v1", "--results-dir", str(out), "--no-progress"])
     assert rc == 0
@@ -394,7 +395,7 @@ def test_train_server_errors_are_one_line(monkeypatch, capsys, code, rc):
         raise sdk.map_rpc_error(FakeRpcError(code, "scaler.i_min: must be <= scaler.i_max (3), got 9"))
 
     monkeypatch.setattr(FakeClient, "start_training", fail)
-    monkeypatch.setattr(cli, "NitroClient", FakeClient)
+    monkeypatch.setattr(common, "NitroClient", FakeClient)
     assert cli.main(["train", "--target", "h:1", "--env", "CartPole-v1", "--i-min", "9", "--i-max", "3"]) == rc
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
@@ -419,12 +420,12 @@ def test_down_cleans_stale_state(tmp_path, capsys):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     dead = proc.pid  # a pid that no longer runs
-    (tmp_path / local_system.STATE_FILE).write_text(json.dumps({"supervisor_pid": dead, "components": {}}))
-    (tmp_path / local_system.HMAC_KEY_FILE).write_text("k")
+    (tmp_path / system_state.STATE_FILE).write_text(json.dumps({"supervisor_pid": dead, "components": {}}))
+    (tmp_path / secret_files.HMAC_KEY_FILE).write_text("k")
     assert cli.main(["down", "--state-dir", str(tmp_path)]) == 0
     assert "stale" in capsys.readouterr().out
-    assert not (tmp_path / local_system.STATE_FILE).exists()
-    assert (tmp_path / local_system.HMAC_KEY_FILE).exists(), "secrets outlive the system (rotate_secrets removes them)"
+    assert not (tmp_path / system_state.STATE_FILE).exists()
+    assert (tmp_path / secret_files.HMAC_KEY_FILE).exists(), "secrets outlive the system (rotate_secrets removes them)"
 
 
 def test_status_when_nothing_is_up(tmp_path, capsys):
@@ -437,13 +438,13 @@ def test_listens_on_tells_our_socket_from_others():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        if local_system.listens_on(os.getpid(), port) is None:
+        if processes.listens_on(os.getpid(), port) is None:
             pytest.skip("no /proc")
-        assert local_system.listens_on(os.getpid(), port) is True
-        assert local_system.listens_on(os.getpid(), local_system.free_port()) is False
+        assert processes.listens_on(os.getpid(), port) is True
+        assert processes.listens_on(os.getpid(), processes.free_port()) is False
 
 
 def test_secret_files_are_private(tmp_path):
     path = tmp_path / "hmac.key"
-    local_system.write_secret(path, "abc")
+    secret_files.write_secret(path, "abc")
     assert path.stat().st_mode & 0o777 == 0o600 and path.read_text() == "abc\n"

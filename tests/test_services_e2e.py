@@ -134,7 +134,7 @@ def test_unknown_job_is_not_found(client):
 
 
 def test_redis_unreachable_is_unavailable_with_address(system, tmp_path):
-    from nitro.local.system import free_port
+    from nitro.local.processes import free_port
 
     port = free_port()
     env = system.child_env()

@@ -10,6 +10,7 @@ import yaml
 
 from nitro import spec_file
 from nitro.client import cli, sdk
+from nitro.client.commands import train
 from nitro.config import ALGO_PRESETS
 from nitro.policy import env_kwargs
 from nitro.presets import ENV_PRESETS
@@ -25,7 +26,7 @@ SPEC = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 3, "hidden_sizes": 
 
 
 def spec_of(*flags: str) -> dict:
-    return cli.build_spec(cli.build_parser().parse_args(["train", *flags]))
+    return train.build_spec(cli.build_parser().parse_args(["train", *flags]))
 
 
 def server_side(spec: dict) -> TrainingSpec:

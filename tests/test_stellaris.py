@@ -33,14 +33,13 @@ from nitro.algos.stellaris import (
     flat_parameters,
     global_truncated_ratio,
     make_parcel,
-    parcel_key,
     prepare,
     skip_record,
     staleness_bound,
     staleness_weight,
-    update_stream_key,
 )
 from nitro.config import impact_config, ppo_config, preset_names
+from nitro.contracts import parcel_key, update_stream_key
 from nitro.data import codec
 from nitro.data.store import PolicyStore
 from nitro.errors import ConfigError
@@ -608,13 +607,14 @@ def test_bad_stellaris_settings_name_the_field(field, value):
 
 def test_cli_flags_reach_the_stellaris_spec():
     from nitro.client import cli, sdk
+    from nitro.client.commands import train
 
     args = cli.build_parser().parse_args([
         "train", "--env", ENV, "--learner-mode", "stellaris", "--learner-function", "fn", "--learner-memory", "512",
         "--max-learners", "3", "--staleness-weight", "exp", "--staleness-decay", "0.3",
         "--staleness-bound-start", "6", "--staleness-bound-end", "1", "--staleness-bound-schedule", "geometric",
         "--rho-bar", "1.5", "--recent-versions", "2"])
-    msg = sdk.spec_to_proto(cli.build_spec(args))
+    msg = sdk.spec_to_proto(train.build_spec(args))
     st = from_proto(msg).stellaris
     assert msg.learner_mode == "stellaris"
     assert (st.learner_function, st.learner_memory_mb, st.max_learners, st.staleness_weight, st.staleness_decay,

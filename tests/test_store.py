@@ -12,18 +12,11 @@ import time
 import numpy as np
 import pytest
 
+from nitro.contracts import policy_key, seen_key, stream_key
 from nitro.data import codec
 from nitro.data.codec import encode
 from nitro.data.redis_client import connect
-from nitro.data.store import (
-    PolicyNotFoundError,
-    PolicyStore,
-    TrajectoryReader,
-    TrajectoryWriter,
-    policy_key,
-    seen_key,
-    stream_key,
-)
+from nitro.data.store import PolicyNotFoundError, PolicyStore, TrajectoryReader, TrajectoryWriter
 from nitro.local.redis_server import LocalRedis
 
 JOB = "job-1"

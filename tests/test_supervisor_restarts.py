@@ -1,7 +1,7 @@
 """The local supervisor restarts crashed components; secrets outlive restarts and `nitro down`/`nitro up`.
 
 The restart decision and the secret files are tested as pure functions; everything else runs
-`python -m nitro.local.system` as `nitro up` does, and crashes components with SIGKILL of the pid
+`python -m nitro.local.supervisor` as `nitro up` does, and crashes components with SIGKILL of the pid
 that state.json names.
 """
 
@@ -17,8 +17,9 @@ import pytest
 
 from nitro.client import cli
 from nitro.client.sdk import NitroClient
-from nitro.data.store import stream_key
-from nitro.local import system as ls
+from nitro.contracts import stream_key
+from nitro.errors import LocalSystemError
+from nitro.local import processes, restarts, secret_files, system_state
 from tests.faultkit import (
     busy_worker,
     client_of,
@@ -43,27 +44,27 @@ SPEC = {"env_id": "CartPole-v1", "preset": "fast", "steps_per_actor": 256, "eval
 
 
 def test_restart_delay_doubles_then_stops_at_the_budget():
-    policy = ls.RestartPolicy(max_restarts=3, window_s=100.0, first_delay_s=0.5, max_delay_s=1.5)
-    assert ls.restart_delay(policy, [], now=1000.0) == 0.5
-    assert ls.restart_delay(policy, [990.0], now=1000.0) == 1.0
-    assert ls.restart_delay(policy, [980.0, 990.0], now=1000.0) == 1.5  # capped
-    assert ls.restart_delay(policy, [970.0, 980.0, 990.0], now=1000.0) is None  # budget spent
+    policy = restarts.RestartPolicy(max_restarts=3, window_s=100.0, first_delay_s=0.5, max_delay_s=1.5)
+    assert restarts.restart_delay(policy, [], now=1000.0) == 0.5
+    assert restarts.restart_delay(policy, [990.0], now=1000.0) == 1.0
+    assert restarts.restart_delay(policy, [980.0, 990.0], now=1000.0) == 1.5  # capped
+    assert restarts.restart_delay(policy, [970.0, 980.0, 990.0], now=1000.0) is None  # budget spent
     # Restarts older than the window no longer count: a component that stayed up earns its budget back.
-    assert ls.restart_delay(policy, [800.0, 850.0, 990.0], now=1000.0) == 1.0
-    assert ls.restart_delay(ls.RestartPolicy(max_restarts=0), [], now=0.0) is None
+    assert restarts.restart_delay(policy, [800.0, 850.0, 990.0], now=1000.0) == 1.0
+    assert restarts.restart_delay(restarts.RestartPolicy(max_restarts=0), [], now=0.0) is None
 
 
 def test_describe_exit():
-    assert ls.describe_exit(-signal.SIGKILL) == "signal SIGKILL"
-    assert ls.describe_exit(1) == "exit code 1"
-    assert ls.describe_exit(None) == "did not start"
+    assert processes.describe_exit(-signal.SIGKILL) == "signal SIGKILL"
+    assert processes.describe_exit(1) == "exit code 1"
+    assert processes.describe_exit(None) == "did not start"
 
 
 def test_secret_is_created_private_then_reused(tmp_path):
     path = tmp_path / "token"
-    first = ls.load_or_create_secret(path, lambda: "abc")
+    first = secret_files.load_or_create_secret(path, lambda: "abc")
     assert first == "abc" and path.stat().st_mode & 0o777 == 0o600
-    assert ls.load_or_create_secret(path, lambda: "other") == "abc"
+    assert secret_files.load_or_create_secret(path, lambda: "other") == "abc"
 
 
 @pytest.mark.parametrize("mode,content,match", [(0o644, "abc\n", "readable by other users"), (0o600, "\n", "empty")])
@@ -71,8 +72,8 @@ def test_a_leaky_or_empty_secret_is_refused(tmp_path, mode, content, match):
     path = tmp_path / "hmac.key"
     path.write_text(content)
     path.chmod(mode)
-    with pytest.raises(ls.LocalSystemError, match=match) as exc:
-        ls.load_or_create_secret(path, lambda: "new")
+    with pytest.raises(LocalSystemError, match=match) as exc:
+        secret_files.load_or_create_secret(path, lambda: "new")
     assert "--rotate-secrets" in str(exc.value)
 
 
@@ -103,11 +104,11 @@ def system_dir(tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("supervised")
     supervised(state_dir)
     yield state_dir
-    ls.shutdown(state_dir)
+    system_state.shutdown(state_dir)
 
 
 def test_crashed_redis_endpoint_and_detector_are_restarted_and_the_job_completes(system_dir):
-    supervisor_log = system_dir / "logs" / ls.SUPERVISOR_LOG
+    supervisor_log = system_dir / "logs" / system_state.SUPERVISOR_LOG
     before = {n: c["address"] for n, c in state_of(system_dir)["components"].items()}
     with client_of(system_dir) as client:
         job = client.start_training({**SPEC, "rounds": 6, "job_id": "survives-crashes"}).job_id
@@ -161,36 +162,36 @@ def test_status_shows_restarts(system_dir, capsys):
 
 
 def test_secrets_cannot_be_rotated_while_up(system_dir):
-    with pytest.raises(ls.LocalSystemError, match="nitro down"):
-        ls.rotate_secrets(system_dir)
+    with pytest.raises(LocalSystemError, match="nitro down"):
+        system_state.rotate_secrets(system_dir)
     assert cli.main(["up", "--state-dir", str(system_dir), "--rotate-secrets"]) == 0  # "already up": nothing rotated
-    assert (system_dir / ls.TOKEN_FILE).exists()
+    assert (system_dir / secret_files.TOKEN_FILE).exists()
 
 
 def test_restart_budget_spent_stops_everything_and_secrets_outlive_the_system(tmp_path, capsys):
     state_dir = tmp_path / "budget"
     supervised(state_dir, "--max-restarts", "1")
-    secrets = {f: (state_dir / f).read_text() for f in ls.SECRET_FILES}
+    secrets = {f: (state_dir / f).read_text() for f in secret_files.SECRET_FILES}
     try:
         pid = kill(state_dir, "detector")
         wait_until(lambda: serving_again(state_dir, "detector", pid), 60, "the detector back")
         kill(state_dir, "detector")  # its second exit: one restart was all it had
-        wait_until(lambda: ls.running_state(state_dir) is None, 120, "the supervisor to stop everything")
+        wait_until(lambda: system_state.running_state(state_dir) is None, 120, "the supervisor to stop everything")
         assert cli.main(["status", "--state-dir", str(state_dir)]) == 1
         out = capsys.readouterr().out
         assert "detector exited (signal SIGKILL) and it was restarted 1 time(s)" in out
         assert "nitro up" in out and "detector.log" in out
         # Down: the secrets stay, private, and the next `nitro up` uses them.
-        assert {f: (state_dir / f).read_text() for f in ls.SECRET_FILES} == secrets
-        assert all((state_dir / f).stat().st_mode & 0o777 == 0o600 for f in ls.SECRET_FILES)
+        assert {f: (state_dir / f).read_text() for f in secret_files.SECRET_FILES} == secrets
+        assert all((state_dir / f).stat().st_mode & 0o777 == 0o600 for f in secret_files.SECRET_FILES)
         assert cli.main(["up", "--state-dir", str(state_dir)]) == 0
-        assert {f: (state_dir / f).read_text() for f in ls.SECRET_FILES} == secrets
+        assert {f: (state_dir / f).read_text() for f in secret_files.SECRET_FILES} == secrets
         assert cli.main(["status", "--state-dir", str(state_dir)]) == 0  # Redis took the kept passwords
-        assert ls.last_failure(state_dir) is None  # the new system is up: the old error is history
+        assert system_state.last_failure(state_dir) is None  # the new system is up: the old error is history
     finally:
-        ls.shutdown(state_dir)
-    assert ls.rotate_secrets(state_dir) == list(ls.SECRET_FILES)
-    assert not any((state_dir / f).exists() for f in ls.SECRET_FILES)
+        system_state.shutdown(state_dir)
+    assert system_state.rotate_secrets(state_dir) == list(secret_files.SECRET_FILES)
+    assert not any((state_dir / f).exists() for f in secret_files.SECRET_FILES)
 
 
 if __name__ == "__main__":

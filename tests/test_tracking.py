@@ -12,6 +12,7 @@ import time
 import pytest
 
 from nitro.client import cli, results, sdk, tracking
+from nitro.client.commands import common, follow
 from nitro.v1 import training_pb2
 from tests.test_sdk_cli import FakeClient, report
 
@@ -108,7 +109,7 @@ def test_train_with_a_missing_tracker_package_fails_before_the_job(monkeypatch, 
     monkeypatch.setitem(sys.modules, "wandb", None)
     started = []
     monkeypatch.setattr(FakeClient, "start_training", lambda self, spec: started.append(spec))
-    monkeypatch.setattr(cli, "NitroClient", FakeClient)
+    monkeypatch.setattr(common, "NitroClient", FakeClient)
     rc = cli.main(["train", "--target", "h:1", "--env", "CartPole-v1", "--wandb-project", "p",
                    "--results-dir", str(tmp_path)])
     assert rc == 2 and not started
@@ -148,7 +149,7 @@ def test_rounds_csv_is_readable_after_each_row(tmp_path):
 
 def test_train_logs_to_tensorboard_and_exits_with_the_jobs_state(tmp_path, monkeypatch, capsys):
     FakeClient.checkpoint = ""
-    monkeypatch.setattr(cli, "NitroClient", FakeClient)
+    monkeypatch.setattr(common, "NitroClient", FakeClient)
     out, tb = tmp_path / "results", tmp_path / "tb"
     rc = cli.main(["train", "--target", "h:1", "--env", "CartPole-v1", "--results-dir", str(out), "--no-progress",
                    "--tensorboard", str(tb)])
@@ -164,5 +165,5 @@ def test_train_logs_to_tensorboard_and_exits_with_the_jobs_state(tmp_path, monke
 
     monkeypatch.setattr(FakeClient, "get", stopped)
     assert cli.main(["train", "--target", "h:1", "--env", "CartPole-v1", "--results-dir", str(out),
-                     "--no-progress"]) == cli.JOB_EXIT_CODES["STOPPED"] == 3
+                     "--no-progress"]) == follow.JOB_EXIT_CODES["STOPPED"] == 3
     assert "job job-1 STOPPED: stopped: requested by client" in capsys.readouterr().out

@@ -423,16 +423,6 @@ class ParameterServer:
 
 # -- wire format shared by the parameter service and the learner function --------------------------
 
-def parcel_key(job_id: str, invocation: str) -> str:
-    """Where the parameter service parks one learner function's input (signed)."""
-    return f"nitro:{job_id}:learn:parcel:{invocation}"
-
-
-def update_stream_key(job_id: str) -> str:
-    """The stream learner functions push their signed updates to."""
-    return f"nitro:{job_id}:learn:updates"
-
-
 def make_parcel(*, job_id: str, round_index: int, base_version: int, algo: str, config: dict, kl_coeff: float,
                 rho_bar: float, recent_versions: int, seed: int, batches: list[dict],
                 behaviour_versions: list[int], max_staleness: int | None = None) -> dict:

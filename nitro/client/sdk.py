@@ -40,10 +40,11 @@ WATCH_PATIENCE_S = 60.0  # how long `watch` waits for a learner that went away (
 class NitroRpcError(Exception):
     """A failed call: `.code` is the grpc.StatusCode, `.details` the server's message."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, method: str = ""):
+    def __init__(self, code: grpc.StatusCode, details: str, method: str = "", target: str = ""):
         self.code = code
         self.details = details or ""
         self.method = method
+        self.target = target  # the learner address called, when known
         super().__init__(f"{code.name}: {self.details}")
 
 
@@ -81,12 +82,12 @@ _ERROR_BY_CODE = {
 }
 
 
-def map_rpc_error(err: grpc.RpcError, method: str = "") -> NitroRpcError:
+def map_rpc_error(err: grpc.RpcError, method: str = "", target: str = "") -> NitroRpcError:
     """The typed exception for a grpc.RpcError (a call error exposes code() and details())."""
     code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
     details = err.details() if callable(getattr(err, "details", None)) else str(err)
     code = code or grpc.StatusCode.UNKNOWN
-    return _ERROR_BY_CODE.get(code, NitroRpcError)(code, details or "", method)
+    return _ERROR_BY_CODE.get(code, NitroRpcError)(code, details or "", method, target)
 
 
 # --- results ----------------------------------------------------------------------------
@@ -311,7 +312,7 @@ class NitroClient:
         try:
             return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as err:
-            raise map_rpc_error(err, method) from None
+            raise map_rpc_error(err, method, self.target) from None
 
     def start_training(self, spec: TrainingSpec | Mapping | training_pb2.TrainingSpec) -> TrainingStatus:
         request = training_pb2.StartTrainingRequest(spec=spec_to_proto(spec))
@@ -364,10 +365,10 @@ class NitroClient:
                 away = code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.NOT_FOUND and lost_since)
                 lost_since = lost_since or (now if away else None)
                 if not away or now - lost_since >= patience_s:
-                    raise map_rpc_error(err, "WatchTraining") from None
+                    raise map_rpc_error(err, "WatchTraining", self.target) from None
                 tries += 1
                 if on_wait is not None:
-                    on_wait(map_rpc_error(err, "WatchTraining"), now - lost_since)
+                    on_wait(map_rpc_error(err, "WatchTraining", self.target), now - lost_since)
                 time.sleep(min(0.5 * 2 ** tries, 5.0))
             finally:
                 call.cancel()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 import redis
 
+from nitro.contracts import check_job_id, latest_policy_key, policy_key, seen_key, stream_key
 from nitro.data.batching import split_batch, steps_of, wants_compression
 from nitro.data.codec import (
     BadSignatureError,
@@ -37,39 +37,10 @@ from nitro.data.codec import (
 
 log = logging.getLogger(__name__)
 
-_JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FIELDS = (b"inv", b"round", b"version", b"steps")
 _PART_FIELDS = (b"part", b"parts")
 DEFAULT_MAX_ENTRY_BYTES = 32 << 20
 REDIS_MAX_BULK_BYTES = 512 << 20  # Redis's default proto-max-bulk-len: no single value may be larger
-
-
-def _job(job_id: str) -> str:
-    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
-        raise ValueError(f"job_id must match [A-Za-z0-9_-]{{1,64}}, got {job_id!r}")
-    return job_id
-
-
-def _version(version: int) -> int:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError(f"version must be a non-negative int, got {version!r}")
-    return version
-
-
-def policy_key(job_id: str, version: int) -> str:
-    return f"nitro:{_job(job_id)}:policy:{_version(version)}"
-
-
-def latest_policy_key(job_id: str) -> str:
-    return f"nitro:{_job(job_id)}:policy:latest"
-
-
-def stream_key(job_id: str) -> str:
-    return f"nitro:{_job(job_id)}:traj"
-
-
-def seen_key(job_id: str) -> str:
-    return f"nitro:{_job(job_id)}:seen"
 
 
 class PolicyNotFoundError(LookupError):
@@ -84,7 +55,7 @@ class PolicyStore:
     def __init__(self, client: redis.Redis, job_id: str, ttl_s: int = 3600):
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
-        self._r, self.job_id, self.ttl_s = client, _job(job_id), int(ttl_s)
+        self._r, self.job_id, self.ttl_s = client, check_job_id(job_id), int(ttl_s)
 
     def put(self, version: int, blob: bytes) -> None:
         pipe = self._r.pipeline(transaction=True)
@@ -236,7 +207,7 @@ class TrajectoryReader:
         recent_cap: int = 100_000,
     ):
         self._r, self._key = client, key
-        self.job_id = _job(job_id)
+        self.job_id = check_job_id(job_id)
         self._stream, self._seen_key = stream_key(job_id), seen_key(job_id)
         self.group, self.consumer = group, consumer
         self.max_payload_bytes = max_payload_bytes

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from nitro.detector.hvp import DEFAULT_SUBSET, impact_objective, make_hvp, ppo_objective, select_subset
-from nitro.detector.lanczos import DEFAULT_STEPS, DEFAULT_TOL, lanczos
+from nitro.contracts import DETECTOR_SUBSET, LANCZOS_STEPS
+from nitro.detector.hvp import impact_objective, make_hvp, ppo_objective, select_subset
+from nitro.detector.lanczos import DEFAULT_TOL, lanczos
 from nitro.detector.score import DEFAULT_EPS, convexity_ratio
 from nitro.detector.solvers import eigsh_extremes, explicit_extremes, lobpcg_extremes
 from nitro.errors import ConfigError
@@ -77,8 +78,8 @@ def _objective(algo: str, policy, samples, idx, normalize_advantages: bool, clip
     return ppo_objective(policy, obs, actions, logp, adv, clip)
 
 
-def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_size: int = DEFAULT_SUBSET,
-           lanczos_steps: int = DEFAULT_STEPS, seed: int = 0, method: str = "lanczos", full_batch: bool = False,
+def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_size: int = DETECTOR_SUBSET,
+           lanczos_steps: int = LANCZOS_STEPS, seed: int = 0, method: str = "lanczos", full_batch: bool = False,
            normalize_advantages: bool = False, tol: float = DEFAULT_TOL, eps: float = DEFAULT_EPS,
            max_explicit_dim: int = 4096, early_stop: bool = True, algo: str = "ppo") -> DetectionResult:
     """Extreme eigenvalues of the surrogate's Hessian w.r.t. policy.policy_parameters().

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-DEFAULT_SUBSET = 512
+from nitro.contracts import DETECTOR_SUBSET
 
 
 def ppo_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, clip: float) -> torch.Tensor:
@@ -76,7 +76,7 @@ def impact_objective(policy, obs: torch.Tensor, actions: torch.Tensor, logp_targ
     return objective
 
 
-def select_subset(n: int, size: int = DEFAULT_SUBSET, seed: int = 0) -> np.ndarray:
+def select_subset(n: int, size: int = DETECTOR_SUBSET, seed: int = 0) -> np.ndarray:
     """Sorted indices of a seeded uniform sample of `size` out of `n` rows (all rows if n <= size)."""
     if size < 1:
         raise ValueError(f"subset size must be >= 1, got {size}")

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from scipy.linalg import eigh_tridiagonal
 
-DEFAULT_STEPS = 20
+from nitro.contracts import LANCZOS_STEPS
+
 DEFAULT_TOL = 1e-3  # relative change of the extremes that counts as converged
 DEFAULT_WINDOW = 3  # iterations over which that change is measured
 BREAKDOWN_TOL = 1e-10  # beta below this (relative to ||T||) means an invariant subspace
@@ -68,7 +69,7 @@ def extremes_delta(history: list[tuple[float, float]], window: int = DEFAULT_WIN
     return float(change / scale)
 
 
-def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], dim: int, k: int = DEFAULT_STEPS, *, seed: int = 0,
+def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], dim: int, k: int = LANCZOS_STEPS, *, seed: int = 0,
             tol: float = DEFAULT_TOL, window: int = DEFAULT_WINDOW, early_stop: bool = False,
             min_steps: int = 8) -> EigResult:
     """Run at most k Lanczos steps from a seeded Gaussian start vector; see EigResult.

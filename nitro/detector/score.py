@@ -30,11 +30,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nitro.contracts import SCORE_DECAY, SCORE_WINDOW
 from nitro.errors import ConfigError
 
 DEFAULT_EPS = 1e-2
-DEFAULT_WINDOW = 6
-DEFAULT_DECAY = 0.96
 FLAT_SCORE = 0.0
 _HUGE = 1e300
 _FLAT_REL = 1e-12
@@ -61,8 +60,8 @@ def convexity_ratio(lambda_max: float, lambda_min: float, eps: float = DEFAULT_E
     return min(max(r, lo_bound), cap)
 
 
-def boosting_score(window: Sequence[float], round_index: int, decay: float = DEFAULT_DECAY,
-                   n: int = DEFAULT_WINDOW) -> float:
+def boosting_score(window: Sequence[float], round_index: int, decay: float = SCORE_DECAY,
+                   n: int = SCORE_WINDOW) -> float:
     """S_k over the last n finite entries of `window` (R_k = the newest); see the module docstring."""
     if round_index < 0:
         raise ConfigError(f"invalid value for round_index: must be an integer >= 0, got {round_index!r}")
@@ -86,7 +85,7 @@ class ScoreWindow:
     """The last `size` convexity ratios, oldest first; immutable, stored as a list of floats."""
 
     values: tuple[float, ...] = ()
-    size: int = DEFAULT_WINDOW
+    size: int = SCORE_WINDOW
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -100,12 +99,12 @@ class ScoreWindow:
         """A new window with `ratio` as the newest entry (the oldest falls out when full)."""
         return ScoreWindow(self.values + (float(ratio),), self.size)
 
-    def score(self, round_index: int, decay: float = DEFAULT_DECAY) -> float:
+    def score(self, round_index: int, decay: float = SCORE_DECAY) -> float:
         return boosting_score(self.values, round_index, decay, self.size)
 
     def to_list(self) -> list[float]:
         return list(self.values)
 
     @classmethod
-    def from_list(cls, values: Sequence[float], size: int = DEFAULT_WINDOW) -> "ScoreWindow":
+    def from_list(cls, values: Sequence[float], size: int = SCORE_WINDOW) -> "ScoreWindow":
         return cls(tuple(values), size)

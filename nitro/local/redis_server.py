@@ -22,6 +22,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from nitro.contracts import ACTOR_KEY_PATTERNS, ALL_KEYS_PATTERN
+
 _LOG_NAME = "redis.log"
 _CONF_NAME = "redis.conf"
 _STDIO_NAME = "redis.stdio"
@@ -36,12 +38,12 @@ SERVICE_USER = "nitro-service"
 ACTOR_USER = "nitro-actor"
 # Services: every command on nitro's keys, none of the server-wide dangerous ones
 # (FLUSHALL, KEYS, CONFIG SET, DEBUG, SHUTDOWN, MODULE, ...); CONFIG GET for the persistence check.
-SERVICE_RULES = "resetkeys ~nitro:* resetchannels -@all +@all -@dangerous +config|get"
+SERVICE_RULES = f"resetkeys ~{ALL_KEYS_PATTERN} resetchannels -@all +@all -@dangerous +config|get"
 # Actors: append to trajectory streams and read policies, nothing else. PING for redis-py's
 # health checks; AUTH/HELLO to log in; MULTI/EXEC/DISCARD because the parts of a split batch
 # go in one transaction (each queued command is still checked). XADD's MAXLEN trim is part of XADD.
 # Learner functions (stellaris) share the user: GET their input and XADD their update under learn:.
-ACTOR_RULES = ("resetkeys ~nitro:*:traj ~nitro:*:policy:* ~nitro:*:learn:* resetchannels -@all +xadd +get +ping "
+ACTOR_RULES = ("resetkeys " + " ".join(f"~{p}" for p in ACTOR_KEY_PATTERNS) + " resetchannels -@all +xadd +get +ping "
                "+auth +hello +multi +exec +discard")
 
 

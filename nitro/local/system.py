@@ -8,14 +8,14 @@ start (a restart must not look like an attack: batches signed before it still
 verify); they reach components through their environment, never their command
 line: the gRPC access token (<state_dir>/token), the HMAC key (hmac.key) and the
 passwords of the Redis ACL users `nitro-service` (redis.password) and
-`nitro-actor` (redis-actor.password). `rotate_secrets` removes them while the
-system is down. Redis keeps an append-only file in <state_dir>/redis. `stop()`
+`nitro-actor` (redis-actor.password) (nitro.local.secret_files);
+`system_state.rotate_secrets` removes them while the system is down. Redis keeps an append-only file in <state_dir>/redis. `stop()`
 ends the components in reverse order.
 
-`python -m nitro.local.system --state-dir DIR` is the supervisor: it runs the
-system in the foreground until SIGTERM/SIGINT (`nitro up` starts it detached)
-and restarts a component that exits on its own, on the same ports, with
-exponential backoff within a restart budget (RestartPolicy); a component that
+`python -m nitro.local.supervisor --state-dir DIR` runs the system in the
+foreground until SIGTERM/SIGINT (`nitro up` starts it detached); LocalSystem
+restarts a component that exits on its own, on the same ports, with exponential
+backoff within a restart budget (nitro.local.restarts); a component that
 exhausts it stops everything.
 
 Every child runs in its own session, so a terminal Ctrl-C reaches only the
@@ -25,31 +25,33 @@ parent-death signal, so none outlives a supervisor that is killed outright.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import fcntl
 import json
 import logging
 import os
 import secrets
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import quote, urlparse, urlunparse
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from nitro.data.codec import generate_hmac_key
+from nitro.errors import LocalSystemError, StartupAborted
+from nitro.local.health import probe
+from nitro.local.processes import (
+    CHILD_SHIM,
+    describe_exit,
+    free_port,
+    listens_on,
+    log_tail,
+    pid_alive,
+    process_start_time,
+)
 from nitro.local.redis_server import (
     ACTOR_USER,
     SERVICE_USER,
@@ -58,83 +60,38 @@ from nitro.local.redis_server import (
     find_redis_server_binary,
     nitro_users,
 )
+from nitro.local.restarts import RestartPolicy, restart_delay
+from nitro.local.secret_files import (
+    HMAC_KEY_FILE,
+    REDIS_ACTOR_PASSWORD_FILE,
+    REDIS_PASSWORD_FILE,
+    TOKEN_FILE,
+    load_or_create_secret,
+    write_secret,
+)
+from nitro.local.system_state import LOCK_FILE, STATE_FILE, cleanup_stale, read_state
 from nitro.rpc import auth
 
 log = logging.getLogger("nitro.local.system")
 
-STATE_FILE = "state.json"
-HMAC_KEY_FILE = "hmac.key"
-REDIS_PASSWORD_FILE = "redis.password"  # the nitro-service ACL user's
-REDIS_ACTOR_PASSWORD_FILE = "redis-actor.password"
-TOKEN_FILE = "token"
-SECRET_FILES = (HMAC_KEY_FILE, REDIS_PASSWORD_FILE, REDIS_ACTOR_PASSWORD_FILE, TOKEN_FILE)
-SUPERVISOR_LOG = "supervisor.log"
-LOCK_FILE = "lock"
+
 COMPONENTS = ("redis", "lambda", "detector", "scaler", "learner")
+
+
 SERVICES = ("detector", "scaler", "learner")
+
+
 ACTOR_FUNCTION = "nitro-actor=actor_fn.handler.handler"
+
+
 LEARNER_FUNCTION = "nitro-learner=actor_fn.learner_handler.handler"  # learner_mode "stellaris"
+
+
 # The learner finishes or checkpoints its round in flight when told to stop.
 STOP_GRACE_S = {"learner": 60.0}
+
+
 DEFAULT_STOP_GRACE_S = 20.0
-
-# Runs between fork and the real program: new session, SIGTERM when the parent dies, exec.
-_SHIM = """import os, sys
-try:
-    os.setsid()
-except OSError:
-    pass
-try:
-    import ctypes, signal
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-except (OSError, AttributeError):
-    pass
-if os.getppid() != int(sys.argv[1]):
-    os._exit(70)  # the parent died before the death signal was armed
-os.execvp(sys.argv[2], sys.argv[2:])
-"""
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """When the supervisor restarts a component that exited on its own (like Kubernetes' crash-loop
-    backoff or compose's `restart: on-failure`): after first_delay_s, doubling with every restart in
-    the last window_s seconds up to max_delay_s; the (max_restarts + 1)-th exit within window_s stops
-    everything. The first delays stay well inside the learner's Redis patience (rounds.REDIS_PATIENCE_S)."""
-
-    max_restarts: int = 5
-    window_s: float = 600.0
-    first_delay_s: float = 0.5
-    max_delay_s: float = 30.0
-
-
-def restart_delay(policy: RestartPolicy, restarts: Sequence[float], now: float) -> float | None:
-    """Seconds to wait before restarting a component that just exited, or None when its restart budget
-    is spent. `restarts`: the times (same clock as `now`) of its earlier restarts."""
-    recent = sum(1 for t in restarts if now - t < policy.window_s)
-    if recent >= policy.max_restarts:
-        return None
-    return min(policy.max_delay_s, policy.first_delay_s * 2 ** recent)
-
-
-def describe_exit(returncode: int | None) -> str:
-    """'signal SIGKILL', 'exit code 1', or 'did not start' (no exit status)."""
-    if returncode is None:
-        return "did not start"
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-class LocalSystemError(RuntimeError):
-    """A component could not be started, or the system is already up."""
-
-
-class StartupAborted(LocalSystemError):
-    """stop was requested while the system was starting."""
 
 
 @dataclass
@@ -153,169 +110,8 @@ class Component:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "proc"}
 
 
-# --- small OS helpers -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def process_start_time(pid: int) -> str | None:
-    """Start time in clock ticks since boot (Linux), None where /proc is unavailable."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return None if fields[0] == "Z" else fields[19]
-
-
-def pid_alive(pid: int | None, start_time: str | None = None) -> bool:
-    """True if `pid` runs and (when known) is the same process that was recorded."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return start_time is None
-    if Path("/proc/self/stat").exists():
-        now = process_start_time(pid)
-        return now is not None and (start_time is None or now == start_time)
-    return True
-
-
-def listens_on(pid: int, port: int) -> bool | None:
-    """Whether `pid` holds a socket listening on TCP `port` (None where /proc cannot tell).
-
-    A health answer on a port proves nothing by itself: another process may hold
-    that port (ours then fails to bind), and its health must not pass for ours.
-    """
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(f"socket:[{cols[9]}]")
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return None
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                return True
-    return False
-
-
-def log_tail(path: str | os.PathLike, lines: int = 25) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-def write_secret(path: Path, value: str) -> None:
-    """Mode 0600 from the first byte: never readable by others, even briefly."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(value + "\n")
-
-
-def load_or_create_secret(path: Path, generate: Callable[[], str]) -> str:
-    """The secret kept in `path`, created by `generate` (mode 0600) when there is none yet.
-
-    A file others may read is refused rather than used: it may have leaked."""
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        value = generate()
-        write_secret(path, value)
-        return value
-    if mode & 0o077:
-        raise LocalSystemError(f"{path} is readable by other users (mode {mode:o}): remove it for a new secret "
-                               f"(`nitro up --rotate-secrets`), or `chmod 600 {path}` if it never leaked")
-    value = path.read_text().strip()
-    if not value:
-        raise LocalSystemError(f"{path} is empty: remove it (`nitro up --rotate-secrets`) for a new secret")
-    return value
-
-
-def rotate_secrets(state_dir: str | os.PathLike) -> list[str]:
-    """Remove the state dir's secrets so that the next start creates new ones; only while nothing runs.
-
-    Batches signed with the old HMAC key and not yet consumed are then rejected (bad_signature)."""
-    if running_state(state_dir) is not None or lock_held(state_dir):
-        raise LocalSystemError(f"a local system is up in {state_dir}: `nitro down` before rotating its secrets")
-    removed = []
-    for name in SECRET_FILES:
-        path = Path(state_dir) / name
-        if path.exists():
-            path.unlink()
-            removed.append(name)
-    return removed
-
-
 def _repo_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
-
-
-# --- health probes (also used by `nitro status`) -------------------------------------------
-
-
-def grpc_health(address: str, timeout: float = 2.0) -> str:
-    """SERVING, NOT_SERVING, SERVICE_UNKNOWN or 'unreachable'."""
-    try:
-        with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as ch:
-            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-    except grpc.RpcError:
-        return "unreachable"
-
-
-def http_health(url: str, timeout: float = 2.0) -> str:
-    try:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
-        with opener.open(f"{url}/healthz", timeout=timeout) as resp:
-            return "SERVING" if resp.status == 200 else f"HTTP {resp.status}"
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except OSError:
-        return "unreachable"
-
-
-def redis_health(url: str, password: str | None, timeout: float = 2.0) -> str:
-    """`url` may name the user (redis://user@host:port/0); the password comes separately."""
-    import redis
-
-    client = redis.Redis.from_url(url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout)
-    try:
-        return "SERVING" if client.ping() else "NOT_SERVING"
-    except redis.AuthenticationError:
-        return "NOT_SERVING (authentication failed)"
-    except redis.RedisError:
-        return "unreachable"
-    finally:
-        client.close()
-
-
-def probe(name: str, comp: dict, state_dir: str | os.PathLike) -> str:
-    if name == "redis":
-        pw_file = Path(state_dir) / REDIS_PASSWORD_FILE
-        password = pw_file.read_text().strip() if pw_file.exists() else None
-        return redis_health(comp["url"], password)
-    if name == "lambda":
-        return http_health(comp["url"])
-    return grpc_health(comp["address"])
 
 
 def _with_user(url: str, user: str) -> str:
@@ -324,9 +120,6 @@ def _with_user(url: str, user: str) -> str:
     if parsed.username:
         return url
     return urlunparse(parsed._replace(netloc=f"{quote(user, safe='')}@{parsed.netloc}"))
-
-
-# --- the system ---------------------------------------------------------------------------
 
 
 class LocalSystem:
@@ -553,7 +346,7 @@ class LocalSystem:
         wrapper = self.state_dir / "bin" / "redis-server"
         wrapper.parent.mkdir(exist_ok=True)
         # LocalRedis launches `binary conf`: a wrapper gives redis the same session and death signal.
-        wrapper.write_text("#!/bin/sh\nexec " + shlex.join([self.python, "-I", "-S", "-c", _SHIM]) + ' "$PPID" '
+        wrapper.write_text("#!/bin/sh\nexec " + shlex.join([self.python, "-I", "-S", "-c", CHILD_SHIM]) + ' "$PPID" '
                            + shlex.quote(find_redis_server_binary()) + ' "$@"\n')
         wrapper.chmod(0o700)
         # AOF with fsync every second in a directory we own: a Redis restart loses at most ~1 s of writes.
@@ -593,7 +386,7 @@ class LocalSystem:
             out.flush()
             with self._lock:  # so stop() from another thread never misses a just-started child
                 proc = subprocess.Popen(
-                    [self.python, "-I", "-S", "-c", _SHIM, str(os.getpid()), self.python, *args],
+                    [self.python, "-I", "-S", "-c", CHILD_SHIM, str(os.getpid()), self.python, *args],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.state_dir,
                     env={**(self.child_env() if base_env is None else base_env), **(env or {})})
                 comp = Component(name, proc.pid, log=str(log_path), proc=proc, **info)
@@ -781,221 +574,3 @@ class LocalSystem:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-# --- state.json for other processes (the CLI) -------------------------------------------
-
-
-def read_state(state_dir: str | os.PathLike) -> dict | None:
-    try:
-        return json.loads((Path(state_dir) / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def lock_held(state_dir: str | os.PathLike) -> bool:
-    """True while a LocalSystem (starting or running) holds `state_dir`."""
-    try:
-        fd = os.open(Path(state_dir) / LOCK_FILE, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
-def local_target(state_dir: str | os.PathLike = ".nitro") -> str:
-    """The learner address of the local system running in `state_dir` (for NitroClient)."""
-    state = running_state(state_dir)
-    if state is None:
-        raise LocalSystemError(f"no local system is up in {state_dir}: run `nitro up`")
-    return state["learner"]
-
-
-def local_token(state_dir: str | os.PathLike = ".nitro") -> str | None:
-    """The access token of the local system in `state_dir` (None when it is not up)."""
-    if running_state(state_dir) is None:
-        return None
-    try:
-        return (Path(state_dir) / TOKEN_FILE).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def running_state(state_dir: str | os.PathLike) -> dict | None:
-    """state.json if its supervisor is alive, else None."""
-    state = read_state(state_dir)
-    if state and pid_alive(state.get("supervisor_pid"), state.get("supervisor_start_time")):
-        return state
-    return None
-
-
-def _kill_leftovers(state: dict, sig: int) -> list[str]:
-    hit = []
-    for name, comp in reversed(list(state.get("components", {}).items())):
-        if pid_alive(comp.get("pid"), comp.get("start_time")):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(comp["pid"], sig)
-            hit.append(name)
-    return hit
-
-
-def cleanup_stale(state_dir: str | os.PathLike, state: dict) -> list[str]:
-    """The supervisor died without cleaning up: kill what it left and forget it (its secrets stay)."""
-    left = _kill_leftovers(state, signal.SIGKILL)
-    (Path(state_dir) / STATE_FILE).unlink(missing_ok=True)
-    return left
-
-
-def shutdown(state_dir: str | os.PathLike, timeout_s: float = 150.0) -> list[str] | None:
-    """SIGTERM the supervisor and wait until it and every component are gone.
-
-    Returns the names of what was running, or None if nothing was up. Anything
-    still alive after `timeout_s` is killed.
-    """
-    state = read_state(state_dir)
-    if state is None:
-        return None
-    pid, start = state.get("supervisor_pid"), state.get("supervisor_start_time")
-    if not pid_alive(pid, start):
-        left = cleanup_stale(state_dir, state)
-        return left or None
-    running = [n for n, c in state.get("components", {}).items() if pid_alive(c.get("pid"), c.get("start_time"))]
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    comps = state.get("components", {}).values()
-    while time.monotonic() < deadline:
-        if not pid_alive(pid, start) and not any(pid_alive(c.get("pid"), c.get("start_time")) for c in comps):
-            break
-        time.sleep(0.2)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            if pid_alive(pid, start):
-                os.kill(pid, signal.SIGKILL)
-        _kill_leftovers(state, signal.SIGKILL)
-    if (Path(state_dir) / STATE_FILE).exists() and not pid_alive(pid, start):
-        cleanup_stale(state_dir, state)
-    return list(reversed(running)) + ["supervisor"]
-
-
-def last_failure(state_dir: str | os.PathLike) -> str | None:
-    """The supervisor's last error line (why it stopped everything), if its log ends with one."""
-    try:
-        lines = (Path(state_dir) / "logs" / SUPERVISOR_LOG).read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    starts = [i for i, line in enumerate(lines) if " supervisor " in line]
-    errors = [i for i in starts if " supervisor ERROR: " in lines[i]]
-    if not errors or any(" local system ready" in lines[i] for i in starts if i > errors[-1]):
-        return None
-    return lines[errors[-1]].split(" supervisor ERROR: ", 1)[1]
-
-
-def spawn_supervisor(state_dir: str | os.PathLike, args: list[str] = ()) -> subprocess.Popen:
-    """Start `python -m nitro.local.system` detached (own session), logging to <state_dir>/logs."""
-    logs = Path(state_dir).resolve() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / SUPERVISOR_LOG, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "nitro.local.system", "--state-dir", str(state_dir), *args],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def wait_until_ready(state_dir: str | os.PathLike, proc: subprocess.Popen, timeout_s: float = 600.0) -> dict:
-    """Wait for a spawned supervisor to report "ready"; on failure stop it and raise with its log."""
-    deadline = time.monotonic() + timeout_s
-    supervisor_log = Path(state_dir) / "logs" / SUPERVISOR_LOG
-    while True:
-        state = read_state(state_dir)
-        if state and state.get("supervisor_pid") == proc.pid and state.get("status") == "ready":
-            return state
-        rc = proc.poll()
-        if rc is not None:
-            raise LocalSystemError(f"the local system failed to start (exit code {rc}); "
-                                   f"last lines of {supervisor_log}:\n{log_tail(supervisor_log, 40)}")
-        if time.monotonic() > deadline:
-            proc.terminate()
-            proc.wait()
-            raise LocalSystemError(f"the local system was not ready within {timeout_s:.0f} s; "
-                                   f"last lines of {supervisor_log}:\n{log_tail(supervisor_log, 40)}")
-        time.sleep(0.25)
-
-
-# --- the supervisor ---------------------------------------------------------------------
-
-
-def run_foreground(system: LocalSystem, on_ready=None) -> int:
-    """Start, run until SIGTERM/SIGINT or a component dies, stop. Returns an exit code."""
-    old = {s: signal.signal(s, lambda *_: system.request_stop()) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        system.start()
-        log.info("local system ready; learner at %s", system.learner_address)
-        if on_ready:
-            on_ready(system)
-        dead = system.supervise()
-        if dead:
-            log.error("%s", system.restart_budget_message(dead))
-            return 1
-        return 0
-    except StartupAborted:
-        log.info("startup interrupted")
-        return 130
-    except LocalSystemError as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        system.stop()
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nitro.local.system",
-                                description="Run the local Nitro system in the foreground until SIGTERM/SIGINT.")
-    p.add_argument("--state-dir", default=".nitro")
-    p.add_argument("--concurrency", type=int, default=64, help="actor function concurrency limit")
-    p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds each component may take")
-    p.add_argument("--learner-port", type=int, default=None, help="learner gRPC port (default: any free one)")
-    add_restart_args(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s: %(message)s")
-    ports = {"learner": args.learner_port} if args.learner_port else None
-    system = LocalSystem(args.state_dir, ports, concurrency=args.concurrency, startup_timeout_s=args.startup_timeout,
-                         restart_policy=restart_policy_from_args(args))
-    return run_foreground(system)
-
-
-def add_restart_args(p: argparse.ArgumentParser) -> None:
-    """The restart policy's flags (`nitro up` and the supervisor share them)."""
-    def bounded(kind, low: float, strict: bool):
-        def parse(text: str):
-            value = kind(text)
-            if value < low or (strict and value == low):
-                raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text}")
-            return value
-        return parse
-
-    d = RestartPolicy()
-    p.add_argument("--max-restarts", type=bounded(int, 0, False), default=d.max_restarts, metavar="N",
-                   help="restarts of one component allowed within --restart-window before everything stops; "
-                        "0: stop everything when any component exits (default: %(default)s)")
-    p.add_argument("--restart-window", type=bounded(float, 0, True), default=d.window_s, metavar="SECONDS",
-                   help="the window of --max-restarts (default: %(default)s)")
-
-
-def restart_policy_from_args(args) -> RestartPolicy:
-    return RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
-
-
-def restart_args(args) -> list[str]:
-    """The supervisor's command-line flags for the restart policy in `args`."""
-    return ["--max-restarts", str(args.max_restarts), "--restart-window", str(args.restart_window)]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from nitro.policy.model_spec import LOG_STD_MAX, LOG_STD_MIN, OBS_CLIP, ModelSpec, _same_pad
+from nitro.policy.model_spec import LOG_STD_MAX, LOG_STD_MIN, OBS_CLIP, ModelSpec, same_pad
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -81,10 +81,10 @@ class NumpyAtariCNN:
 
     def __init__(self, state: dict[str, np.ndarray], obs_shape: tuple[int, ...]):
         c, h, w = obs_shape
-        lh1, _, h1 = _same_pad(h, 8, 4)
-        lw1, _, w1 = _same_pad(w, 8, 4)
-        lh2, _, h2 = _same_pad(h1, 4, 2)
-        lw2, _, w2 = _same_pad(w1, 4, 2)
+        lh1, _, h1 = same_pad(h, 8, 4)
+        lw1, _, w1 = same_pad(w, 8, 4)
+        lh2, _, h2 = same_pad(h1, 4, 2)
+        lw2, _, w2 = same_pad(w1, 4, 2)
         self.hw1, self.hw2 = (h1, w1), (h2, w2)
         self.grid1, self.grid2 = (h1 + 1, w1 + 1), (h2 + 1, w2 + 1)  # "same" padding fills exactly out+1 blocks
         # Preallocated zero-padded inputs of layers 1 (uint8 CHW) and 2 (HWC); only interiors are written.

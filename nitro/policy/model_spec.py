@@ -67,7 +67,7 @@ def spec_for_spaces(observation_space: gym.Space, action_space: gym.Space, *, hi
     raise ConfigError(f"unsupported action space {action_space}: use Box or Discrete")
 
 
-def _same_pad(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
+def same_pad(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
     """(left, right, out): TensorFlow/RLlib "same" padding, so the output is ceil(size / stride)."""
     out = -(-size // stride)
     total = max((out - 1) * stride + kernel - size, 0)
@@ -77,10 +77,10 @@ def _same_pad(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
 def atari_geometry(obs_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, int]]:
     """AtariCNN's F.pad arguments (left, right, top, bottom) of layers 1 and 2, and the map size layer 3 sees."""
     _, h, w = obs_shape
-    lh1, rh1, h1 = _same_pad(h, 8, 4)
-    lw1, rw1, w1 = _same_pad(w, 8, 4)
-    lh2, rh2, h2 = _same_pad(h1, 4, 2)
-    lw2, rw2, w2 = _same_pad(w1, 4, 2)
+    lh1, rh1, h1 = same_pad(h, 8, 4)
+    lw1, rw1, w1 = same_pad(w, 8, 4)
+    lh2, rh2, h2 = same_pad(h1, 4, 2)
+    lw2, rw2, w2 = same_pad(w1, 4, 2)
     return (lw1, rw1, lh1, rh1), (lw2, rw2, lh2, rh2), (h2, w2)
 
 

@@ -26,9 +26,9 @@ from nitro.policy.model_spec import (  # noqa: F401  (re-exported)
     OBS_CLIP,
     POLICY_FORMAT,
     ModelSpec,
-    _same_pad,
     atari_geometry,
     blob_to_doc,
+    same_pad,
     spec_for_spaces,
 )
 

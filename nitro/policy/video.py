@@ -29,7 +29,7 @@ def check_video_path(path: str) -> Path:
     return p
 
 
-def _gif_timing(fps: float) -> tuple[int, float]:
+def gif_timing(fps: float) -> tuple[int, float]:
     """(keep every step-th frame, the GIF's frame rate). GIF delays are whole 1/100 s: take the
     smallest step whose delay keeps real time within 6%, else the nearest of three (Hopper's 125 fps:
     every 5th frame at 4/100 s)."""
@@ -52,7 +52,7 @@ class VideoWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.frames = 0  # frames appended (a GIF keeps every `step`-th)
         self.gif = self.path.suffix.lower() == ".gif"
-        self.step, self.fps = _gif_timing(fps) if self.gif else (1, fps)
+        self.step, self.fps = gif_timing(fps) if self.gif else (1, fps)
         self._imageio = None
         self._opencv = None
         if self.gif:

@@ -3,8 +3,8 @@
 from nitro.scaling.base import DEFAULT_I_MAX, DEFAULT_I_MIN, RoundInputs, ScalingPolicy, check_range
 from nitro.scaling.budget import EXHAUSTED, plan_within_budget
 from nitro.scaling.noise import NoiseEstimate, NoiseScaleEMA, ema, noise_scale_estimates
-from nitro.scaling.policies import POLICY_NAMES, make_policy
+from nitro.scaling.policies import make_policy
 
 __all__ = ["DEFAULT_I_MAX", "DEFAULT_I_MIN", "RoundInputs", "ScalingPolicy", "check_range", "EXHAUSTED",
            "plan_within_budget", "NoiseEstimate", "NoiseScaleEMA", "ema", "noise_scale_estimates",
-           "POLICY_NAMES", "make_policy"]
+           "make_policy"]

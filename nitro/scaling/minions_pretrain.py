@@ -50,12 +50,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nitro import cost
+from nitro.contracts import scaler_state_key
 from nitro.errors import ConfigError
 from nitro.scaling import minions
 from nitro.spec import MAX_ACTORS, MAX_STEPS_PER_ACTOR
 
-# Where the scaler keeps a job's policy state (scaler_svc.server.state_key; tests check they agree).
-SCALER_STATE_KEY = "nitro:{job_id}:scaler"
 FIRST_ROUND_MS_PER_STEP = 1.0  # budget guard's guess of an actor's CPU per step before one was measured
 
 
@@ -226,7 +225,7 @@ def scheduler_ppo_config(settings: PretrainSettings):
 
 def read_trajectory(redis_client, job_id: str) -> list[dict]:
     """The exploring scheduler's decisions for `job_id`, by round, from the scaler's job state."""
-    raw = redis_client.hget(SCALER_STATE_KEY.format(job_id=job_id), "policy_state")
+    raw = redis_client.hget(scaler_state_key(job_id), "policy_state")
     if not raw:
         return []
     steps = json.loads(raw).get("trajectory", [])
@@ -589,16 +588,3 @@ def pretrain(settings: PretrainSettings, client=None, redis_client=None, *,
     return PretrainResult(path=out, via=via, wall_seconds=wall, cpu_seconds=cpu, cost_usd=total,
                           cpu_cost_usd=cpu_cost, jobs_cost_usd=jobs_cost, round_seconds_ref=ref,
                           return_scale=scale, decisions=decisions, episodes=results)
-
-
-def redis_for_state_dir(state_dir: str | os.PathLike):
-    """A Redis client as the services' user of the local system running in `state_dir`."""
-    from nitro.data.redis_client import connect
-    from nitro.local import system as ls
-
-    state = ls.running_state(state_dir)
-    if state is None:
-        raise ConfigError(f"no local system is up in {state_dir}")
-    with open(state["redis_password_file"]) as f:
-        password = f.read().strip()
-    return connect(state["redis_url"], password=password)

@@ -28,10 +28,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from nitro.contracts import FIXED_ACTORS, FLOOR_ACTORS, FLOOR_DECAY, HYDROZOA_PERIOD, SCALING_POLICIES, SCORE_DECAY
 from nitro.errors import ConfigError
 from nitro.scaling.base import RoundInputs, ScalingPolicy, check_params, clip, round_half_up
 
-POLICY_NAMES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor")
 MAX_REPLAY_ROUNDS = 100_000  # the longest actors_by_round list (nitro.spec.MAX_ROUNDS)
 
 
@@ -98,7 +98,7 @@ class NitroPolicy:
 
 @dataclass(frozen=True)
 class FixedPolicy:
-    actors: int = 16
+    actors: int = FIXED_ACTORS
     name: str = "fixed"
 
     def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
@@ -151,7 +151,7 @@ class KungFuPolicy:
 class SchedulePolicy:
     """The decay without the detector: clip(round(I_max * d^k), I_min, I_max)."""
 
-    decay: float = 0.96
+    decay: float = SCORE_DECAY
     name: str = "schedule"
 
     def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
@@ -182,8 +182,8 @@ class ReplayPolicy:
 class NitroFloorPolicy:
     """nitro floored at round(F * d_f^(k^2)) (the authors' artifact), clipped to [I_min, I_max]."""
 
-    floor_actors: int = 64
-    floor_decay: float = 0.96
+    floor_actors: int = FLOOR_ACTORS
+    floor_decay: float = FLOOR_DECAY
     name: str = "nitro-floor"
     reads_score = True
 
@@ -205,8 +205,8 @@ def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
     """
     params = dict(params or {})
     base, _, arg = str(name).partition(":")
-    if base not in POLICY_NAMES:
-        raise ConfigError(f"unknown scaling policy {name!r}; allowed: {list(POLICY_NAMES)} (or 'fixed:N')")
+    if base not in SCALING_POLICIES:
+        raise ConfigError(f"unknown scaling policy {name!r}; allowed: {list(SCALING_POLICIES)} (or 'fixed:N')")
     if arg and base != "fixed":
         raise ConfigError(f"invalid scaling policy {name!r}: only 'fixed' takes a ':N' suffix")
     if base == "fixed":
@@ -219,10 +219,10 @@ def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
             if "actors" in params and params["actors"] != n:
                 raise ConfigError(f"fixed.actors given twice: {name!r} and actors={params['actors']!r}")
             params["actors"] = n
-        return FixedPolicy(_positive_int(base, "actors", params.get("actors", 16)))
+        return FixedPolicy(_positive_int(base, "actors", params.get("actors", FIXED_ACTORS)))
     if base == "hydrozoa":
         check_params(base, params, {"every"})
-        return HydrozoaPolicy(_positive_int(base, "every", params.get("every", 10)))
+        return HydrozoaPolicy(_positive_int(base, "every", params.get("every", HYDROZOA_PERIOD)))
     if base == "kungfu":
         check_params(base, params, {"reference"})
         ref = params.get("reference")
@@ -237,7 +237,7 @@ def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
         return MinionsPolicy(load_scheduler_cached(params.get("scheduler") or ""))
     if base == "schedule":
         check_params(base, params, {"decay"})
-        return SchedulePolicy(_decay(base, "decay", params.get("decay", 0.96)))
+        return SchedulePolicy(_decay(base, "decay", params.get("decay", SCORE_DECAY)))
     if base == "replay":
         check_params(base, params, {"actors_by_round"})
         if "actors_by_round" not in params:
@@ -245,7 +245,7 @@ def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
         return ReplayPolicy(parse_actor_counts(params["actors_by_round"]))
     if base == "nitro-floor":
         check_params(base, params, {"floor_actors", "floor_decay"})
-        return NitroFloorPolicy(_positive_int(base, "floor_actors", params.get("floor_actors", 64)),
-                                _decay(base, "floor_decay", params.get("floor_decay", 0.96)))
+        return NitroFloorPolicy(_positive_int(base, "floor_actors", params.get("floor_actors", FLOOR_ACTORS)),
+                                _decay(base, "floor_decay", params.get("floor_decay", FLOOR_DECAY)))
     check_params(base, params, set())
     return NitroPolicy() if base == "nitro" else MaxPolicy()

@@ -10,7 +10,7 @@ from .config import FunctionConfig
 from .server import run
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nitro.local.lambda_endpoint",
                                 description="Local AWS Lambda-compatible invoke endpoint.")
     p.add_argument("--host", default="127.0.0.1")
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     functions = [FunctionConfig.from_dict(d) for d in json.loads(args.config_json or "[]")]
     for spec in args.function:
         name, sep, handler = spec.partition("=")

@@ -1,0 +1,89 @@
+"""What every nitro subcommand shares: errors, the state-dir and learner-target flags, the client of a
+learner, signal routing."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+
+import grpc
+
+from nitro.client.sdk import DEFAULT_TARGET, NitroClient
+from nitro.local import system_state
+
+BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND,
+             grpc.StatusCode.ALREADY_EXISTS}
+
+
+class CliError(Exception):
+    def __init__(self, message: str, exit_code: int = 1):
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+STATE_DIR_DEFAULT = os.environ.get("NITRO_STATE_DIR", ".nitro")
+
+
+def add_state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", default=STATE_DIR_DEFAULT,
+                   help="where the local system keeps state.json, logs, keys and data (default: %(default)s)")
+
+
+def add_target(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--target", default=os.environ.get("NITRO_TARGET"), metavar="HOST:PORT",
+                   help=f"{help_text} (default: $NITRO_TARGET, else the learner in --state-dir's state.json)")
+    p.add_argument("--token", default=None,
+                   help="access token (default: the local system's when the target is its learner, else "
+                        "$NITRO_TOKEN or $NITRO_TOKEN_FILE); prefer the variables: flags show in `ps`")
+    p.add_argument("--tls-ca", default=os.environ.get("NITRO_TLS_CA"), metavar="PEM",
+                   help="CA certificate of a learner serving TLS (default: $NITRO_TLS_CA)")
+
+
+def learner_client(args, target: str) -> NitroClient:
+    """A client for `target`; the local system's token goes only to the local system's learner."""
+    token = args.token
+    if not token:
+        state = system_state.running_state(args.state_dir)
+        if state and state.get("learner") == target:
+            token = system_state.local_token(args.state_dir)
+    return NitroClient(target, token=token, tls_ca=args.tls_ca)  # token None: the SDK tries $NITRO_TOKEN(_FILE)
+
+
+def resolve_target(args) -> str:
+    if args.target:
+        return args.target
+    state = system_state.running_state(args.state_dir)
+    if state:
+        return state["learner"]
+    raise CliError(f"nitro is not up (no running system in {args.state_dir}): run `nitro up`, "
+                   f"or pass --local, or --target HOST:PORT (e.g. {DEFAULT_TARGET})")
+
+
+@contextlib.contextmanager
+def routed_signals(handler, signals=(signal.SIGINT, signal.SIGTERM)):
+    """Route the signals to `handler` inside the block."""
+    old = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def raise_interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    return parse

@@ -1,0 +1,181 @@
+"""What every nitro process agrees on, in one place: a job's Redis keys, job and invocation ids,
+the scaling policy names and the defaults that the spec, the services and the algorithm cores share.
+
+Services, actors and the local Redis's ACL rules all build keys here, so a key can only change here.
+Imports nothing of nitro: the torch-free actor and every service can use it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# -- job ids ------------------------------------------------------------------------------------------
+
+JOB_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+JOB_ID_RULE = "1-64 characters of letters, digits, '-' or '_'"
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+
+
+def is_job_id(value: object) -> bool:
+    """Whether `value` is a valid job id (the whole string: no trailing newline slips through)."""
+    return isinstance(value, str) and _JOB_ID.fullmatch(value) is not None
+
+
+def check_job_id(job_id: object) -> str:
+    """`job_id` itself, else ValueError: a key is never built from an id that could reach another job's keys."""
+    if not is_job_id(job_id):
+        raise ValueError(f"job_id must be {JOB_ID_RULE}, got {job_id!r}")
+    return job_id
+
+
+# -- Redis keys of a job ------------------------------------------------------------------------------
+# nitro:{job}:policy:{v}        signed policy version v (actors GET it)
+# nitro:{job}:policy:latest     the newest published version
+# nitro:{job}:traj              trajectory stream (actors XADD, the learner reads with a consumer group)
+# nitro:{job}:seen              invocation ids already consumed (dedup)
+# nitro:{job}:sample:{k}        round k's signed sample subset for the detector
+# nitro:{job}:waves:{k}         round k's replacement waves (on-policy loop)
+# nitro:{job}:detector:ratios   hash round -> convexity ratio R
+# nitro:{job}:scaler            hash: scaling-policy state, cost ledger, per-round plans
+# nitro:{job}:learn:counter     Stellaris learner-function slots
+# nitro:{job}:learn:parcel:{i}  the signed input of learner function i
+# nitro:{job}:learn:updates     stream of learner functions' updates
+
+KEY_PREFIX = "nitro"
+
+
+def _key(job_id: str, *parts: object) -> str:
+    return ":".join((KEY_PREFIX, job_id, *map(str, parts)))
+
+
+def _version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be a non-negative int, got {version!r}")
+    return version
+
+
+def policy_key(job_id: str, version: int) -> str:
+    return _key(check_job_id(job_id), "policy", _version(version))
+
+
+def latest_policy_key(job_id: str) -> str:
+    return _key(check_job_id(job_id), "policy", "latest")
+
+
+def stream_key(job_id: str) -> str:
+    """The job's trajectory stream."""
+    return _key(check_job_id(job_id), "traj")
+
+
+def seen_key(job_id: str) -> str:
+    return _key(check_job_id(job_id), "seen")
+
+
+def sample_key(job_id: str, round_index: int) -> str:
+    return _key(check_job_id(job_id), "sample", int(round_index))
+
+
+def waves_key(job_id: str, round_index: int) -> str:
+    return _key(check_job_id(job_id), "waves", int(round_index))
+
+
+def detector_ratios_key(job_id: str) -> str:
+    return _key(check_job_id(job_id), "detector", "ratios")
+
+
+def scaler_state_key(job_id: str) -> str:
+    return _key(check_job_id(job_id), "scaler")
+
+
+def learn_prefix(job_id: str) -> str:
+    """Every Stellaris key of the job starts with this; learner functions may read only below it."""
+    return _key(check_job_id(job_id), "learn", "")
+
+
+def learn_counter_key(job_id: str) -> str:
+    return learn_prefix(job_id) + "counter"
+
+
+def parcel_key(job_id: str, invocation: str) -> str:
+    return learn_prefix(job_id) + f"parcel:{invocation}"
+
+
+def update_stream_key(job_id: str) -> str:
+    return learn_prefix(job_id) + "updates"
+
+
+def is_learn_key(job_id: str, key: str) -> bool:
+    """Whether `key` lies under the job's learn: prefix (a learner invocation's payload_ref must)."""
+    return is_job_id(job_id) and isinstance(key, str) and key.startswith(learn_prefix(job_id))
+
+
+# Key patterns of the local Redis's ACL users: services own every nitro key; actors and learner
+# functions may touch only trajectory streams, policies and the learn: keys.
+ALL_KEYS_PATTERN = f"{KEY_PREFIX}:*"
+ACTOR_KEY_PATTERNS = (_key("*", "traj"), _key("*", "policy", "*"), _key("*", "learn", "*"))
+
+
+# -- invocation ids ---------------------------------------------------------------------------------
+# "{job}-r{round}-{a|g}{slot}" plus "-x{wave}" for a replacement wave: deterministic, so a retried
+# invocation carries the same id and the stream drops the copy.
+
+KIND_LETTERS = {"actor": "a", "learner": "g"}
+_KINDS = {v: k for k, v in KIND_LETTERS.items()}
+_INVOCATION_ID = re.compile(rf"({JOB_ID_PATTERN})-r(\d+)-([ag])(\d+)(?:-x([1-9]\d*))?")
+
+
+@dataclass(frozen=True)
+class InvocationId:
+    job_id: str
+    round_index: int
+    slot: int
+    kind: str = "actor"  # "actor" samples; "learner" is a Stellaris learner function
+    wave: int = 0
+
+    def __str__(self) -> str:
+        return invocation_id(self.job_id, self.round_index, self.slot, kind=self.kind, wave=self.wave)
+
+
+def invocation_id(job_id: str, round_index: int, slot: int, wave: int = 0, *, kind: str = "actor") -> str:
+    if kind not in KIND_LETTERS:
+        raise ValueError(f"kind must be one of {list(KIND_LETTERS)}, got {kind!r}")
+    if min(round_index, slot, wave) < 0:
+        raise ValueError(f"round, slot and wave must be >= 0, got {round_index}, {slot}, {wave}")
+    base = f"{check_job_id(job_id)}-r{round_index}-{KIND_LETTERS[kind]}{slot}"
+    return base if wave == 0 else f"{base}-x{wave}"
+
+
+def parse_invocation_id(text: str) -> InvocationId | None:
+    """The parts of an invocation id, else None (anything else in a stream is not one of ours)."""
+    m = _INVOCATION_ID.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    job_id, k, letter, slot, wave = m.groups()
+    return InvocationId(job_id, int(k), int(slot), _KINDS[letter], int(wave or 0))
+
+
+def actor_slot(text: str, job_id: str, round_index: int) -> int | None:
+    """The actor slot of an invocation id of this job and round (any wave), else None."""
+    inv = parse_invocation_id(text)
+    if inv is None or inv.kind != "actor" or inv.job_id != job_id or inv.round_index != round_index:
+        return None
+    return inv.slot
+
+
+# -- scaling policies and shared defaults -----------------------------------------------------------
+
+SCALING_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor")
+FIXED_ACTORS = 16  # "fixed": actors every round (the paper's ablation)
+HYDROZOA_PERIOD = 10  # "hydrozoa": rounds between changes
+FLOOR_ACTORS = 64  # "nitro-floor": F of the floor round(F * d_f^(k^2)) (the authors' artifact)
+FLOOR_DECAY = 0.96  # "nitro-floor": d_f
+
+# The boosting detector and score (paper 5.1): the subset scored, the window of ratios, the decay.
+DETECTOR_SUBSET = 512
+LANCZOS_STEPS = 20
+SCORE_WINDOW = 6
+SCORE_DECAY = 0.96
+
+# A learner loop fails the job after this many consecutive rounds without a single batch.
+MAX_EMPTY_ROUNDS = 3

@@ -1,0 +1,107 @@
+"""nitro.contracts: the key layout, ids and shared defaults every process agrees on."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nitro import contracts as c
+from nitro.detector import hvp, score
+from nitro.scaling.policies import FixedPolicy, NitroFloorPolicy, SchedulePolicy
+from nitro.spec import ScalerSettings
+
+JOB_IDS = st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True)
+
+
+def test_key_layout():
+    assert c.policy_key("j", 7) == "nitro:j:policy:7"
+    assert c.latest_policy_key("j") == "nitro:j:policy:latest"
+    assert c.stream_key("j") == "nitro:j:traj"
+    assert c.seen_key("j") == "nitro:j:seen"
+    assert c.sample_key("j", 3) == "nitro:j:sample:3"
+    assert c.waves_key("j", 3) == "nitro:j:waves:3"
+    assert c.detector_ratios_key("j") == "nitro:j:detector:ratios"
+    assert c.scaler_state_key("j") == "nitro:j:scaler"
+    assert c.learn_counter_key("j") == "nitro:j:learn:counter"
+    assert c.parcel_key("j", "j-r1-g2") == "nitro:j:learn:parcel:j-r1-g2"
+    assert c.update_stream_key("j") == "nitro:j:learn:updates"
+
+
+def test_actor_acl_patterns_cover_exactly_what_actors_touch():
+    import fnmatch
+
+    allowed = lambda key: any(fnmatch.fnmatchcase(key, p) for p in c.ACTOR_KEY_PATTERNS)  # noqa: E731
+    assert allowed(c.stream_key("j")) and allowed(c.policy_key("j", 1)) and allowed(c.parcel_key("j", "i"))
+    assert allowed(c.update_stream_key("j"))
+    for private in (c.seen_key("j"), c.scaler_state_key("j"), c.sample_key("j", 0), c.detector_ratios_key("j")):
+        assert not allowed(private), private
+        assert fnmatch.fnmatchcase(private, c.ALL_KEYS_PATTERN)
+
+
+@pytest.mark.parametrize("bad", ["", "a" * 65, "a:b", "a*", "a b", "j\n", "../x", None, 7, "ü"])
+def test_bad_job_ids_are_rejected(bad):
+    assert not c.is_job_id(bad)
+    with pytest.raises(ValueError, match="job_id"):
+        c.check_job_id(bad)
+    with pytest.raises(ValueError):
+        c.stream_key(bad)
+    with pytest.raises(ValueError):
+        c.invocation_id(bad, 0, 0)
+
+
+@pytest.mark.parametrize("version", [-1, True, 1.0, "1"])
+def test_bad_policy_versions_are_rejected(version):
+    with pytest.raises(ValueError, match="version"):
+        c.policy_key("j", version)
+
+
+def test_learn_keys_belong_to_their_job():
+    assert c.is_learn_key("j", c.parcel_key("j", "x"))
+    assert not c.is_learn_key("j", c.parcel_key("j2", "x"))
+    assert not c.is_learn_key("j", "nitro:j:policy:1")
+    assert not c.is_learn_key("j:", "nitro:j::learn:x")  # an invalid job id owns nothing
+
+
+def test_invocation_id_format():
+    assert c.invocation_id("job-1", 4, 2) == "job-1-r4-a2"
+    assert c.invocation_id("job-1", 4, 2, 3) == "job-1-r4-a2-x3"
+    assert c.invocation_id("job-1", 4, 5, kind="learner") == "job-1-r4-g5"
+
+
+@given(JOB_IDS, st.integers(0, 10**6), st.integers(0, 10**4), st.integers(0, 50), st.sampled_from(["actor", "learner"]))
+def test_invocation_id_round_trip(job_id, k, slot, wave, kind):
+    text = c.invocation_id(job_id, k, slot, wave, kind=kind)
+    inv = c.parse_invocation_id(text)
+    assert inv == c.InvocationId(job_id, k, slot, kind, wave)
+    assert str(inv) == text
+
+
+@pytest.mark.parametrize("bad", ["", "job", "job-r1", "job-r1-a", "job-r-a1", "job-r1-b2", "job-r1-a2-x0", "job-r1-a2-x",
+                                 "job-r1-a2-y3", "job r1-a2", "job-r1-a2\n", "-r1-a2", "job-r01x-a2", None, 5])
+def test_bad_invocation_ids_are_rejected(bad):
+    assert c.parse_invocation_id(bad) is None
+
+
+def test_bad_invocation_id_parts_are_rejected():
+    for args, kw in [((("j", -1, 0)), {}), (("j", 0, -1), {}), (("j", 0, 0, -1), {}), (("j", 0, 0), {"kind": "critic"})]:
+        with pytest.raises(ValueError):
+            c.invocation_id(*args, **kw)
+
+
+def test_actor_slot_of_this_job_and_round_only():
+    assert c.actor_slot("j-r3-a7-x2", "j", 3) == 7
+    assert c.actor_slot("j-r3-a7", "j", 4) is None
+    assert c.actor_slot("j-r3-a7", "i", 3) is None
+    assert c.actor_slot("j-r3-g7", "j", 3) is None  # a learner function, not an actor
+    assert c.actor_slot("a-r1-a2-r3-a7", "a-r1-a2", 3) == 7  # a job id that looks like an invocation id
+
+
+def test_defaults_have_one_home():
+    sc = ScalerSettings()
+    assert (sc.fixed_actors, sc.decay, sc.window, sc.period) == (c.FIXED_ACTORS, c.SCORE_DECAY, c.SCORE_WINDOW,
+                                                                 c.HYDROZOA_PERIOD)
+    assert (sc.floor_actors, sc.floor_decay) == (c.FLOOR_ACTORS, c.FLOOR_DECAY)
+    assert FixedPolicy().actors == c.FIXED_ACTORS and SchedulePolicy().decay == c.SCORE_DECAY
+    assert (NitroFloorPolicy().floor_actors, NitroFloorPolicy().floor_decay) == (c.FLOOR_ACTORS, c.FLOOR_DECAY)
+    assert hvp.select_subset.__defaults__[0] == c.DETECTOR_SUBSET
+    assert score.ScoreWindow().size == c.SCORE_WINDOW
+    assert c.SCALING_POLICIES[0] == "nitro" and len(set(c.SCALING_POLICIES)) == len(c.SCALING_POLICIES)
