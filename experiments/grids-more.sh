@@ -12,7 +12,6 @@ while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-prot
 
 # fixed:8 on Walker2d to 100 rounds, for its equal-cost comparison (python -m experiments protocol-equal-cost),
 # as on Hopper (grids.sh).
-grid protocol --env Walker2d-v5 --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-walker2d-v5-ppo-tuned-r100
 grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar,schedule,shuffled --seeds 3
 # Atari: CNN inference on 2 CPU cores makes every run long; the three schemes that answer "timing or samples?".
 grid protocol --env ALE/Qbert-v5 --preset paper-atari --schemes nitro,fixed:imin,fixed:nbar --seeds 3

@@ -19,6 +19,7 @@ grid protocol --env Hopper-v5 --schemes max,nitro-floor --seeds 5               
 # comparison, `python -m experiments protocol-equal-cost`) finds the cheapest scheme at that budget too.
 grid protocol --env Hopper-v5 --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-ppo-tuned-r100
 grid protocol --env Walker2d-v5 --schemes "$CORE" --seeds 10
+grid protocol --env Walker2d-v5 --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-walker2d-v5-ppo-tuned-r100
 grid protocol --env Walker2d-v5 --schemes max,nitro-floor --seeds 5
 grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5         # the paper's Table 1 settings
 grid protocol --env Hopper-v5 --algo impact --schemes "$CORE" --seeds 5
