@@ -10,8 +10,6 @@ grid() { "${P[@]}" "$@" --clone "$CLONE" --commit "$COMMIT" || echo "grid failed
 
 while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-protocol.lock")" 2>/dev/null; do sleep 30; done
 
-# fixed:8 on Walker2d to 100 rounds, for its equal-cost comparison (python -m experiments protocol-equal-cost),
-# as on Hopper (grids.sh).
 grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar,schedule,shuffled --seeds 3
 # Atari: CNN inference on 2 CPU cores makes every run long; the three schemes that answer "timing or samples?".
 grid protocol --env ALE/Qbert-v5 --preset paper-atari --schemes nitro,fixed:imin,fixed:nbar --seeds 3
