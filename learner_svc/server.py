@@ -9,10 +9,11 @@ import os
 
 import grpc
 
+from learner_svc.clients import LearnerDeps
+from learner_svc.durability import job_dir, load_reports
 from learner_svc.jobs import Job, JobManager
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
-from learner_svc.rounds import LearnerDeps, job_dir, load_reports
 from learner_svc.stellaris import StellarisLoop
 from nitro import auth, codec
 from nitro.devices import resolve_device
