@@ -7,6 +7,7 @@ checkpoints of earlier learners hold, so a checkpoint resumes across versions of
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from concurrent.futures import Future
@@ -96,7 +97,7 @@ class LaunchSummary:
 
     @classmethod
     def from_dict(cls, d: dict) -> LaunchSummary:
-        return cls(**d)
+        return cls(**copy.deepcopy(d))
 
 
 @dataclass

@@ -47,6 +47,7 @@ process launched are discarded (their batches are being learned from again).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -118,7 +119,7 @@ class StellarisStats(RoundStats):
 
     @classmethod
     def from_dict(cls, d: dict) -> StellarisStats:
-        return cls(**d)
+        return cls(**copy.deepcopy(d))
 
 
 @dataclass
