@@ -46,7 +46,7 @@ def test_forget_idle_jobs_drops_only_the_quiet_ones(monkeypatch):
 
 
 def test_a_round_report_counts_replaced_actors_and_resumes():
-    from learner_svc.rounds import export_diagnostics
+    from learner_svc.reporting import export_diagnostics
     from nitro.v1 import training_pb2
 
     def value(counter) -> float:
