@@ -302,7 +302,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 self._in_flight += len(invocations)
                 metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
         t0 = time.perf_counter()
-        with metrics.timed("invoke"):
+        with metrics.SCALER_LAUNCH_SECONDS.labels(kind).time():
             outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
                                                           on_done=account)
         self.redis.hset(key, f"warm_sandboxes:{kind}", max(warm, len(invocations)))
