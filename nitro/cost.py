@@ -209,10 +209,11 @@ def budget_spent(machine_usd: float, cloud_usd: float, clock: str) -> float:
 # -- a job's ledger and the plan's estimate (the scaler's bookkeeping) ----------------------
 
 FUNCTION_KINDS = ("actor", "learner")  # what a launch invokes: actors, or learner functions (stellaris)
-# First-round guesses, replaced by what the job measured as soon as it measured anything:
+# Guesses for the first round, replaced by what the job measured as soon as it measured anything:
 DEFAULT_MS_PER_STEP = 1.0  # billed actor time per env step
 FIRST_ROUND_LEARNER_S = 10.0  # learner time of a round
-LEARNER_ROUND_MARGIN = 1.5  # a round's learner time is padded by this: a plan must stay affordable if it runs long
+LEARNER_ROUND_MARGIN = 1.5  # the learner's measured time per round is padded by this: a round that runs long
+# must still be affordable
 
 
 @dataclass(frozen=True)
