@@ -60,7 +60,6 @@ def actor_memory(memory_mb: int, context) -> int:
     return memory_mb or 1024
 
 
-LAUNCH_KINDS = cost.FUNCTION_KINDS
 _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
 
 
@@ -223,8 +222,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if not 1 <= request.steps_per_actor <= 1_000_000:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
         kind = request.kind or "actor"
-        if kind not in LAUNCH_KINDS:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind: unknown {request.kind!r}; allowed: {list(LAUNCH_KINDS)}")
+        if kind not in cost.FUNCTION_KINDS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"kind: unknown {request.kind!r}; allowed: {list(cost.FUNCTION_KINDS)}")
         if not request.function_name or (kind == "actor" and not request.env_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_id and function_name are required")
         if kind == "learner" and not (_PAYLOAD_REF_RE.fullmatch(request.payload_ref)
