@@ -121,6 +121,7 @@ ACTOR_KEY_PATTERNS = (_key("*", "traj"), _key("*", "policy", "*"), _key("*", "le
 # invocation carries the same id and the stream drops the copy.
 
 KIND_LETTERS = {"actor": "a", "learner": "g"}
+FUNCTION_KINDS = tuple(KIND_LETTERS)  # what a launch invokes: actors, or learner functions (stellaris)
 _KINDS = {v: k for k, v in KIND_LETTERS.items()}
 _INVOCATION_ID = re.compile(rf"({JOB_ID_PATTERN})-r(\d+)-([ag])(\d+)(?:-x([1-9]\d*))?")
 
