@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nitro.contracts import stream_key  # noqa: E402
 from nitro.data import codec  # noqa: E402
 from nitro.data.redis_client import connect  # noqa: E402
 from nitro.data.store import TrajectoryReader, TrajectoryWriter  # noqa: E402
@@ -117,7 +118,7 @@ def main() -> None:
             hmac_ms = _median_ms(lambda: hmac.new(key, blob, hashlib.sha256).digest(), n)
         finally:
             gc.enable()
-        assert client.xlen("nitro:bench:traj") == 0 and not reader.rejected and reader.duplicates == 0
+        assert client.xlen(stream_key("bench")) == 0 and not reader.rejected and reader.duplicates == 0
         client.close()
 
     median, p90 = _ms(path)
