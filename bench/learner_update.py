@@ -7,6 +7,8 @@ overhead was removed (kept below, verbatim but for names: a `loss_fn(idx)` per m
 every field, normalises the observations twice and builds torch.distributions objects, and a loop that
 syncs seven scalars per step), on the same batch, from the same initial weights, repetitions
 interleaved (order alternating), for 1 and 2 torch threads. Ratio = figure / reference (< 1: faster).
+Process CPU seconds are reported beside the wall times: on a machine shared with other work they
+are the steadier measure of the update's own cost.
 Also IMPACT `tuned` (4 epochs x 256) on the same batch, same method. The batch is real Hopper-v5 data
 sampled by the initial policy. NITRO_BENCH_REPS sets the repetitions per thread count (default 7).
 """
@@ -177,10 +179,11 @@ def hopper_batches(spec) -> list[dict]:
     return out
 
 
-def timed(learner, batches) -> tuple[float, object]:
-    t0 = time.perf_counter()
-    stats = learner.update(batches)
-    return time.perf_counter() - t0, stats
+def timed(learner, batches) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one update; CPU time is the steadier figure on a loaded machine."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    learner.update(batches)
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def compare(make, make_ref, batches, threads: int) -> dict:
@@ -190,14 +193,18 @@ def compare(make, make_ref, batches, threads: int) -> dict:
     for learner in (new, ref):  # warm-up (first-call allocations), not timed
         learner.update(batches)
     times: dict[str, list[float]] = {"new": [], "ref": []}
+    cpu: dict[str, list[float]] = {"new": [], "ref": []}
     for rep in range(REPS):
         order = (("new", new), ("ref", ref)) if rep % 2 == 0 else (("ref", ref), ("new", new))
         for name, learner in order:
-            times[name].append(timed(learner, batches)[0])
+            wall, used = timed(learner, batches)
+            times[name].append(wall)
+            cpu[name].append(used)
     med, ref_med = statistics.median(times["new"]), statistics.median(times["ref"])
+    cpu_med, cpu_ref = statistics.median(cpu["new"]), statistics.median(cpu["ref"])
     return {"seconds": round(med, 4), "reference_seconds": round(ref_med, 4), "ratio": round(med / ref_med, 3),
-            "speedup": round(ref_med / med, 2), "samples_s": [round(t, 4) for t in times["new"]],
-            "reference_samples_s": [round(t, 4) for t in times["ref"]]}
+            "speedup": round(ref_med / med, 2), "cpu_seconds": round(cpu_med, 4),
+            "reference_cpu_seconds": round(cpu_ref, 4), "cpu_ratio": round(cpu_med / cpu_ref, 3)}
 
 
 def main() -> None:
@@ -233,16 +240,15 @@ def main() -> None:
     for algo, per in results.items():
         for threads, r in per.items():
             print(f"  {algo:>6} {threads} thread(s): {r['seconds']:.3f} s vs reference {r['reference_seconds']:.3f} s"
-                  f"  ratio {r['ratio']:.3f} ({r['speedup']:.2f}x faster)")
+                  f"  ratio {r['ratio']:.3f} ({r['speedup']:.2f}x faster); CPU time {r['cpu_seconds']:.3f} s vs "
+                  f"{r['reference_cpu_seconds']:.3f} s, ratio {r['cpu_ratio']:.3f}")
     ppo1 = results["ppo"][1]
     print(json.dumps({
         "benchmark": "learner_update", "env": ENV, "samples": ACTORS * STEPS, "epochs": ppo_cfg.epochs,
         "minibatch_size": ppo_cfg.minibatch_size, "repetitions": REPS, "load_average_1m": round(load[0], 2),
         "seconds": ppo1["seconds"], "reference_seconds": ppo1["reference_seconds"], "ratio": ppo1["ratio"],
-        "threads": {str(t): {k: r[k] for k in ("seconds", "reference_seconds", "ratio", "speedup")}
-                    for t, r in results["ppo"].items()},
-        "impact_threads": {str(t): {k: r[k] for k in ("seconds", "reference_seconds", "ratio", "speedup")}
-                           for t, r in results["impact"].items()},
+        "threads": {str(t): r for t, r in results["ppo"].items()},
+        "impact_threads": {str(t): r for t, r in results["impact"].items()},
     }))
 
 
