@@ -202,6 +202,8 @@ def compare(make, make_ref, batches, threads: int) -> dict:
             cpu[name].append(used)
     med, ref_med = statistics.median(times["new"]), statistics.median(times["ref"])
     cpu_med, cpu_ref = statistics.median(cpu["new"]), statistics.median(cpu["ref"])
+    print(f"  {type(new).__name__}, {threads} thread(s): wall {[round(t, 3) for t in times['new']]} vs reference "
+          f"{[round(t, 3) for t in times['ref']]}", flush=True)
     return {"seconds": round(med, 4), "reference_seconds": round(ref_med, 4), "ratio": round(med / ref_med, 3),
             "speedup": round(ref_med / med, 2), "cpu_seconds": round(cpu_med, 4),
             "reference_cpu_seconds": round(cpu_ref, 4), "cpu_ratio": round(cpu_med / cpu_ref, 3)}
