@@ -165,9 +165,9 @@ class ReferenceIMPACTLearner(IMPACTLearner):
 # -- the benchmark ---------------------------------------------------------------------------------
 
 def hopper_batches(spec) -> list[dict]:
-    from nitro.inference import PolicyRunner
-    from nitro.models import Policy
-    from nitro.rollout import Sampler
+    from nitro.policy.inference import PolicyRunner
+    from nitro.policy.models import Policy
+    from nitro.policy.rollout import Sampler
 
     torch.manual_seed(0)
     runner = PolicyRunner(spec, Policy(spec).numpy_state(), 0)
@@ -211,7 +211,7 @@ def compare(make, make_ref, batches, threads: int) -> dict:
 
 def main() -> None:
     from nitro.model_spec import spec_for_spaces
-    from nitro.envs import make_env
+    from nitro.policy.envs import make_env
 
     ppo_cfg, impact_cfg = ppo_config("tuned"), impact_config("tuned")
     env = make_env(ENV)

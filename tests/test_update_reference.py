@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nitro.algos.impact import IMPACTLearner, impact_loss
 from nitro.algos.ppo import PPOLearner, adapt_kl_coeff, collate, normalize, ppo_loss, standardize_batch
 from nitro.config import impact_config, ppo_config
-from nitro.models import ModelSpec
+from nitro.policy.models import ModelSpec
 
 BOX = ModelSpec((5,), "box", 2, (-1.0, -1.0), (1.0, 1.0), hidden_sizes=(32, 32), obs_norm=True)
 DISCRETE = ModelSpec((4,), "discrete", 3, hidden_sizes=(16, 16))

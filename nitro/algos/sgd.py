@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nitro.models import LOG_STD_MAX, LOG_STD_MIN
+from nitro.policy.models import LOG_STD_MAX, LOG_STD_MIN
 
 LOSS_PARTS = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
