@@ -331,7 +331,7 @@ class RoundLoop:
             seed=derived_seed(self.spec.seed, round_index, wave), function_name=self.spec.function_name,
             deadline_s=self.spec.round_deadline_s, actor_memory_mb=self.spec.actor_memory_mb, wait=True,
             slots=slots, wave=wave, reset_episodes=self.spec.reproducible,
-            env_kwargs_json=env_kwargs_to_wire(self.spec.env_kwargs))
+            env_kwargs_json=env_kwargs_to_wire(self.spec.env_kwargs), envs_per_actor=self.spec.envs_per_actor)
         return self.rpc(self.deps.scaler.Launch, req, timeout=self.spec.round_deadline_s + 30.0,
                         patience=self.spec.round_deadline_s, what="Launch")
 

@@ -28,7 +28,8 @@ from nitro.scaling.base import FALLBACK_REASON, RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
 from nitro.scaling.policies import make_policy
-from nitro.spec import JOB_ID_RE, MAX_ACTORS, MAX_BUDGET_USD, SCALER_POLICIES, InvalidSpec, env_kwargs_from_wire
+from nitro.spec import (JOB_ID_RE, MAX_ACTORS, MAX_BUDGET_USD, MAX_ENVS_PER_ACTOR, SCALER_POLICIES, InvalidSpec,
+                        env_kwargs_from_wire)
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
 
@@ -240,6 +241,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
         if not 1 <= request.steps_per_actor <= 1_000_000:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
+        if not 0 <= request.envs_per_actor <= MAX_ENVS_PER_ACTOR:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"envs_per_actor: must be in [1, {MAX_ENVS_PER_ACTOR}] "
+                          f"(0: 1), got {request.envs_per_actor}")
         kind = request.kind or "actor"
         if kind not in LAUNCH_KINDS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind: unknown {request.kind!r}; allowed: {list(LAUNCH_KINDS)}")
@@ -273,6 +277,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                     event["reset_episodes"] = True
                 if env_kwargs:
                     event["env_kwargs"] = env_kwargs
+                if request.envs_per_actor > 1:  # an actor never runs more envs than it samples steps
+                    event["envs_per_actor"] = min(request.envs_per_actor, request.steps_per_actor)
             else:
                 event["payload_ref"] = request.payload_ref
             invocations.append(Invocation(inv_id, event))
