@@ -29,11 +29,13 @@ class NumpyMLP:
             i += 1
         self.out_w = np.ascontiguousarray(state[f"{prefix}.out.weight"].T, dtype=np.float32)
         self.out_b = state[f"{prefix}.out.bias"].astype(np.float32)
-        self.act = np.tanh if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
+        self.act = (lambda x: np.tanh(x, out=x)) if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         for w, b in self.weights:
-            x = self.act(x @ w + b)
+            h = x @ w
+            h += b  # in place: the same sums as `x @ w + b`, one temporary less
+            x = self.act(h)
         return x @ self.out_w + self.out_b
 
 
@@ -224,8 +226,9 @@ class PolicyRunner:
         x = np.asarray(obs).reshape(len(obs), -1)
         if not self.obs_norm:
             return x.astype(np.float32, copy=False)
-        z = (x.astype(np.float64) - self.mean) * self.inv_std
-        return np.clip(z, -OBS_CLIP, OBS_CLIP).astype(np.float32)
+        z = x - self.mean  # float64, as `_normalize`
+        z *= self.inv_std
+        return np.clip(z, -OBS_CLIP, OBS_CLIP, out=z).astype(np.float32)
 
     def _torch_cnn(self, net: str):
         """Parameters and geometry of the actor or critic CNN for `atari_cnn_forward` (built on first use)."""
@@ -270,7 +273,7 @@ class PolicyRunner:
         out, values = self._heads_batch(obs, with_value)
         if self.spec.action_kind == "box":
             noise = rng.standard_normal(out.shape).astype(np.float32)
-            actions = out.astype(np.float32) + self.std * noise
+            actions = out.astype(np.float32, copy=False) + self.std * noise
             logp = (self.logp_const - 0.5 * np.einsum("ij,ij->i", noise, noise)).astype(np.float32)
             return actions, logp, values
         logits = out.astype(np.float64)
@@ -280,13 +283,20 @@ class PolicyRunner:
         logp = (logits[np.arange(len(a)), a] - logz).astype(np.float32)
         return a.astype(np.int64), logp, values
 
-    def value_batch(self, obs: np.ndarray) -> np.ndarray:
-        """V(obs) for N observations in one inference, float32 (N,)."""
-        if len(obs) == 0:
-            return np.zeros(0, dtype=np.float32)
-        if self._cnn is not None:
-            return self.values(np.asarray(obs))
-        return self._heads_batch(obs, True)[1]
+    def value_batch(self, obs: np.ndarray, chunk: int = 256) -> np.ndarray:
+        """V(obs) for N observations, batched (the critic alone), float32 (N,)."""
+        obs = np.asarray(obs)
+        if self._cnn is not None or len(obs) == 0:
+            return self.values(obs) if len(obs) else np.zeros(0, dtype=np.float32)
+        if self._torch_policy is not None:
+            import torch
+
+            out = np.empty(len(obs), dtype=np.float32)
+            with torch.inference_mode():
+                for i in range(0, len(obs), chunk):
+                    out[i:i + chunk] = self._torch_policy.value(torch.as_tensor(obs[i:i + chunk])).numpy()
+            return out
+        return self.critic(self._normalize_batch(obs))[:, 0].astype(np.float32)
 
     def env_action(self, action):
         """Map a sampled action to what the environment accepts (Box actions are clipped)."""

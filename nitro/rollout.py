@@ -40,8 +40,7 @@ import numpy as np
 from nitro.envs import make_env
 from nitro.inference import PolicyRunner
 
-
-MAX_ENVS_PER_ACTOR = 256
+MAX_ENVS_PER_ACTOR = 256  # = nitro.spec.MAX_ENVS_PER_ACTOR (not imported: actors stay light)
 
 
 def env_seed(seed: int | None, index: int) -> int | None:
@@ -176,72 +175,73 @@ class VecSampler:
         self._reset_all(seed, seed_actions=True)
 
     def sample(self, runner: PolicyRunner, num_steps: int, rng: np.random.Generator) -> dict:
-        spec, n_envs, envs = runner.spec, len(self.envs), self.envs
+        n_envs, envs = len(self.envs), self.envs
         if not 1 <= n_envs <= max(num_steps, 1):
             raise ValueError(f"cannot spread {num_steps} steps over {n_envs} environments (at least one each)")
-        lengths = np.full(n_envs, num_steps // n_envs, dtype=np.int64)
-        lengths[:num_steps % n_envs] += 1  # longer segments first: the last lockstep steps a prefix of the envs
+        lengths = [num_steps // n_envs + (i < num_steps % n_envs) for i in range(n_envs)]  # longest first
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        obs_space = self.env.observation_space
-        obs_buf = np.empty((num_steps, *obs_space.shape), dtype=obs_space.dtype)
-        if spec.action_kind == "box":
-            act_buf = np.empty((num_steps, spec.action_dim), dtype=np.float32)
-        else:
-            act_buf = np.empty(num_steps, dtype=np.int64)
-        rewards = np.empty(num_steps, dtype=np.float32)
-        terminated = np.zeros(num_steps, dtype=bool)
-        truncated = np.zeros(num_steps, dtype=bool)
-        cut = np.zeros(num_steps, dtype=bool)
-        logp = np.empty(num_steps, dtype=np.float32)
-        values = np.empty(num_steps, dtype=np.float32)
-        final_values = np.zeros(num_steps, dtype=np.float32)
-        episodes: list[tuple[int, float, int]] = []  # (row of the last step, return, length)
-        trunc_rows: list[int] = []
+        horizon = lengths[0]
+        # Lockstep buffers are time-major (one contiguous write per step); the batch is env-major.
+        obs_tm = np.empty((horizon, *self.obs.shape), dtype=self.obs.dtype)
+        act_tm = None
+        logp_tm = np.empty((horizon, n_envs), dtype=np.float32)
+        rew_tm = np.empty((horizon, n_envs), dtype=np.float32)
+        ends: list[tuple[int, int, bool, float, int]] = []  # (t, env, truncated, return, length)
         trunc_obs: list[np.ndarray] = []
 
         obs = self.obs
         ep_ret, ep_len = list(self.episode_returns), list(self.episode_lengths)
-        reward_row = np.empty(n_envs, dtype=np.float32)
-        defer = runner.deferred_values
         act_batch, env_action = runner.act_batch, runner.env_action
-        for t in range(int(lengths[0])):
-            k = int(np.count_nonzero(lengths > t))  # envs that still step (all but the last lockstep: n_envs)
+        short = sum(1 for n in lengths if n == horizon)  # envs stepping in the last lockstep step
+        for t in range(horizon):
+            k = n_envs if t < horizon - 1 else short
             o = obs if k == n_envs else obs[:k]
-            actions, lp, v = act_batch(o, rng, with_value=not defer)
-            rows = starts[:k] + t
-            obs_buf[rows] = o
-            act_buf[rows] = actions
-            logp[rows] = lp
-            values[rows] = v
-            env_actions = env_action(actions)
-            for i in range(k):
-                ob, r, term, trunc, _ = envs[i].step(env_actions[i])
-                reward_row[i] = r
+            obs_tm[t, :k] = o
+            # Values come afterwards, batched over the whole rollout (far cheaper per step than here).
+            actions, lp, _ = act_batch(o, rng, with_value=False)
+            if act_tm is None:
+                act_tm = np.empty((horizon, n_envs, *actions.shape[1:]), dtype=actions.dtype)
+            act_tm[t, :k] = actions
+            logp_tm[t, :k] = lp
+            rews = []
+            for i, a in enumerate(env_action(actions)):
+                ob, r, term, trunc, _ = envs[i].step(a)
+                rews.append(r)
                 ep_ret[i] += float(r)
                 ep_len[i] += 1
                 if term or trunc:
-                    row = int(rows[i])
-                    if trunc and not term:
-                        truncated[row] = True
-                        trunc_rows.append(row)
+                    cut_by_limit = bool(trunc and not term)
+                    if cut_by_limit:
                         trunc_obs.append(np.array(ob))
-                    else:
-                        terminated[row] = True
-                    episodes.append((row, ep_ret[i], ep_len[i]))
+                    ends.append((t, i, cut_by_limit, ep_ret[i], ep_len[i]))
                     ep_ret[i], ep_len[i] = 0.0, 0
                     ob, _ = envs[i].reset()
                 obs[i] = ob
-            rewards[rows] = reward_row[:k]
-        if defer:
-            values[:] = runner.values(obs_buf)
-        # One batched inference for the truncations' final observations and the envs' next observations.
-        tail = runner.value_batch(np.concatenate([np.stack(trunc_obs), obs]) if trunc_obs else obs)
-        if trunc_rows:
-            final_values[trunc_rows] = tail[:len(trunc_rows)]
-        next_v = tail[len(trunc_rows):]
+            rew_tm[t, :k] = rews
+
+        obs_buf = np.empty((num_steps, *obs.shape[1:]), dtype=obs.dtype)
+        act_buf = np.empty((num_steps, *act_tm.shape[2:]), dtype=act_tm.dtype)
+        rewards, logp = np.empty(num_steps, dtype=np.float32), np.empty(num_steps, dtype=np.float32)
+        for i, (a, n) in enumerate(zip(starts, lengths)):
+            obs_buf[a:a + n], act_buf[a:a + n] = obs_tm[:n, i], act_tm[:n, i]
+            rewards[a:a + n], logp[a:a + n] = rew_tm[:n, i], logp_tm[:n, i]
+        terminated = np.zeros(num_steps, dtype=bool)
+        truncated = np.zeros(num_steps, dtype=bool)
+        cut = np.zeros(num_steps, dtype=bool)
+        final_values = np.zeros(num_steps, dtype=np.float32)
+        rows = [int(starts[i]) + t for t, i, *_ in ends]
+        trunc_rows = [row for row, e in zip(rows, ends) if e[2]]
+        truncated[trunc_rows] = True
+        terminated[[row for row, e in zip(rows, ends) if not e[2]]] = True
+        # One batched critic pass: the rollout, the truncations' final observations, the envs' next observations.
+        extra = [np.stack(trunc_obs)] if trunc_obs else []
+        all_values = runner.value_batch(np.concatenate([obs_buf, *extra, obs]))
+        values = all_values[:num_steps]
+        final_values[trunc_rows] = all_values[num_steps:num_steps + len(trunc_rows)]
+        next_v = all_values[num_steps + len(trunc_rows):]
         bootstrap = 0.0
         for i in range(n_envs):  # every env has at least one step
-            last = int(starts[i] + lengths[i] - 1)
+            last = int(starts[i]) + lengths[i] - 1
             if terminated[last] or truncated[last]:
                 continue
             if i == n_envs - 1:  # the batch's last step: the usual bootstrap
@@ -249,13 +249,13 @@ class VecSampler:
             else:  # cut mid-episode: bootstrap from V(next observation) as at a time limit
                 truncated[last] = cut[last] = True
                 final_values[last] = next_v[i]
-        episodes.sort(key=lambda e: e[0])
+        order = sorted(range(len(ends)), key=rows.__getitem__)
         self.obs, self.episode_returns, self.episode_lengths = obs, ep_ret, ep_len
         return {
             "obs": obs_buf, "actions": act_buf, "rewards": rewards, "terminated": terminated,
             "truncated": truncated, "logp": logp, "values": values, "final_values": final_values,
-            "bootstrap_value": float(bootstrap), "episode_returns": [e[1] for e in episodes],
-            "episode_lengths": [e[2] for e in episodes], "cut": cut,
+            "bootstrap_value": float(bootstrap), "episode_returns": [ends[j][3] for j in order],
+            "episode_lengths": [ends[j][4] for j in order], "cut": cut,
         }
 
     def close(self) -> None:

@@ -28,8 +28,7 @@ from nitro.scaling.base import FALLBACK_REASON, RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
 from nitro.scaling.policies import make_policy
-from nitro.spec import (JOB_ID_RE, MAX_ACTORS, MAX_BUDGET_USD, MAX_ENVS_PER_ACTOR, SCALER_POLICIES, InvalidSpec,
-                        env_kwargs_from_wire)
+from nitro.spec import JOB_ID_RE, MAX_ACTORS, MAX_BUDGET_USD, SCALER_POLICIES, InvalidSpec, env_kwargs_from_wire
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
 
@@ -241,6 +240,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
         if not 1 <= request.steps_per_actor <= 1_000_000:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
+        from nitro.spec import MAX_ENVS_PER_ACTOR
+
         if not 0 <= request.envs_per_actor <= MAX_ENVS_PER_ACTOR:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"envs_per_actor: must be in [1, {MAX_ENVS_PER_ACTOR}] "
                           f"(0: 1), got {request.envs_per_actor}")

@@ -281,6 +281,9 @@ def test_spec_rejects_bad_envs_per_actor_naming_the_field(bad):
 
 
 def test_spec_round_trips_envs_per_actor():
+    from nitro import rollout, spec as spec_mod
+
+    assert rollout.MAX_ENVS_PER_ACTOR == spec_mod.MAX_ENVS_PER_ACTOR
     spec = validate(TrainingSpec(env_id=ENV, envs_per_actor=16))
     assert from_proto(to_proto(spec)).envs_per_actor == 16
     from nitro.sdk import spec_to_proto
