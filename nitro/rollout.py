@@ -158,9 +158,9 @@ class VecSampler:
         return len(self.envs)
 
     def _reset_all(self, seed: int | None, seed_actions: bool) -> None:
-        first, _ = self.envs[0].reset(seed=seed)
-        self.obs = np.empty((len(self.envs), *np.shape(first)), dtype=np.asarray(first).dtype)
-        self.obs[0] = first
+        space = self.env.observation_space  # the batch's obs shape and dtype, as the single-env Sampler's
+        self.obs = np.empty((len(self.envs), *space.shape), dtype=space.dtype)
+        self.obs[0], _ = self.envs[0].reset(seed=seed)
         for i, env in enumerate(self.envs):
             s = env_seed(seed, i)
             if i:
@@ -192,9 +192,9 @@ class VecSampler:
         obs = self.obs
         ep_ret, ep_len = list(self.episode_returns), list(self.episode_lengths)
         act_batch, env_action = runner.act_batch, runner.env_action
-        short = sum(1 for n in lengths if n == horizon)  # envs stepping in the last lockstep step
+        longest = sum(1 for n in lengths if n == horizon)  # envs that step in the last lockstep step
         for t in range(horizon):
-            k = n_envs if t < horizon - 1 else short
+            k = n_envs if t < horizon - 1 else longest
             o = obs if k == n_envs else obs[:k]
             obs_tm[t, :k] = o
             # Values come afterwards, batched over the whole rollout (far cheaper per step than here).
