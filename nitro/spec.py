@@ -27,7 +27,8 @@ MAX_ACTORS = 1000
 MAX_ROUNDS = 100_000
 MAX_STEPS_PER_ACTOR = 1_000_000
 MAX_ENVS_PER_ACTOR = 256  # = nitro.rollout.MAX_ENVS_PER_ACTOR (the actor's own check)
-DEFAULT_ENVS_PER_ACTOR = 8  # measured: bench/actor_sampling.py, bench/atari_sampling.py (docs/algorithms.md)
+DEFAULT_ENVS_PER_ACTOR = 16  # measured: bench/actor_sampling.py, bench/atari_sampling.py (docs/algorithms.md)
+MIN_STEPS_PER_ENV = 32  # an actor runs at most steps_per_actor // 32 envs (at least 1): no env's segment is shorter
 MAX_BUDGET_USD = 1_000_000.0
 MAX_STALENESS_BOUND = 10_000
 MAX_HIDDEN_LAYERS = 8
@@ -106,7 +107,8 @@ class TrainingSpec:
     # Keyword arguments of every environment the job builds (learner and actors), see nitro.env_kwargs.
     env_kwargs: dict = field(default_factory=dict)
     # Environments each actor steps in lockstep with one batched inference per step; steps_per_actor
-    # stays the total an actor returns (an actor runs min(envs_per_actor, steps_per_actor) envs).
+    # stays the total an actor returns. An actor runs min(envs_per_actor, max(1, steps_per_actor // 32))
+    # envs, so every env's trajectory segment has at least 32 steps (docs/algorithms.md).
     envs_per_actor: int = DEFAULT_ENVS_PER_ACTOR
 
     def __post_init__(self) -> None:

@@ -281,7 +281,8 @@ def test_spec_rejects_bad_envs_per_actor_naming_the_field(bad):
 
 
 def test_spec_round_trips_envs_per_actor():
-    from nitro import rollout, spec as spec_mod
+    from nitro import rollout
+    from nitro import spec as spec_mod
 
     assert rollout.MAX_ENVS_PER_ACTOR == spec_mod.MAX_ENVS_PER_ACTOR
     spec = validate(TrainingSpec(env_id=ENV, envs_per_actor=16))
@@ -325,15 +326,16 @@ def test_scaler_passes_envs_per_actor_to_the_event_and_rejects_bad_values_over_g
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = scaler_pb2_grpc.ActorScalerStub(ch)
-            base = dict(job_id="epa-job", round=0, policy_version=0, actors=2, steps_per_actor=64, env_id=ENV,
+            base = dict(job_id="epa-job", round=0, policy_version=0, actors=2, steps_per_actor=512, env_id=ENV,
                         function_name="nitro-actor", deadline_s=10.0)
             stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=8, **base), timeout=10)
             assert [e["envs_per_actor"] for e in rec.events] == [8, 8]
-            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=200, **base), timeout=10)  # capped at the steps
-            assert [e["envs_per_actor"] for e in rec.events[2:]] == [64, 64]
+            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=200, **base), timeout=10)  # one env per 32 steps
+            assert [e["envs_per_actor"] for e in rec.events[2:]] == [16, 16]
             stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=1, **base), timeout=10)  # 1: today's event
             stub.Launch(scaler_pb2.LaunchRequest(**base), timeout=10)
-            assert all("envs_per_actor" not in e for e in rec.events[4:])
+            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=16, **{**base, "steps_per_actor": 32}), timeout=10)
+            assert len(rec.events) == 10 and all("envs_per_actor" not in e for e in rec.events[4:])
             for bad in (-1, 257):
                 with pytest.raises(grpc.RpcError) as err:
                     stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=bad, **base), timeout=10)
