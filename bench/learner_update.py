@@ -28,8 +28,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from nitro.algos.impact import IMPACTLearner, IMPACTUpdateStats, impact_loss  # noqa: E402
-from nitro.algos.ppo import PPOLearner, UpdateStats, adapt_kl_coeff, collate, normalize, ppo_loss  # noqa: E402
-from nitro.algos.ppo import standardize_batch  # noqa: E402
+from nitro.algos.ppo import (  # noqa: E402
+    PPOLearner,
+    UpdateStats,
+    adapt_kl_coeff,
+    collate,
+    normalize,
+    ppo_loss,
+    standardize_batch,  # noqa: E402
+)
 from nitro.algos.sgd import LOSS_PARTS, SGDResult, _noise_scale, kl_per_sample, kl_term  # noqa: E402
 from nitro.config import impact_config, ppo_config  # noqa: E402
 
@@ -210,8 +217,8 @@ def compare(make, make_ref, batches, threads: int) -> dict:
 
 
 def main() -> None:
-    from nitro.model_spec import spec_for_spaces
     from nitro.policy.envs import make_env
+    from nitro.policy.model_spec import spec_for_spaces
 
     ppo_cfg, impact_cfg = ppo_config("tuned"), impact_config("tuned")
     env = make_env(ENV)

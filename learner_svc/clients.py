@@ -120,7 +120,7 @@ class Services:
             seed=derived_seed(spec.seed, round_index, wave), function_name=spec.function_name,
             deadline_s=spec.round_deadline_s, actor_memory_mb=spec.actor_memory_mb, wait=True,
             slots=slots, wave=wave, reset_episodes=spec.reproducible,
-            env_kwargs_json=env_kwargs_to_wire(spec.env_kwargs))
+            env_kwargs_json=env_kwargs_to_wire(spec.env_kwargs), envs_per_actor=spec.envs_per_actor)
         return self.launch_request(req, "Launch")
 
     def launch_request(self, req: scaler_pb2.LaunchRequest, what: str) -> scaler_pb2.LaunchResponse:

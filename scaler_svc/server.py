@@ -232,6 +232,11 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
         if not 1 <= request.steps_per_actor <= 1_000_000:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
+        from nitro.contracts import MAX_ENVS_PER_ACTOR, MIN_STEPS_PER_ENV
+
+        if not 0 <= request.envs_per_actor <= MAX_ENVS_PER_ACTOR:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"envs_per_actor: must be in [1, {MAX_ENVS_PER_ACTOR}] "
+                          f"(0: 1), got {request.envs_per_actor}")
         kind = request.kind or "actor"
         if kind not in FUNCTION_KINDS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -264,6 +269,10 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                     event["reset_episodes"] = True
                 if env_kwargs:
                     event["env_kwargs"] = env_kwargs
+                # At most one env per MIN_STEPS_PER_ENV steps: no env's trajectory segment is shorter.
+                envs = min(request.envs_per_actor, max(1, request.steps_per_actor // MIN_STEPS_PER_ENV))
+                if envs > 1:
+                    event["envs_per_actor"] = envs
             else:
                 event["payload_ref"] = request.payload_ref
             invocations.append(Invocation(inv_id, event))
