@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import actor_fn.handler as handler_mod
+from actor_fn import runtime
 from nitro.algos.advantages import batch_gae
 from nitro.data.batching import split_batch
 from nitro.data.store import PolicyStore, TrajectoryReader
@@ -347,7 +348,7 @@ def fresh_handler(monkeypatch, hmac_key):
     monkeypatch.setenv("NITRO_HMAC_KEY", hmac_key.hex())
     for name in ("key", "sampler", "sampler_key", "runner", "runner_key"):
         monkeypatch.setattr(handler_mod._Warm, name, None)
-    monkeypatch.setattr(handler_mod._Warm, "clients", {})
+    monkeypatch.setattr(runtime, "WARM_CLIENTS", {})
     yield handler_mod.handler
     if handler_mod._Warm.sampler is not None:
         handler_mod._Warm.sampler.close()
