@@ -17,6 +17,9 @@ Event (JSON):
                         (default NITRO_MAX_ENTRY_BYTES, else 32 MiB; see nitro.data.store)
   reset_episodes  bool  optional; start fresh episodes from `seed` instead of continuing the warm
                         environment's episode, so the batch depends on the event only (reproducible runs)
+  envs_per_actor  int   optional (default 1); environments stepped in lockstep with one batched inference
+                        per step, in [1, min(256, num_steps)]; num_steps stays the total over all of them
+                        (nitro.rollout.VecSampler: env i's steps are one contiguous segment of the batch)
 
 The HMAC key comes from NITRO_HMAC_KEY or NITRO_HMAC_KEY_FILE. A warm execution
 environment keeps its Redis connection, its environment (episodes continue
@@ -34,12 +37,13 @@ import numpy as np
 
 from actor_fn.runtime import check_fields, redis_url, warm_client
 from nitro.clock import InvocationClock
+from nitro.contracts import MAX_ENVS_PER_ACTOR
 from nitro.data import codec
 from nitro.data.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
 from nitro.errors import ConfigError
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.model_spec import blob_to_doc
-from nitro.policy.rollout import Sampler
+from nitro.policy.rollout import Sampler, VecSampler, make_sampler
 
 REQUIRED = {"job_id": str, "round": int, "policy_version": int, "env_id": str, "num_steps": int, "seed": int,
             "invocation_id": str}
@@ -49,7 +53,7 @@ MAX_STEPS = 1_000_000
 class _Warm:
     """What survives between invocations in one execution environment."""
 
-    sampler: Sampler | None = None
+    sampler: Sampler | VecSampler | None = None
     sampler_key: tuple | None = None
     runner: PolicyRunner | None = None
     runner_key: tuple | None = None
@@ -63,6 +67,11 @@ def _validate(event: dict) -> None:
         raise ConfigError("event field 'reset_episodes' must be true or false")
     if not 1 <= event["num_steps"] <= MAX_STEPS:
         raise ConfigError(f"event field 'num_steps' must be in [1, {MAX_STEPS}], got {event['num_steps']}")
+    envs = event.get("envs_per_actor", 1)
+    top = min(MAX_ENVS_PER_ACTOR, event["num_steps"])
+    if isinstance(envs, bool) or not isinstance(envs, int) or not 1 <= envs <= top:
+        raise ConfigError(f"event field 'envs_per_actor' must be an integer in [1, {top}] "
+                          f"(at most {MAX_ENVS_PER_ACTOR} and at most num_steps), got {envs!r}")
 
 
 def _max_entry_bytes(event: dict) -> int:
@@ -86,13 +95,13 @@ def _runner(client, job_id: str, version: int, key: bytes, clock: InvocationCloc
     return _Warm.runner
 
 
-def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int) -> Sampler:
-    sk = (job_id, env_id, tuple(sorted(env_kwargs.items())))
+def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int, envs: int = 1) -> Sampler | VecSampler:
+    sk = (job_id, env_id, tuple(sorted(env_kwargs.items())), envs)
     if _Warm.sampler_key != sk:
         if _Warm.sampler is not None:
             _Warm.sampler.close()
         _Warm.sampler = None
-        _Warm.sampler = Sampler(env_id, seed=seed, env_kwargs=env_kwargs)  # raises UnknownEnvironmentError
+        _Warm.sampler = make_sampler(env_id, seed, env_kwargs, envs)  # raises UnknownEnvironmentError
         _Warm.sampler_key = sk
     return _Warm.sampler
 
@@ -111,7 +120,7 @@ def handler(event: dict, context=None) -> dict:
         raise ConfigError("event field 'env_kwargs' must be an object")
     max_entry_bytes = _max_entry_bytes(event)
 
-    sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"])
+    sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"], event.get("envs_per_actor", 1))
     if event.get("reset_episodes"):  # reproducible runs: what this invocation samples depends on its seed only
         sampler.reseed(event["seed"])
     client = warm_client(redis_url(event), clock)

@@ -2,7 +2,8 @@
 
 Per-job state (the convexity ratios of past rounds) lives in Redis as a hash
 round -> R, so any replica can serve any job and a retried Score for the same
-round overwrites instead of appending twice.
+round overwrites instead of appending twice. A round's score is taken over the
+ratios of the rounds up to it (nitro.detector.score.ScoreWindow).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from nitro.data.redis_client import connect, url_from_env, warn_if_not_persisten
 from nitro.data.store import PolicyNotFoundError, PolicyStore
 from nitro.detector.core import ALGOS as DETECTOR_ALGOS
 from nitro.detector.core import detect
-from nitro.detector.score import boosting_score
+from nitro.detector.score import ScoreWindow
 from nitro.errors import ConfigError
 from nitro.policy.models import Policy, blob_to_doc
 from nitro.rpc import auth, metrics
@@ -126,8 +127,8 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
         pipe.hgetall(key)
         stored = pipe.execute()[-1]
         history = sorted((int(k), float(v)) for k, v in stored.items() if int(k) <= request.round)
-        window = [r for _, r in history][-p["window"]:]
-        score = boosting_score(window, request.round, p["decay"], p["window"])
+        window = ScoreWindow.from_list([r for _, r in history], size=p["window"])
+        score = window.score(request.round, p["decay"])
         seconds = time.perf_counter() - t0
         metrics.DETECTOR_SECONDS.observe(seconds)
         metrics.set_job(metrics.BOOSTING_SCORE, request.job_id, score)
@@ -136,7 +137,7 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
         return detector_pb2.ScoreResponse(
             lambda_max=_finite(res.lambda_max), lambda_min=_finite(res.lambda_min), convexity_ratio=res.ratio,
             score=score, converged=res.converged, convergence_delta=_finite(res.convergence_delta),
-            samples_used=res.samples_used, seconds=seconds, window=window,
+            samples_used=res.samples_used, seconds=seconds, window=window.to_list(),
             cpu_seconds=max(0.0, critical_path_cpu_seconds() - cpu0))
 
 

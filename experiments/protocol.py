@@ -1018,8 +1018,7 @@ def protocol_from_args(args, figure: str) -> Protocol:
 
 def first_round_reserve_usd() -> float:
     """What the scaler requires for round 0 before anything is measured: its assumed learner time, billed."""
-    from nitro.cost import Prices, learner_cost
-    from scaler_svc.server import FIRST_ROUND_LEARNER_S
+    from nitro.cost import FIRST_ROUND_LEARNER_S, Prices, learner_cost
 
     return learner_cost(FIRST_ROUND_LEARNER_S, Prices())
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from learner_svc.rounds import derived_seed
+from learner_svc.clients import derived_seed
 from nitro.algos.ppo import PPOLearner
 from nitro.config import make_config
 from nitro.detector.core import detect

@@ -33,18 +33,19 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from learner_svc.rounds import DIAGNOSTICS, LOST_BATCH_GRACE_S, RoundLoop, retry_note
+from learner_svc.clients import LastRound, failure_note, retry_note
+from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ
+from learner_svc.learner import GradientLearner
+from learner_svc.reporting import DIAGNOSTICS
+from learner_svc.rounds import End, RoundLoop, succeeded
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
-from nitro.contracts import MAX_EMPTY_ROUNDS, actor_slot, invocation_id
+from nitro.contracts import actor_slot, invocation_id
 from nitro.cost import cloud_detect_wait, cloud_round_seconds
 from nitro.rpc import metrics
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
-
-MAX_WAVES = 3  # the planned launch plus up to two waves of replacements
-
 
 @dataclass
 class Collected:
@@ -63,9 +64,29 @@ class Collected:
     notes: list[str] = field(default_factory=list)
 
 
-class OnPolicyLoop(RoundLoop):
+@dataclass
+class SampledRound:
+    """An on-policy round from its launch to its update."""
+
+    k: int
+    actors: int  # planned
+    t_round: float  # perf_counter when the round began
+    got: Collected | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    cloud: dict[str, float] = field(default_factory=dict)  # the same phases on the cloud clock (docs/cost.md)
+    rejected: int = 0
+    duplicates: int = 0
+
+    @property
+    def steps(self) -> int:
+        return sum(len(b["rewards"]) for b in self.got.batches)
+
+
+class OnPolicyLoop(RoundLoop[SampledRound]):
     learner_class = PPOLearner
+    learner: GradientLearner
     inherit_round: int | None = None  # the round a resumed learner redoes: its waves may be out already
+    next_plan: scaler_pb2.PlanResponse  # the plan of the round about to begin
 
     # -- sampling ---------------------------------------------------------------------------
     def _collect(self, k: int, actors: int, phases: dict, cloud: dict) -> Collected:
@@ -121,14 +142,13 @@ class OnPolicyLoop(RoundLoop):
                     for r in resp.invocations:
                         if not r.ok:
                             failed.add(slot_of[r.invocation_id])
-                            out.notes.append(f"actor {r.invocation_id} failed after {r.attempts} attempt(s): "
-                                             f"{r.error_type}: {r.error_message[:200]}")
+                            out.notes.append(failure_note(r))
                 waiting = set(slots) - covered
                 if not waiting:
                     break
                 if resp is not None and (waiting <= failed or time.perf_counter() - done_at > LOST_BATCH_GRACE_S):
                     break  # the rest failed, or their batches were lost after the invocation said OK
-                entries = self.redis_call(lambda: self.reader.read(count=64, block_ms=100), "stream read")
+                entries = self.redis_call(lambda: self.reader.read(*ONPOLICY_READ), "stream read")
                 drop = []
                 for e in entries:
                     slot = actor_slot(e.invocation_id, self.job.job_id, k)
@@ -214,68 +234,63 @@ class OnPolicyLoop(RoundLoop):
             return slots
         return slots[:int(max(0.0, cost.budget_left_usd) // per_actor)]
 
-    # -- the loop ---------------------------------------------------------------------------
-    def train(self, resume: bool = False):
-        plan, resumed = self._start(resume)
-        return self._loop(plan, resumed)
-
-    def _start(self, resume: bool):
+    # -- the hooks of RoundLoop.train ------------------------------------------------------------
+    def open(self, resume: bool) -> End | None:
         if resume:
             pending = self.restore()
             self.inherit_round = self.next_round
+            self.resumed = True
             if pending is not None:  # died after the update, before the report: finish that round
                 k = self.next_round - 1
                 self.publish()
-                report, plan = self._finish_round(k, pending, resumed=True)
+                report, self.next_plan = self._finish_round(k, pending)
                 self.append_report(report)
-                return plan, False
+                return None
             self.publish()
-            return self.plan(self.next_round, self.last_score(), 0.0), True
+            self.next_plan = self.plan(self.next_round, self.last_score(), 0.0)
+            return None
         self.publish()
-        return self.plan(0, 0.0, 0.0), False
+        self.next_plan = self.plan(0, 0.0, 0.0)
+        return None
 
-    def _loop(self, plan: scaler_pb2.PlanResponse, resumed: bool):
-        job, spec = self.job, self.spec
-        empty_rounds = 0
-        k = self.next_round
-        while k < spec.rounds:
-            if plan.budget_exhausted:
-                return training_pb2.JOB_STATE_SUCCEEDED, f"budget exhausted: {plan.reason}"
-            if job.stop_requested.is_set():
-                return training_pb2.JOB_STATE_STOPPED, f"stopped: {job.stop_reason}"
-            metrics.set_job(metrics.CURRENT_ROUND, job.job_id, k)
-            report, plan = self._round(k, plan, resumed)
-            if report is None:
-                if job.stop_requested.is_set():
-                    continue  # the check at the top ends the job
-                empty_rounds += 1
-                if empty_rounds >= MAX_EMPTY_ROUNDS:
-                    return training_pb2.JOB_STATE_FAILED, f"no samples arrived in {MAX_EMPTY_ROUNDS} consecutive rounds"
-                continue  # the same round again: nothing was trained on
-            empty_rounds, resumed = 0, False
-            self.append_report(report)
-            k += 1
-            self.next_round = k
-            if spec.target_return and report.eval_return >= spec.target_return:
-                return training_pb2.JOB_STATE_SUCCEEDED, f"target return {spec.target_return:g} reached"
-        return training_pb2.JOB_STATE_SUCCEEDED, f"completed {spec.rounds} rounds"
+    def end_before_round(self, k: int) -> End | None:
+        if k >= self.spec.rounds:
+            return succeeded(f"completed {self.spec.rounds} rounds")
+        if self.next_plan.budget_exhausted:
+            return succeeded(f"budget exhausted: {self.next_plan.reason}")
+        if self.job.stop_requested.is_set():
+            return End(training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}")
+        return None
 
-    def _round(self, k: int, plan: scaler_pb2.PlanResponse, resumed: bool):
-        job, spec = self.job, self.spec
-        phases: dict[str, float] = {}
-        cloud: dict[str, float] = {}  # the same phases on the cloud clock (docs/cost.md)
-        t_round = time.perf_counter()
-        actors = plan.actors
-        metrics.set_job(metrics.ACTORS_PER_ROUND, job.job_id, actors)
-        got = self._collect(k, actors, phases, cloud)
-        rejected, duplicates = self.export_reader_counters()
-        if job.stop_requested.is_set() and len(got.batches) < actors:
-            return None, plan  # abandoned mid-sampling; the last checkpoint is the previous round
+    def sample_round(self, k: int) -> SampledRound:
+        actors = self.next_plan.actors
+        rnd = SampledRound(k=k, actors=actors, t_round=time.perf_counter())
+        metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
+        rnd.got = self._collect(k, actors, rnd.phases, rnd.cloud)
+        rnd.rejected, rnd.duplicates = self.export_reader_counters()
+        return rnd
+
+    def abandons(self, rnd: SampledRound) -> bool:
+        """Abandoned mid-sampling (or with nothing to train on): the last checkpoint is the previous round."""
+        return len(rnd.got.batches) < rnd.actors or rnd.steps == 0
+
+    def is_empty(self, rnd: SampledRound) -> bool:
+        return rnd.steps == 0
+
+    def close_round(self, k: int, rnd: SampledRound) -> End | None:
+        report, self.next_plan = self._finish_round(k, self._learn(k, rnd), to_ack=rnd.got.entries)
+        self.append_report(report)
+        spec = self.spec
+        if spec.target_return and report.eval_return >= spec.target_return:
+            return succeeded(f"target return {spec.target_return:g} reached")
+        return None
+
+    def _learn(self, k: int, rnd: SampledRound) -> dict:
+        """Update on the round's batches; the round's pending report (what the checkpoint keeps of it)."""
+        spec, got, phases, cloud = self.spec, rnd.got, rnd.phases, rnd.cloud
+        actors = rnd.actors
         expected_steps = actors * spec.steps_per_actor
-        steps = sum(len(b["rewards"]) for b in got.batches)
-        if steps == 0:
-            log.warning("job %s round %d: no samples arrived; the round is tried again", job.job_id, k)
-            return None, plan
+        steps = rnd.steps
         if steps < spec.min_sample_fraction * expected_steps:
             got.notes.append(f"below min_sample_fraction after replacements: training on {steps}/{expected_steps} steps")
         elif steps < expected_steps:
@@ -291,28 +306,26 @@ class OnPolicyLoop(RoundLoop):
         self.total_steps += steps
         metrics.ENV_STEPS.inc(steps)
         self.version += 1
-        pending = {
+        return {
             "round": k, "policy_version": behaviour_version, "actors_launched": actors,
             "actors_completed": got.completed, "actors_failed": got.failed, "actors_replaced": got.replaced,
             "env_steps": steps, "total_env_steps": self.total_steps, "invocation_retries": got.retries,
-            "duplicates_dropped": duplicates + got.duplicates, "rejected_batches": rejected, "stale_batches_dropped": got.stale,
+            "duplicates_dropped": rnd.duplicates + got.duplicates, "rejected_batches": rnd.rejected,
+            "stale_batches_dropped": got.stale,
             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss, "entropy": stats.entropy,
             "kl": stats.kl, "gradient_noise_scale": stats.gradient_noise_scale, "notes": got.notes[:50],
             **{key: float(getattr(stats, name)) for key, name in DIAGNOSTICS.items()}, "kl_coeff": stats.kl_coeff,
             "phases": dict(phases), "cloud_phases": dict(cloud),
-            "t_round": time.time() - (time.perf_counter() - t_round),
+            "t_round": time.time() - (time.perf_counter() - rnd.t_round),
         }
-        report, next_plan = self._finish_round(k, pending, resumed=resumed, to_ack=got.entries)
-        return report, next_plan
 
-    def _finish_round(self, k: int, pending: dict, resumed: bool, to_ack: list | None = None):
+    def _finish_round(self, k: int, pending: dict, to_ack: list | None = None):
         """Publish, checkpoint, score + evaluate, plan the next round, build the report."""
         job = self.job
         phases = dict(pending["phases"])
         cloud = dict(pending.get("cloud_phases", {}))
         notes = list(pending["notes"])
-        if resumed:
-            notes.append("learner resumed from checkpoint")
+        resumed = self.take_resumed(notes)
         with metrics.timed("publish", phases, cloud):
             self.publish()
             ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
@@ -338,9 +351,10 @@ class OnPolicyLoop(RoundLoop):
         cloud["detect"] = cloud_detect_wait(score_resp.cpu_seconds, cloud.get("evaluate", 0.0))
         with metrics.timed("plan", phases):
             # A learned scheduler reads times on the cloud clock: they do not move with this machine's load.
-            last = {"loss": pending["policy_loss"] + pending["value_loss"], "eval_return": self.last_eval(eval_return),
-                    "kl": pending["kl"], "update_seconds": cloud.get("update", 0.0),
-                    "actor_seconds": cloud.get("sample", 0.0), "round_seconds": cloud_round_seconds(cloud)}
+            last = LastRound(loss=pending["policy_loss"] + pending["value_loss"],
+                             eval_return=self.last_eval(eval_return), kl=pending["kl"],
+                             update_seconds=cloud.get("update", 0.0), actor_seconds=cloud.get("sample", 0.0),
+                             round_seconds=cloud_round_seconds(cloud))
             next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last,
                                   cloud_seconds=cloud_round_seconds(cloud))
         if next_plan.budget_exhausted and math.isnan(eval_return):  # the job's last round: always evaluated

@@ -9,10 +9,11 @@ import os
 
 import grpc
 
+from learner_svc.clients import LearnerDeps
+from learner_svc.durability import job_dir, load_reports
 from learner_svc.jobs import Job, JobManager
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
-from learner_svc.rounds import LearnerDeps, job_dir, load_reports
 from learner_svc.stellaris import StellarisLoop
 from nitro.data import codec
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials

@@ -32,6 +32,10 @@ one that skipped, in the note (launched = produced + failed + skipped).
 At most `max_learners` learner functions are in flight; further batches wait
 in order and take the version current when their learner starts.
 
+The round's skeleton is PipelinedLoop's (pipelined.py); this loop supplies its
+event pump (`sample_round`), the drains and backpressure before the next
+launch (`close_cloud`, `before_next_launch`) and its report's fields.
+
 Durability (RoundLoop.commit): a batch is counted when it arrives but learned
 from only once its learner's outcome is known (its update aggregated, applied
 or dropped, its skip record read, or the learner failed); it is acked at the
@@ -43,15 +47,29 @@ process launched are discarded (their batches are being learned from again).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
-from learner_svc.rounds import DIAGNOSTICS, POLICY_TTL_S, RoundLoop, derived_seed
+from learner_svc.clients import derived_seed
+from learner_svc.constants import (
+    LOST_UPDATE_GRACE_S,
+    MAX_LEARNER_THREADS,
+    PIPELINED_READ,
+    POLICY_TTL_S,
+    UPDATE_STREAM_TTL_S,
+)
+from learner_svc.learner import ParameterAggregator
+from learner_svc.pipelined import OpenRound, PipelinedLoop
+from learner_svc.reporting import DIAGNOSTICS
+from learner_svc.state import LaunchedRound, LaunchSummary, PendingRound, RoundStats
 from nitro.algos.ppo import collate, standardize_batch
 from nitro.algos.stellaris import (
     ParameterServer,
@@ -62,30 +80,61 @@ from nitro.algos.stellaris import (
     staleness_bound,
 )
 from nitro.clock import critical_path_cpu_seconds
-from nitro.contracts import (
-    MAX_EMPTY_ROUNDS,
-    actor_slot,
-    invocation_id,
-    learn_counter_key,
-    parcel_key,
-    policy_key,
-    update_stream_key,
-)
-from nitro.cost import cloud_round_seconds
+from nitro.contracts import invocation_id, learn_counter_key, parcel_key, policy_key, update_stream_key
 from nitro.data import codec
-from nitro.policy.models import policy_to_blob
 from nitro.rpc import metrics
-from nitro.v1 import scaler_pb2, training_pb2
+from nitro.v1 import scaler_pb2
 
 log = logging.getLogger(__name__)
 
-LOST_UPDATE_GRACE_S = 5.0  # likewise for a learner function's update
-MAX_LEARNER_THREADS = 24  # one blocking Launch per learner in flight; the scaler serves 32 RPCs at once
-READ_BLOCK_MS = 20
+
+@dataclass
+class StellarisStats(RoundStats):
+    """What a Stellaris round counts while it is open (kept in the checkpoint of a closed round: `to_dict`)."""
+
+    k: int = 0
+    bound: int = 0  # the round's staleness bound
+    batches: list[dict] = field(default_factory=list)  # the round's batches, for the detector
+    produced: int = 0  # updates that arrived
+    applied: int = 0
+    dropped: int = 0
+    skipped: int = 0  # learners that found their base beyond the bound and computed nothing
+    staleness: list[int] = field(default_factory=list)
+    launched: int = 0  # learner functions
+    failed: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    aggregations: int = 0
+    busy: float = 0.0  # the service's CPU seconds (cloud clock)
+    learner_fn_seconds: float = 0.0  # the slowest learner function's modelled time
+    relearned: int = 0  # batches counted before a resume, learned from again
+    discarded: int = 0  # updates of learners launched before a resume (or given up on)
+
+    def means(self) -> dict[str, float]:
+        return self.means_over(self.applied)
+
+    def to_dict(self) -> dict:
+        """Plain data for the checkpoint, without the round's batches."""
+        return dataclasses.asdict(dataclasses.replace(self, batches=[]))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StellarisStats:
+        return cls(**copy.deepcopy(d))
 
 
-class StellarisLoop(RoundLoop):
+@dataclass
+class LearnerCall:
+    """A learner function in flight."""
+
+    inv: str  # its invocation id
+    ref: str  # its parcel's key
+    base: int  # the version its update starts from
+    round: int
+
+
+class StellarisLoop(PipelinedLoop[StellarisStats]):
     learner_class = ParameterServer
+    learner: ParameterAggregator
     cpu_only = True  # gradients are computed by learner functions; applying them is cheap vector arithmetic
 
     def __init__(self, job, deps):
@@ -95,7 +144,7 @@ class StellarisLoop(RoundLoop):
         self.learner_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{job.job_id}-learn")
         self.max_in_flight = threads
         self.waiting: deque = deque()  # (round, entry) batches waiting for a learner slot
-        self.in_flight: dict[Future, dict] = {}
+        self.in_flight: dict[Future, LearnerCall] = {}
         self.learners: dict[str, object] = {}  # learner invocation id -> its batch's entry, outcome not yet known
         self.settled: list = []  # entries whose learner's outcome is known, acked at the next commit
         self.expected: dict[str, tuple[float, int]] = {}  # learner said OK, update not here: (give-up time, round)
@@ -107,86 +156,43 @@ class StellarisLoop(RoundLoop):
         self.bound = self.st.bound_start
         self.stream = update_stream_key(job.job_id)
         self.actor_versions: set[int] = set()
-
-    # -- the loop -------------------------------------------------------------------------
-    def train(self, resume: bool = False):
-        return self._loop(resume)
+        self.acc: StellarisStats | None = None  # the open round's, kept over its retries
 
     def shutdown(self) -> None:
         super().shutdown()
         self.learner_pool.shutdown(wait=False, cancel_futures=True)
 
-    def _loop(self, resume: bool):
-        spec = self.spec
-        rnd = self.open_async(resume)
-        if isinstance(rnd, tuple):
-            return rnd
-        k = self.next_round
-        empty_rounds = 0
-        acc = self._new_acc(k)
-        while True:
-            phases: dict[str, float] = {}
-            metrics.set_job(metrics.CURRENT_ROUND, self.job.job_id, k)
-            metrics.set_job(metrics.STALENESS_BOUND, self.job.job_id, self.bound)
-            self._pump_until(lambda: self._round_closed(rnd), rnd, acc, phases)
-            if self.job.stop_requested.is_set():
-                return training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}"
-            if rnd["batches"] == 0 and acc["steps"] == 0:
-                empty_rounds += 1
-                if empty_rounds >= MAX_EMPTY_ROUNDS:
-                    return training_pb2.JOB_STATE_FAILED, f"no samples arrived in {MAX_EMPTY_ROUNDS} consecutive rounds"
-                # The same round again, fresh invocation ids; what its learners settled meanwhile stays counted.
-                rnd = self._launch_round(k, rnd["actors"])
-                continue
-            empty_rounds = 0
-            last_round = k + 1 >= spec.rounds
-            if last_round:
-                self._drain(rnd, acc, phases)
-            cloud = self._cloud_phases(rnd, acc)
-            with metrics.timed("publish", phases, cloud):
-                self.learner.last_data = self._detector_data(acc["batches"])
-                ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
-            with metrics.timed("detect", phases):
-                score_resp, fallback = self.score_or_fallback(k, ref, spec.algo, acc["notes"])
-            cloud["detect"] = score_resp.cpu_seconds
-            means = self._means(acc)  # for the plan; the report recomputes them (the waits below apply more)
-            last = self.async_plan_inputs(means, cloud)
-            with metrics.timed("plan", phases):
-                next_plan = self.plan(k + 1, score_resp.score, 0.0, fallback, last,
-                                      cloud_seconds=cloud_round_seconds(cloud))
-            if next_plan.budget_exhausted and not last_round:
-                self._drain(rnd, acc, phases)  # the job ends here: count every learner still running
-            ending = last_round or next_plan.budget_exhausted
-            if not ending:
-                self._wait_for_rounds_before(k, rnd, acc, phases)
-                with metrics.timed("invoke", phases):
-                    next_rnd = self._launch_round(k + 1, next_plan.actors)
-            summary = {key: rnd[key] for key in ("actors", "version", "covered", "failed")}
-            summary["retries"] = rnd["resp"].retries if rnd["resp"] is not None else 0
-            pending = self._pending(k, {**acc, "batches": []}, summary, score_resp=score_resp, next_plan=next_plan,
-                                    fallback=fallback, cloud=cloud, phases=phases, ending=ending)
-            carried: dict[str, float] = {}  # overlaps the next round's sampling and learners: its service CPU
-            with metrics.timed("publish", phases, carried):
-                self.commit(k, pending, *self._settlement())
-            end = self.finish_async_round(pending, phases, carried)
-            if end is not None:
-                return end
-            k, rnd = k + 1, next_rnd
-            acc = self._new_acc(k)
-            acc["busy"] = sum(carried.values())
+    # -- the round: PipelinedLoop's hooks --------------------------------------------------------
+    def sample_round(self, k: int) -> OpenRound[StellarisStats]:
+        if self.acc is None or self.acc.k != k:  # what a retried round's learners settled stays counted
+            self.acc = self._new_acc(k)
+            self.acc.busy = sum(self.carried.values())
+        rnd = OpenRound(self.launched, self.acc)
+        metrics.set_job(metrics.STALENESS_BOUND, self.job.job_id, self.bound)
+        self._pump_until(lambda: self.round_closed(rnd.launch), rnd.launch, rnd.stats, rnd.phases)
+        return rnd
 
-    def _pending(self, k: int, acc: dict, rnd: dict, **closing) -> dict:
-        """The round's pending report (RoundLoop.async_pending) from its counters `acc` and launch `rnd`."""
+    def close_cloud(self, k: int, rnd: OpenRound[StellarisStats]) -> dict[str, float]:
+        if k + 1 >= self.spec.rounds:  # the job's last round: count every learner still running
+            self._drain(rnd.launch, rnd.stats, rnd.phases)
+        return self._cloud_phases(rnd.launch, rnd.stats)
+
+    def publish_for_detector(self, rnd: OpenRound[StellarisStats]) -> None:
+        self.learner.last_data = self._detector_data(rnd.stats.batches)  # every aggregation published already
+
+    def before_next_launch(self, k: int, rnd: OpenRound[StellarisStats], ending: bool) -> None:
+        if ending:
+            if k + 1 < self.spec.rounds:
+                self._drain(rnd.launch, rnd.stats, rnd.phases)  # the budget ends the job: count every learner
+        else:
+            self._wait_for_rounds_before(k, rnd.launch, rnd.stats, rnd.phases)
+
+    def pending_parts(self, k: int, rnd: OpenRound[StellarisStats]) -> tuple[dict, list[str], dict]:
+        acc, summary = dataclasses.replace(rnd.stats, batches=[]), rnd.launch.summary()
         self._count_reader(acc)
-        return self.async_pending(k, self._fields(k, rnd, acc), notes=self._notes(acc), started=acc["t"],
-                                  acc=acc, rnd=rnd, **closing)
+        return self._fields(k, summary, acc), self._notes(acc), {"acc": acc.to_dict(), "rnd": summary.to_dict()}
 
-    def _count_reader(self, acc: dict) -> None:
-        rejected, duplicates = self.export_reader_counters()
-        acc["rejected"] += rejected
-        acc["duplicates"] += duplicates
-
-    def _settlement(self) -> tuple[list, dict]:
+    def settlement(self, rnd: OpenRound[StellarisStats] | None = None) -> tuple[list, dict]:
         """What a commit consumes (entries whose learner's outcome is known) and what it names as counted
         (entries waiting or with a learner: {entry id: its observations are in the statistics})."""
         settled, self.settled = self.settled, []
@@ -194,44 +200,43 @@ class StellarisLoop(RoundLoop):
         counted.update({e.entry_id: e.entry_id not in self.pending_obs for e in self.learners.values()})
         return settled, counted
 
-    def settle_at_end(self, pending: dict, phases: dict) -> tuple[dict, tuple]:
+    def settle_at_end(self, pending: PendingRound, phases: dict) -> tuple[PendingRound, tuple]:
         """The target ends the job: wait for every learner still running, so the last report counts them."""
-        acc = pending["acc"]
+        acc = StellarisStats.from_dict(pending.extra["acc"])
         self._drain(None, acc, phases)
         self._count_reader(acc)
-        k = pending["round"]
-        return {**pending, "fields": self._fields(k, pending["rnd"], acc), "notes": self._notes(acc)}, \
-            self._settlement()
+        k = pending.round
+        fields = self._fields(k, LaunchSummary.from_dict(pending.extra["rnd"]), acc)
+        return dataclasses.replace(pending, fields=fields, notes=self._notes(acc),
+                                   extra={**pending.extra, "acc": acc.to_dict()}), self.settlement()
 
-    def _new_acc(self, k: int) -> dict:
+    def _count_reader(self, acc: StellarisStats) -> None:
+        rejected, duplicates = self.export_reader_counters()
+        acc.rejected += rejected
+        acc.duplicates += duplicates
+
+    def _new_acc(self, k: int) -> StellarisStats:
         """Per-round counters; the round's staleness bound takes effect now."""
         self.bound = staleness_bound(k, self.spec.rounds, self.st.bound_start, self.st.bound_end,
                                      self.st.bound_schedule)
-        return {"k": k, "bound": self.bound, "notes": [], "steps": 0, "late": 0, "batches": [], "produced": 0,
-                "applied": 0, "dropped": 0, "skipped": 0, "staleness": [], "launched": 0, "failed": 0, "rejected": 0,
-                "duplicates": 0, "sums": {}, "aggregations": 0, "t": time.time(), "busy": 0.0,
-                "learner_fn_seconds": 0.0, "relearned": 0, "discarded": 0}
+        return StellarisStats(k=k, bound=self.bound)
 
     # -- actors ---------------------------------------------------------------------------
-    def _launch_round(self, k: int, actors: int) -> dict:
-        wave = self.new_wave(k)
+    def launch_round(self, k: int, actors: int) -> LaunchedRound:
         self.actor_versions = {self.version}  # actors load it whenever they start: keep it published
-        metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
-        return {"k": k, "actors": actors, "version": self.version, "start": time.perf_counter(),
-                "future": self.pool.submit(self.launch, k, list(range(actors)), wave), "resp": None,
-                "done_at": None, "covered": set(), "failed": set(), "batches": 0}
+        return super().launch_round(k, actors)
 
     # -- the event pump -------------------------------------------------------------------
-    def _pump_until(self, done, rnd: dict | None, acc: dict, phases: dict) -> None:
+    def _pump_until(self, done, rnd: LaunchedRound | None, acc: StellarisStats, phases: dict) -> None:
         """Ingest batches, dispatch learners, collect their outcomes and aggregate updates until `done()`."""
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ingest_extra, update_s = self.reader.processing_seconds, 0.0, 0.0
         while not self.job.stop_requested.is_set():
             if rnd is not None:
-                self._poll_launch(rnd, acc["notes"])
+                rnd.poll(self.job.job_id, acc.notes)
             if done():
                 break
-            entries = self.redis_call(lambda: self.reader.read(count=16, block_ms=READ_BLOCK_MS), "stream read")
+            entries = self.redis_call(lambda: self.reader.read(*PIPELINED_READ), "stream read")
             t_i = time.perf_counter()
             for e in entries:
                 self._ingest(e, rnd, acc)
@@ -248,17 +253,17 @@ class StellarisLoop(RoundLoop):
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("update", update_s, phases)
         metrics.observe_phase("sample", max(0.0, wall - ingest - update_s), phases)
-        acc["busy"] += max(0.0, critical_path_cpu_seconds() - cpu0)
+        acc.busy += max(0.0, critical_path_cpu_seconds() - cpu0)
 
-    def _drain(self, rnd: dict | None, acc: dict, phases: dict) -> None:
+    def _drain(self, rnd: LaunchedRound | None, acc: StellarisStats, phases: dict) -> None:
         """Wait for every batch's learner and every update still due (bounded by the round deadline)."""
         deadline = time.perf_counter() + self.spec.round_deadline_s
         self._pump_until(lambda: (not self.waiting and not self.in_flight and not self.expected)
                          or time.perf_counter() > deadline, rnd, acc, phases)
         if self.waiting or self.in_flight or self.expected:
-            acc["notes"].append(f"job end: gave up on {len(self.waiting)} waiting batch(es), {len(self.in_flight)} "
+            acc.notes.append(f"job end: gave up on {len(self.waiting)} waiting batch(es), {len(self.in_flight)} "
                                 f"learner(s) in flight and {len(self.expected)} missing update(s)")
-            acc["failed"] += len(self.in_flight) + len(self.expected)
+            acc.failed += len(self.in_flight) + len(self.expected)
             # The job ends: these batches are settled as they are, counted but not learned from.
             self.settled += [e for _, e in self.waiting] + list(self.learners.values())
             self.waiting.clear()
@@ -266,41 +271,38 @@ class StellarisLoop(RoundLoop):
             self.expected.clear()
             self.learners.clear()
 
-    def _wait_for_rounds_before(self, k: int, rnd: dict, acc: dict, phases: dict) -> None:
+    def _wait_for_rounds_before(self, k: int, rnd: LaunchedRound, acc: StellarisStats, phases: dict) -> None:
         """Backpressure: learners of rounds < k finish (and their updates arrive) before round k+1 samples."""
         def older_done() -> bool:
             return not any(r < k for r, _ in self.waiting) and \
-                not any(info["round"] < k for info in self.in_flight.values()) and \
+                not any(info.round < k for info in self.in_flight.values()) and \
                 not any(r < k for _, r in self.expected.values())
 
         deadline = time.perf_counter() + self.spec.round_deadline_s
         self._pump_until(lambda: older_done() or time.perf_counter() > deadline, rnd, acc, phases)
         if not older_done():
-            acc["notes"].append(f"learners of rounds before {k} still busy after {self.spec.round_deadline_s:g} s; "
+            acc.notes.append(f"learners of rounds before {k} still busy after {self.spec.round_deadline_s:g} s; "
                                 "launching the next round anyway")
 
-    def _ingest(self, e, rnd: dict | None, acc: dict) -> None:
+    def _ingest(self, e, rnd: LaunchedRound | None, acc: StellarisStats) -> None:
         if e.entry_id in self.counted_before:  # counted before a resume, its learner lost: learn from it only
-            acc["relearned"] += 1
-            self.waiting.append((acc["k"], e))
+            acc.relearned += 1
+            self.waiting.append((acc.k, e))
             return
-        if rnd is not None and e.round == rnd["k"]:
-            slot = actor_slot(e.invocation_id, self.job.job_id, rnd["k"])
-            if slot is not None:
-                rnd["covered"].add(slot)
-            rnd["batches"] += 1
+        if rnd is not None and e.round == rnd.k:
+            rnd.covers(e.invocation_id, self.job.job_id)
         else:
-            acc["late"] += 1  # a straggler of an earlier round: still good data, IS truncation handles it
-        acc["steps"] += e.steps
+            acc.late += 1  # a straggler of an earlier round: still good data, IS truncation handles it
+        acc.steps += e.steps
         self.total_steps += e.steps
         metrics.ENV_STEPS.inc(e.steps)
-        acc["batches"].append(e.batch)
+        acc.batches.append(e.batch)
         self.note_episodes(e.batch)
         metrics.POLICY_LAG.observe(self.version - e.policy_version)
-        self.waiting.append((acc["k"], e))
+        self.waiting.append((acc.k, e))
 
     # -- learner functions ----------------------------------------------------------------
-    def _dispatch(self, acc: dict) -> None:
+    def _dispatch(self, acc: StellarisStats) -> None:
         """Park a parcel and invoke a learner for waiting batches while slots are free.
 
         The base is the clock now (staleness 0), so no learner is launched certain to be dropped;
@@ -322,10 +324,10 @@ class StellarisLoop(RoundLoop):
             if not self.counted_before.pop(e.entry_id, False):  # not already in the restored statistics
                 self.pending_obs[e.entry_id] = e.batch["obs"]
             fut = self.learner_pool.submit(self._launch_learner, k, slot, base, ref, e.steps)
-            self.in_flight[fut] = {"inv": inv, "ref": ref, "base": base, "round": k}
+            self.in_flight[fut] = LearnerCall(inv=inv, ref=ref, base=base, round=k)
             self.learners[inv] = e
             self.launched_from[base] = self.launched_from.get(base, 0) + 1
-            acc["launched"] += 1
+            acc.launched += 1
 
     def _launch_learner(self, k: int, slot: int, base: int, ref: str, steps: int) -> scaler_pb2.LaunchResponse:
         spec = self.spec
@@ -334,36 +336,35 @@ class StellarisLoop(RoundLoop):
             steps_per_actor=max(1, min(int(steps), 1_000_000)), env_id=spec.env_id, seed=0,
             function_name=self.st.learner_function, deadline_s=spec.round_deadline_s,
             actor_memory_mb=self.st.learner_memory_mb, wait=True, slots=[slot], kind="learner", payload_ref=ref)
-        return self.rpc(self.deps.scaler.Launch, req, timeout=spec.round_deadline_s + 30.0,
-                        patience=spec.round_deadline_s, what="Launch (learner)")
+        return self.services.launch_request(req, "Launch (learner)")
 
-    def _poll_learners(self, acc: dict) -> None:
+    def _poll_learners(self, acc: StellarisStats) -> None:
         now = time.monotonic()
         done = [f for f in self.in_flight if f.done()]
         for fut in done:
             info = self.in_flight.pop(fut)
             try:
                 resp = fut.result()
-                acc["learner_fn_seconds"] = max(acc["learner_fn_seconds"], resp.cloud_seconds)
+                acc.learner_fn_seconds = max(acc.learner_fn_seconds, resp.cloud_seconds)
                 res = resp.invocations[0] if resp.invocations else None
                 ok, why = (res is not None and res.ok), (f"{res.error_type}: {res.error_message[:200]}" if res else
                                                          "no invocation result")
             except grpc.RpcError as exc:
                 ok, why = False, f"launch failed: {exc.code().name}: {exc.details()}"
-            if info["inv"] in self.received:
+            if info.inv in self.received:
                 pass  # its update (or skip) arrived first and settled it
             elif ok:
-                self.expected[info["inv"]] = (now + LOST_UPDATE_GRACE_S, info["round"])
+                self.expected[info.inv] = (now + LOST_UPDATE_GRACE_S, info.round)
             else:
-                acc["failed"] += 1
-                acc["notes"].append(f"learner {info['inv']} failed: {why}")
-                self._settle(info["inv"])
-            self.redis_call(lambda: self.deps.redis.delete(info["ref"]), "parcel delete")
+                acc.failed += 1
+                acc.notes.append(f"learner {info.inv} failed: {why}")
+                self._settle(info.inv)
+            self.redis_call(lambda: self.deps.redis.delete(info.ref), "parcel delete")
         for inv, (give_up, _) in list(self.expected.items()):
             if now > give_up:
                 del self.expected[inv]
-                acc["failed"] += 1
-                acc["notes"].append(f"learner {inv} returned OK but its update never arrived")
+                acc.failed += 1
+                acc.notes.append(f"learner {inv} returned OK but its update never arrived")
                 self._settle(inv)
 
     def _settle(self, inv: str) -> None:
@@ -371,7 +372,7 @@ class StellarisLoop(RoundLoop):
         self.settled.append(self.learners.pop(inv))
 
     # -- aggregation ------------------------------------------------------------------------
-    def _collect_updates(self, acc: dict) -> bool:
+    def _collect_updates(self, acc: StellarisStats) -> bool:
         """Read every queued update, aggregate them once; True if anything was read."""
         resp = self.redis_call(lambda: self.deps.redis.xread({self.stream: self.cursor}, count=64), "update read")
         msgs = resp[0][1] if resp else []
@@ -385,29 +386,29 @@ class StellarisLoop(RoundLoop):
             try:
                 rec = decode_update(fields.get(b"payload", b""), self.deps.hmac_key, self.learner.n_params)
             except codec.PayloadError as exc:
-                acc["rejected"] += 1
+                acc.rejected += 1
                 metrics.REJECTED_PAYLOADS.labels(exc.reason).inc()
                 log.warning("job %s: rejected learner update %s: %s", self.job.job_id, eid, exc)
                 continue
             if rec.invocation_id in self.received:
-                acc["duplicates"] += 1  # a retried learner pushed again
+                acc.duplicates += 1  # a retried learner pushed again
                 continue
             if rec.invocation_id not in self.learners:
                 # Launched before a resume (its batch is learned from again) or given up on as lost (counted
                 # failed): applying it would learn from a batch twice.
-                acc["discarded"] += 1
+                acc.discarded += 1
                 continue
             self.received.add(rec.invocation_id)
             self.expected.pop(rec.invocation_id, None)
             self._settle(rec.invocation_id)
             if rec.skipped:  # the learner found its base certain to be dropped and computed nothing
-                acc["skipped"] += 1
+                acc.skipped += 1
                 continue
             records.append(rec)
         def delete():
             pipe = self.deps.redis.pipeline(transaction=False)
             pipe.xdel(self.stream, *ids)
-            pipe.expire(self.stream, 24 * 3600)
+            pipe.expire(self.stream, UPDATE_STREAM_TTL_S)
             return pipe.execute()
 
         self.redis_call(delete, "update delete")
@@ -415,17 +416,17 @@ class StellarisLoop(RoundLoop):
             self._aggregate(records, acc)
         return True
 
-    def _aggregate(self, records: list, acc: dict) -> None:
+    def _aggregate(self, records: list, acc: StellarisStats) -> None:
         st = self.st
         agg = aggregate_queue([r.base_version for r in records], self.version, self.bound, st.staleness_weight,
                               st.staleness_decay, launched=self.launched_from)
         moved = self.learner.aggregate([r.update for r in records], agg, kls=[float(r.stats.get("kl", 0.0))
                                                                               for r in records],
                                        obs=list(self.pending_obs.values()))
-        acc["produced"] += len(records)
-        acc["applied"] += agg.n_applied
-        acc["dropped"] += agg.n_dropped
-        acc["staleness"].extend(agg.staleness)
+        acc.produced += len(records)
+        acc.applied += agg.n_applied
+        acc.dropped += agg.n_dropped
+        acc.staleness.extend(agg.staleness)
         metrics.GRADIENTS_PRODUCED.inc(len(records))
         metrics.GRADIENTS_APPLIED.inc(agg.n_applied)
         for s, applied, r in zip(agg.staleness, agg.applied, records):
@@ -434,26 +435,25 @@ class StellarisLoop(RoundLoop):
                 metrics.GRADIENTS_DROPPED.labels("stale" if s >= 0 else "future_base").inc()
                 continue
             for name in ("policy_loss", "value_loss", "entropy", "kl", "rho_mean", *DIAGNOSTICS.values()):
-                acc["sums"][name] = acc["sums"].get(name, 0.0) + float(r.stats.get(name, 0.0))
+                acc.add(name, float(r.stats.get(name, 0.0)))
         if moved:
             self.pending_obs = {}
             self.version += 1  # one aggregation, one published version
-            acc["aggregations"] += 1
+            acc.aggregations += 1
             self.publish()
             for b in [b for b in self.launched_from if self.version - b > self.bound]:
                 del self.launched_from[b]  # its updates can no longer be applied: the count is not needed
 
     # -- publishing and the detector --------------------------------------------------------
     def publish(self) -> None:
-        blob = policy_to_blob(self.learner.policy, self.version, self.deps.hmac_key)
-        self.redis_call(lambda: self.policies.put(self.version, blob), "policy publish")
+        super().publish()
         self.published.add(self.version)
         self._prune()
 
     def _prune(self) -> None:
         """Delete published versions nobody can still ask for: every aggregation publishes one."""
         keep = set(sorted(self.published)[-(self.st.recent_versions + 2):])  # latest and the truncation window
-        keep |= {info["base"] for info in self.in_flight.values()}
+        keep |= {info.base for info in self.in_flight.values()}
         keep |= self.actor_versions
         stale = [v for v in self.published if v not in keep and v < self.version]
         if stale:
@@ -478,44 +478,37 @@ class StellarisLoop(RoundLoop):
 
     # -- reports ------------------------------------------------------------------------------
     @staticmethod
-    def _means(acc: dict) -> dict:
-        n = max(acc["applied"], 1)
-        return {name: v / n for name, v in acc["sums"].items()}
-
-    @staticmethod
-    def _cloud_phases(rnd: dict, acc: dict) -> dict[str, float]:
+    def _cloud_phases(rnd: LaunchedRound, acc: StellarisStats) -> dict[str, float]:
         """The round so far on the cloud clock (docs/cost.md): actors, then their learner functions, in
         parallel with the service's own CPU time ("update"); "sample" is what the functions take beyond it."""
-        sampling = (rnd["resp"].cloud_seconds if rnd["resp"] is not None else 0.0) + acc["learner_fn_seconds"]
-        return {"update": acc["busy"], "sample": max(0.0, sampling - acc["busy"])}
+        sampling = (rnd.resp.cloud_seconds if rnd.resp is not None else 0.0) + acc.learner_fn_seconds
+        return {"update": acc.busy, "sample": max(0.0, sampling - acc.busy)}
 
-    def _fields(self, k: int, rnd: dict, acc: dict) -> dict:
+    def _fields(self, k: int, launch: LaunchSummary, acc: StellarisStats) -> dict:
         """The round's RoundReport fields that neither its evaluation nor its closing depend on."""
-        means = self._means(acc)
-        stal = acc["staleness"]
+        means = acc.means()
+        stal = acc.staleness
         return dict(
-            round=k, policy_version=rnd["version"], actors_launched=rnd["actors"],
-            actors_completed=len(rnd["covered"]), actors_failed=len(rnd["failed"] - rnd["covered"]),
-            env_steps=acc["steps"], total_env_steps=self.total_steps,
+            **launch.report_fields(k), env_steps=acc.steps, total_env_steps=self.total_steps,
             policy_loss=means.get("policy_loss", 0.0), value_loss=means.get("value_loss", 0.0),
-            entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0), invocation_retries=rnd["retries"],
+            entropy=means.get("entropy", 0.0), kl=means.get("kl", 0.0),
             **{key: means.get(name, 0.0) for key, name in DIAGNOSTICS.items()}, kl_coeff=self.learner.kl_coeff,
-            duplicates_dropped=acc["duplicates"], rejected_batches=acc["rejected"],
-            gradients_produced=acc["produced"], gradients_applied=acc["applied"], gradients_dropped=acc["dropped"],
-            mean_staleness=float(np.mean(stal)) if stal else 0.0, staleness_bound=acc["bound"],
-            learner_functions_launched=acc["launched"], learner_functions_failed=acc["failed"],
-            learner_functions_skipped=acc["skipped"])
+            duplicates_dropped=acc.duplicates, rejected_batches=acc.rejected,
+            gradients_produced=acc.produced, gradients_applied=acc.applied, gradients_dropped=acc.dropped,
+            mean_staleness=float(np.mean(stal)) if stal else 0.0, staleness_bound=acc.bound,
+            learner_functions_launched=acc.launched, learner_functions_failed=acc.failed,
+            learner_functions_skipped=acc.skipped)
 
     @staticmethod
-    def _notes(acc: dict) -> list[str]:
-        stal = acc["staleness"]
+    def _notes(acc: StellarisStats) -> list[str]:
+        stal = acc.staleness
         mean_stal = float(np.mean(stal)) if stal else 0.0
-        resumed = (f", {acc['relearned']} batch(es) counted before a resume learned from again and "
-                   f"{acc['discarded']} update(s) of learners launched before it (or given up on) discarded"
-                   if acc["relearned"] or acc["discarded"] else "")
-        return [*acc["notes"], (
-            f"stellaris: {acc['launched']} learner(s) launched, {acc['produced']} update(s) produced, "
-            f"{acc['applied']} applied in {acc['aggregations']} aggregation(s), {acc['dropped']} dropped "
-            f"(bound {acc['bound']}, staleness mean {mean_stal:.2f}, "
-            f"max {max(stal) if stal else 0}), {acc['skipped']} skipped (base already beyond the bound when the "
-            f"learner started), {acc['late']} late batch(es){resumed}")]
+        resumed = (f", {acc.relearned} batch(es) counted before a resume learned from again and "
+                   f"{acc.discarded} update(s) of learners launched before it (or given up on) discarded"
+                   if acc.relearned or acc.discarded else "")
+        return [*acc.notes, (
+            f"stellaris: {acc.launched} learner(s) launched, {acc.produced} update(s) produced, "
+            f"{acc.applied} applied in {acc.aggregations} aggregation(s), {acc.dropped} dropped "
+            f"(bound {acc.bound}, staleness mean {mean_stal:.2f}, "
+            f"max {max(stal) if stal else 0}), {acc.skipped} skipped (base already beyond the bound when the "
+            f"learner started), {acc.late} late batch(es){resumed}")]

@@ -121,6 +121,7 @@ ACTOR_KEY_PATTERNS = (_key("*", "traj"), _key("*", "policy", "*"), _key("*", "le
 # invocation carries the same id and the stream drops the copy.
 
 KIND_LETTERS = {"actor": "a", "learner": "g"}
+FUNCTION_KINDS = tuple(KIND_LETTERS)  # what a launch invokes: actors, or learner functions (stellaris)
 _KINDS = {v: k for k, v in KIND_LETTERS.items()}
 _INVOCATION_ID = re.compile(rf"({JOB_ID_PATTERN})-r(\d+)-([ag])(\d+)(?:-x([1-9]\d*))?")
 
@@ -176,6 +177,14 @@ DETECTOR_SUBSET = 512
 LANCZOS_STEPS = 20
 SCORE_WINDOW = 6
 SCORE_DECAY = 0.96
+
+# Several environments per actor (nitro/policy/rollout.py VecSampler). The default stays 1 (the single-env path
+# every learning result in docs/results.md was measured with): 16 envs sample ~1.3x faster per CPU second
+# (bench/actor_sampling.py), but cut each 512-step batch into 32-step segments that bootstrap from the critic,
+# and no learning comparison at equal steps has been run yet (docs/algorithms.md).
+MAX_ENVS_PER_ACTOR = 256
+DEFAULT_ENVS_PER_ACTOR = 1
+MIN_STEPS_PER_ENV = 32  # an actor runs at most steps_per_actor // 32 envs (at least 1): no segment is shorter
 
 # A learner loop fails the job after this many consecutive rounds without a single batch.
 MAX_EMPTY_ROUNDS = 3

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nitro.contracts import FUNCTION_KINDS
 from nitro.errors import ConfigError
 
 MB_PER_GB = 1024.0
@@ -137,13 +138,6 @@ def serverful_vm_count(i_max: int, prices: Prices) -> int:
     return math.ceil(i_max / (prices.actor_vm_vcpus * prices.actors_per_vcpu))
 
 
-def serverful_round_cost(round_seconds: float, i_max: int, prices: Prices, *, include_learner: bool = True) -> float:
-    """Marginal cost of one round of a running serverful job (pro rata, no startup, no rounding)."""
-    hours = _check("round_seconds", round_seconds) / 3600.0
-    vms = serverful_vm_count(i_max, prices) * hours * prices.actor_vm_usd_per_hour
-    return vms + (learner_cost(round_seconds, prices) if include_learner else 0.0)
-
-
 def serverful_job_cost(job_seconds: float, i_max: int, prices: Prices, *, include_learner: bool = True) -> float:
     """A whole serverful job: the VM fleet billed for startup + job time (see module doc), learner included."""
     run = _check("job_seconds", job_seconds) + prices.actor_vm_startup_s
@@ -153,76 +147,6 @@ def serverful_job_cost(job_seconds: float, i_max: int, prices: Prices, *, includ
         billed = max(run, prices.actor_vm_min_billed_s)
     vms = serverful_vm_count(i_max, prices) * billed / 3600.0 * prices.actor_vm_usd_per_hour
     return vms + (learner_cost(run, prices) if include_learner else 0.0)
-
-
-def estimate_round_cost(actors: int, expected_billed_ms: float, memory_mb: float, learner_seconds: float,
-                        prices: Prices, *, provisioned: bool = False) -> float:
-    """Planned cost of a round: `actors` invocations of expected_billed_ms each plus the learner's time."""
-    per_actor = lambda_invocation_cost(expected_billed_ms, memory_mb, prices, provisioned=provisioned)
-    return _check("actors", actors) * per_actor + learner_cost(learner_seconds, prices)
-
-
-@dataclass(frozen=True)
-class RoundCost:
-    actor_usd: float
-    learner_usd: float
-    provisioned_usd: float
-    serverful_usd: float
-    invocations: int
-    billed_ms: int
-
-    @property
-    def total_usd(self) -> float:
-        return self.actor_usd + self.learner_usd + self.provisioned_usd
-
-    def to_dict(self) -> dict:
-        return dict(dataclasses.asdict(self), total_usd=self.total_usd)
-
-
-@dataclass(frozen=True)
-class CostLedger:
-    """Cumulative cost of a job; add_round returns a new ledger (the service stores to_dict() in Redis)."""
-
-    rounds: int = 0
-    invocations: int = 0
-    billed_ms: int = 0
-    actor_usd: float = 0.0
-    learner_usd: float = 0.0
-    provisioned_usd: float = 0.0
-    wall_seconds: float = 0.0
-    serverful_usd: float = 0.0  # what the same rounds would have cost on the serverful comparator
-
-    @property
-    def total_usd(self) -> float:
-        return self.actor_usd + self.learner_usd + self.provisioned_usd
-
-    def add_round(self, *, invocations: int, billed_ms: int, memory_mb: float, round_seconds: float, i_max: int,
-                  prices: Prices, provisioned: bool = False,
-                  provisioned_concurrency: int = 0) -> tuple["CostLedger", RoundCost]:
-        """Account one round: actors' billed ms, the learner server for the round's wall time,
-        provisioned concurrency held during it, and the serverful comparator's increment."""
-        actor = lambda_cost(billed_ms, invocations, memory_mb, prices, provisioned=provisioned)
-        learner = learner_cost(round_seconds, prices)
-        pc = provisioned_concurrency_cost(provisioned_concurrency, memory_mb, round_seconds, prices, round_up=False)
-        # Difference of whole-job bills, so startup and billing granularity land exactly once.
-        before = serverful_job_cost(self.wall_seconds, i_max, prices) if self.rounds else 0.0
-        serverful = serverful_job_cost(self.wall_seconds + round_seconds, i_max, prices) - before
-        rc = RoundCost(actor, learner, pc, serverful, int(invocations), int(billed_ms))
-        return CostLedger(self.rounds + 1, self.invocations + int(invocations), self.billed_ms + int(billed_ms),
-                          self.actor_usd + actor, self.learner_usd + learner, self.provisioned_usd + pc,
-                          self.wall_seconds + float(round_seconds), self.serverful_usd + serverful), rc
-
-    def to_dict(self) -> dict:
-        return dict(dataclasses.asdict(self), total_usd=self.total_usd)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "CostLedger":
-        d = {k: v for k, v in d.items() if k != "total_usd"}  # derived, written by to_dict
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ConfigError(f"unknown cost ledger field(s) {unknown}; allowed: {sorted(names)}")
-        return cls(**d)
 
 
 # -- the cloud clock (docs/cost.md) -------------------------------------------------------
@@ -281,6 +205,166 @@ def budget_spent(machine_usd: float, cloud_usd: float, clock: str) -> float:
     if clock not in CLOCKS:
         raise ConfigError(f"invalid value for budget_clock: must be one of {list(CLOCKS)}, got {clock!r}")
     return cloud_usd if clock == "cloud" else machine_usd
+
+
+# -- a job's ledger and the plan's estimate (the scaler's bookkeeping) ----------------------
+
+# Guesses for the first round, replaced by what the job measured as soon as it measured anything:
+DEFAULT_MS_PER_STEP = 1.0  # billed actor time per env step
+FIRST_ROUND_LEARNER_S = 10.0  # learner time of a round
+LEARNER_ROUND_MARGIN = 1.5  # the learner's measured time per round is padded by this: a round that runs long
+# must still be affordable
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one billed event adds to a job's ledger: `amounts` maps ledger fields to increments (int for counts,
+    float for seconds and dollars); `usd` and `cloud_usd` are its dollars on each clock, `cloud_seconds` its
+    modelled wall time (an invocation's, as its caller waits for it)."""
+
+    amounts: Mapping[str, int | float]
+    usd: float
+    cloud_usd: float
+    cloud_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Bill:
+    """A job's bill on one clock so far (USD), and the serverful comparator over the same learner time."""
+
+    actor_usd: float
+    learner_usd: float
+    learner_fn_usd: float
+    seconds: float  # learner time billed
+    serverful_usd: float
+
+    @property
+    def total_usd(self) -> float:
+        return self.actor_usd + self.learner_usd + self.learner_fn_usd
+
+
+@dataclass(frozen=True)
+class CostLedger:
+    """A job's cumulative bill on both clocks, as counters that only grow. The field names are those the scaler
+    keeps in the job's Redis hash: it adds a Charge's amounts with HINCRBY / HINCRBYFLOAT (atomic across
+    replicas) and reads the ledger back with from_fields; `add` is the same in memory."""
+
+    # this machine's clock
+    actor_cost_usd: float = 0.0
+    invocations: int = 0
+    billed_ms: int = 0
+    steps_billed: int = 0  # env steps of the actor invocations that succeeded
+    learner_fn_cost_usd: float = 0.0
+    learner_fn_invocations: int = 0
+    learner_fn_billed_ms: int = 0
+    learner_cost_usd: float = 0.0  # the learner server
+    wall_seconds: float = 0.0  # the learner server's billed time
+    # the cloud clock (counts of invocations and steps are the same on both)
+    cloud_actor_cost_usd: float = 0.0
+    cloud_billed_ms: int = 0
+    cloud_learner_fn_cost_usd: float = 0.0
+    cloud_learner_fn_billed_ms: int = 0
+    cloud_learner_cost_usd: float = 0.0
+    cloud_seconds: float = 0.0
+
+    @classmethod
+    def from_fields(cls, fields: Mapping) -> "CostLedger":
+        """The ledger in a stored hash (str or bytes keys and values); a missing counter is 0 and the hash's
+        other fields are not the ledger's."""
+        values = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+        out = {}
+        for f in dataclasses.fields(cls):
+            v = values.get(f.name)
+            if v is not None:
+                v = v.decode() if isinstance(v, bytes) else v
+                out[f.name] = int(v) if f.type == "int" else float(v)
+        return cls(**out)
+
+    def add(self, charge: Charge) -> "CostLedger":
+        unknown = sorted(set(charge.amounts) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ConfigError(f"unknown cost ledger field(s) {unknown}")
+        return dataclasses.replace(self, **{k: getattr(self, k) + v for k, v in charge.amounts.items()})
+
+    def bill(self, clock: str, i_max: int, prices: Prices) -> Bill:
+        """The bill on `clock` ("cloud" or "machine"); the comparator is a fleet for i_max actors."""
+        if clock not in CLOCKS:
+            raise ConfigError(f"invalid value for clock: must be one of {list(CLOCKS)}, got {clock!r}")
+        p = "cloud_" if clock == "cloud" else ""
+        seconds = self.cloud_seconds if clock == "cloud" else self.wall_seconds
+        return Bill(getattr(self, f"{p}actor_cost_usd"), getattr(self, f"{p}learner_cost_usd"),
+                    getattr(self, f"{p}learner_fn_cost_usd"), seconds, serverful_job_cost(seconds, i_max, prices))
+
+    def budget_left(self, budget_usd: float, clock: str) -> float:
+        """The budget minus the bill `clock` names (the one a job's budget binds on)."""
+        machine = self.actor_cost_usd + self.learner_cost_usd + self.learner_fn_cost_usd
+        cloud = self.cloud_actor_cost_usd + self.cloud_learner_cost_usd + self.cloud_learner_fn_cost_usd
+        return budget_usd - budget_spent(machine, cloud, clock)
+
+
+def learner_charge(seconds: float, cloud_seconds: float, prices: Prices) -> Charge:
+    """The learner server's time since the job's last plan, on this machine and on the cloud clock."""
+    usd, cloud_usd = learner_cost(seconds, prices), learner_cost(cloud_seconds, prices)
+    return Charge({"learner_cost_usd": usd, "wall_seconds": float(seconds), "cloud_learner_cost_usd": cloud_usd,
+                   "cloud_seconds": float(cloud_seconds)}, usd, cloud_usd)
+
+
+def invocation_charge(kind: str, *, requests: int, billed_ms: int, modelled_ms: float, init_ms: float, cold: bool,
+                      steps: int, memory_mb: float, prices: Prices) -> Charge:
+    """One invocation, all its attempts: `requests` that reached the platform, their `billed_ms` (this machine)
+    and `modelled_ms` (the cloud clock, plus `init_ms` when `cold`), and the env `steps` it delivered (0 when it
+    failed; counted for actors only). Learner functions are billed at the same prices in counters of their own,
+    so the actors' cost per step stays theirs. An invocation that never reached the platform costs nothing."""
+    if kind not in FUNCTION_KINDS:
+        raise ConfigError(f"invalid value for kind: must be one of {list(FUNCTION_KINDS)}, got {kind!r}")
+    seconds, [cloud_ms] = cloud_launch([(modelled_ms, init_ms, cold)], prices)
+    cloud_ms = cloud_ms if requests else 0
+    usd = lambda_cost(billed_ms, requests, memory_mb, prices)
+    cloud_usd = lambda_cost(cloud_ms, requests, memory_mb, prices) if requests else 0.0
+    if kind == "actor":
+        amounts = {"actor_cost_usd": usd, "invocations": int(requests), "billed_ms": int(billed_ms),
+                   "cloud_actor_cost_usd": cloud_usd, "cloud_billed_ms": cloud_ms}
+        if steps:
+            amounts["steps_billed"] = int(steps)
+    else:
+        amounts = {"learner_fn_cost_usd": usd, "learner_fn_invocations": int(requests),
+                   "learner_fn_billed_ms": int(billed_ms), "cloud_learner_fn_cost_usd": cloud_usd,
+                   "cloud_learner_fn_billed_ms": cloud_ms}
+    return Charge(amounts, usd, cloud_usd, seconds)
+
+
+@dataclass(frozen=True)
+class RoundEstimate:
+    """What a planned round will cost: `fixed_usd` (the learner server) plus `per_actor_usd` per actor."""
+
+    per_actor_usd: float
+    fixed_usd: float
+
+    def cost_usd(self, actors: int) -> float:
+        return self.per_actor_usd * actors + self.fixed_usd
+
+
+def estimate_round(ledger: CostLedger, clock: str, *, rounds_planned: int, last_learner_seconds: float,
+                   steps_per_actor: int, memory_mb: float, prices: Prices) -> RoundEstimate:
+    """The next round's cost on the budget's `clock`, from what the job measured so far: an actor's billed ms
+    per env step (DEFAULT_MS_PER_STEP until an actor succeeded), plus each learner function's mean cost
+    (stellaris: one per actor's batch); the learner's time per round padded by LEARNER_ROUND_MARGIN (its mean
+    over the `rounds_planned` rounds or its latest, `last_learner_seconds`, the larger; FIRST_ROUND_LEARNER_S
+    before the first plan)."""
+    if clock not in CLOCKS:
+        raise ConfigError(f"invalid value for clock: must be one of {list(CLOCKS)}, got {clock!r}")
+    cloud = clock == "cloud"
+    seconds = ledger.cloud_seconds if cloud else ledger.wall_seconds
+    learner_s = (LEARNER_ROUND_MARGIN * max(seconds / rounds_planned, _check("last_learner_seconds",
+                                                                             last_learner_seconds))
+                 if rounds_planned > 0 else FIRST_ROUND_LEARNER_S)
+    billed = ledger.cloud_billed_ms if cloud else ledger.billed_ms
+    ms_per_step = billed / ledger.steps_billed if ledger.steps_billed > 0 else DEFAULT_MS_PER_STEP
+    per_actor = lambda_invocation_cost(ms_per_step * max(1, steps_per_actor), memory_mb, prices)
+    if ledger.learner_fn_invocations:
+        fn_usd = ledger.cloud_learner_fn_cost_usd if cloud else ledger.learner_fn_cost_usd
+        per_actor += fn_usd / ledger.learner_fn_invocations
+    return RoundEstimate(per_actor, learner_cost(learner_s, prices))
 
 
 # -- reference pricing: the cloud model at fixed speeds (docs/cost.md) --------------------

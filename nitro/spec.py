@@ -14,11 +14,13 @@ import uuid
 from dataclasses import dataclass, field
 
 from nitro.contracts import (
+    DEFAULT_ENVS_PER_ACTOR,
     FIXED_ACTORS,
     FLOOR_ACTORS,
     FLOOR_DECAY,
     HYDROZOA_PERIOD,
     JOB_ID_RULE,
+    MAX_ENVS_PER_ACTOR,
     SCALING_POLICIES,
     SCORE_DECAY,
     SCORE_WINDOW,
@@ -112,6 +114,10 @@ class TrainingSpec:
     activation: str = ""
     # Keyword arguments of every environment the job builds (learner and actors), see nitro.policy.env_kwargs.
     env_kwargs: dict = field(default_factory=dict)
+    # Environments each actor steps in lockstep with one batched inference per step; steps_per_actor
+    # stays the total an actor returns. An actor runs min(envs_per_actor, max(1, steps_per_actor // 32))
+    # envs, so every env's trajectory segment has at least 32 steps (docs/algorithms.md).
+    envs_per_actor: int = DEFAULT_ENVS_PER_ACTOR
 
     def __post_init__(self) -> None:
         if isinstance(self.stellaris, dict):  # from a saved job.json or checkpoint
@@ -191,6 +197,9 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
         raise InvalidSpec("rounds", f"must be in [1, {MAX_ROUNDS}], got {spec.rounds}")
     if not 1 <= spec.steps_per_actor <= MAX_STEPS_PER_ACTOR:
         raise InvalidSpec("steps_per_actor", f"must be in [1, {MAX_STEPS_PER_ACTOR}], got {spec.steps_per_actor}")
+    if isinstance(spec.envs_per_actor, bool) or not isinstance(spec.envs_per_actor, int) \
+            or not 1 <= spec.envs_per_actor <= MAX_ENVS_PER_ACTOR:
+        raise InvalidSpec("envs_per_actor", f"must be an integer in [1, {MAX_ENVS_PER_ACTOR}], got {spec.envs_per_actor!r}")
     _finite("budget_usd", spec.budget_usd)
     if not 0 < spec.budget_usd <= MAX_BUDGET_USD:
         raise InvalidSpec("budget_usd", f"must be in (0, {MAX_BUDGET_USD:g}], got {spec.budget_usd}")
@@ -438,7 +447,7 @@ def apply_env_preset(spec: TrainingSpec, explicit: set[str] | None = None) -> Tr
 
 _SCALAR_FIELDS = ("rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s",
                   "actor_memory_mb", "target_return", "min_sample_fraction", "detector_timeout_s", "reproducible",
-                  "eval_every")
+                  "eval_every", "envs_per_actor")
 _SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period", "floor_actors", "floor_decay")
 _STELLARIS_OPTIONAL = ("learner_memory_mb", "max_learners", "staleness_decay", "bound_start", "bound_end", "rho_bar",
                        "recent_versions")

@@ -1,9 +1,12 @@
 """ActorScaler: plans actors per round within the budget, invokes them, accounts for cost.
 
 Per-job state lives in one Redis hash (`nitro:{job}:scaler`): the scaling
-policy's JSON state, cost counters updated with HINCRBYFLOAT (atomic across
-replicas), and each round's plan so a retried Plan returns the same decision
-and never bills learner time twice.
+policy's JSON state, the job's cost ledger (`nitro.cost.CostLedger`, counters
+updated with HINCRBY / HINCRBYFLOAT: atomic across replicas), and each round's
+plan so a retried Plan returns the same decision and never bills learner time
+twice. The rules are pure functions elsewhere (the bills and the round's
+estimate in nitro.cost, the policies and the budget guard in nitro.scaling);
+the servicer validates, loads the state, calls them and stores the result.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from nitro.contracts import (
     FIXED_ACTORS,
     FLOOR_ACTORS,
     FLOOR_DECAY,
+    FUNCTION_KINDS,
     HYDROZOA_PERIOD,
     JOB_ID_RULE,
     SCALING_POLICIES,
@@ -50,9 +54,6 @@ from scaler_svc.invoker import Invocation, Invoker, lambda_client
 log = logging.getLogger("scaler_svc")
 
 STATE_TTL_S = 7 * 24 * 3600
-DEFAULT_MS_PER_STEP = 1.0
-FIRST_ROUND_LEARNER_S = 10.0  # learner time assumed for round 0, before anything was measured
-LEARNER_ROUND_MARGIN = 1.5  # first-round guess of billed actor time per env step; replaced by measurements
 
 
 def strip_password(url: str) -> str:
@@ -66,21 +67,15 @@ def check_job_id(job_id: str, context) -> None:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: must be {JOB_ID_RULE}")
 
 
-def check_memory(memory_mb: int, context) -> None:
-    if memory_mb and not 128 <= memory_mb <= 10240:
+def actor_memory(memory_mb: int, context) -> int:
+    """The request's actor memory in MB (0 means 1024); anything else outside Lambda's limits is invalid."""
+    if memory_mb != 0 and not 128 <= memory_mb <= 10240:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                       f"actor_memory_mb: must be in [128, 10240] (AWS Lambda limits) or 0 for 1024, got {memory_mb}")
+    return memory_mb or 1024
 
 
-LAUNCH_KINDS = ("actor", "learner")
 _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
-# Ledger fields per kind of function: learner functions (stellaris) are billed at the same Lambda
-# prices as actors, in their own counters so the actors' cost per step stays theirs.
-_LEDGER = {"actor": ("actor_cost_usd", "invocations", "billed_ms"),
-           "learner": ("learner_fn_cost_usd", "learner_fn_invocations", "learner_fn_billed_ms")}
-# The same per kind on the cloud clock (docs/cost.md): modelled billed ms and their dollars.
-_CLOUD_LEDGER = {"actor": ("cloud_actor_cost_usd", "cloud_billed_ms"),
-                 "learner": ("cloud_learner_fn_cost_usd", "cloud_learner_fn_billed_ms")}
 
 
 def policy_params(sc) -> tuple[str, dict]:
@@ -98,6 +93,24 @@ def policy_params(sc) -> tuple[str, dict]:
     if name == "nitro-floor":
         return name, {"floor_actors": sc.floor_actors or FLOOR_ACTORS, "floor_decay": sc.floor_decay or FLOOR_DECAY}
     return name, {}
+
+
+def decide(policy, state: dict, inputs: RoundInputs, fallback_actors: int) -> tuple[int, dict, str]:
+    """The policy's (actors, new_state, reason); with fallback_actors > 0 (the learner got no boosting score
+    this round), a policy that reads the score gets the fallback instead, clipped to [I_min, I_max]."""
+    if fallback_actors > 0 and getattr(policy, "reads_score", False):
+        desired = max(inputs.i_min, min(inputs.i_max, fallback_actors))
+        return desired, state, f"{FALLBACK_REASON}: {desired} actors (no boosting score this round)"
+    return policy.decide(state, inputs)
+
+
+def add_charge(pipe, key: str, charge: cost.Charge) -> None:
+    """Queue a charge's increments on the job's ledger hash (atomic per field, so replicas may bill at once)."""
+    for field, amount in charge.amounts.items():
+        if isinstance(amount, int):
+            pipe.hincrby(key, field, amount)
+        else:
+            pipe.hincrbyfloat(key, field, amount)
 
 
 def error_fields(o) -> dict:
@@ -123,22 +136,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         raw = self.redis.hgetall(scaler_state_key(job_id))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
-    def _ledger(self, st: dict, budget: float) -> dict:
-        """Both bills of a job; "left" is the budget minus the bill its budget_clock names."""
-        out = {"budget": budget, "clock": st.get("budget_clock", "cloud")}
-        for prefix, wall_field in (("", "wall_seconds"), ("cloud_", "cloud_seconds")):
-            actor = float(st.get(f"{prefix}actor_cost_usd", 0.0))
-            learner = float(st.get(f"{prefix}learner_cost_usd", 0.0))
-            learner_fn = float(st.get(f"{prefix}learner_fn_cost_usd", 0.0))
-            wall = float(st.get(wall_field, 0.0))
-            out.update({f"{prefix}actor": actor, f"{prefix}learner": learner, f"{prefix}learner_fn": learner_fn,
-                        f"{prefix}total": actor + learner + learner_fn, f"{prefix}seconds": wall,
-                        f"{prefix}serverful": cost.serverful_job_cost(wall, int(st.get("i_max", 64)), self.prices)})
-        out["left"] = budget - cost.budget_spent(out["total"], out["cloud_total"], out["clock"])
-        return out
-
     # -- RPCs ----------------------------------------------------------------------------
-    def Plan(self, request, context):
+    def _check_plan(self, request, context) -> tuple[str, object, RoundInputs, str, int]:
+        """(policy base name, policy, round inputs, budget clock, actor memory MB) of a valid PlanRequest."""
         sc = request.scaler
         name, params = policy_params(sc)
         base = name.partition(":")[0]
@@ -151,7 +151,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if not 0 < request.budget_usd <= MAX_BUDGET_USD:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"budget_usd: must be in (0, {MAX_BUDGET_USD:g}], got {request.budget_usd}")
-        check_memory(request.actor_memory_mb, context)
+        memory = actor_memory(request.actor_memory_mb, context)
         if not 0 <= request.learner_seconds < 1e7 or not 0.0 <= request.score <= 1.0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "learner_seconds must be in [0, 1e7) and score in [0, 1]")
@@ -178,66 +178,48 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"scaler: {exc}")
+        return base, policy, inputs, clock, memory
+
+    def Plan(self, request, context):
+        base, policy, inputs, clock, memory = self._check_plan(request, context)
         key = scaler_state_key(request.job_id)
-        st = self._state(request.job_id)
-        cached = st.get(f"plan:{request.round}")
+        cached = self._state(request.job_id).get(f"plan:{request.round}")
         if cached:  # a retried Plan: same answer, learner time not billed again
             return scaler_pb2.PlanResponse(**json.loads(cached))
 
-        learner_usd = cost.learner_cost(request.learner_seconds, self.prices)
-        cloud_learner_usd = cost.learner_cost(request.cloud_learner_seconds, self.prices)
+        learner = cost.learner_charge(request.learner_seconds, request.cloud_learner_seconds, self.prices)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hincrbyfloat(key, "learner_cost_usd", learner_usd)
-        pipe.hincrbyfloat(key, "wall_seconds", request.learner_seconds)
-        pipe.hincrbyfloat(key, "cloud_learner_cost_usd", cloud_learner_usd)
-        pipe.hincrbyfloat(key, "cloud_seconds", request.cloud_learner_seconds)
-        pipe.hset(key, mapping={"i_max": sc.i_max, "budget_usd": request.budget_usd, "budget_clock": clock})
+        add_charge(pipe, key, learner)
+        pipe.hset(key, mapping={"i_max": inputs.i_max, "budget_usd": request.budget_usd, "budget_clock": clock})
         pipe.execute()
-        metrics.COST_USD.labels("learner").inc(learner_usd)
-        metrics.CLOUD_COST_USD.labels("learner").inc(cloud_learner_usd)
-        st = self._state(request.job_id)
+        metrics.COST_USD.labels("learner").inc(learner.usd)
+        metrics.CLOUD_COST_USD.labels("learner").inc(learner.cloud_usd)
 
-        policy_state = json.loads(st.get("policy_state", "{}"))
-        ledger = self._ledger(st, request.budget_usd)
-        inputs = dataclasses.replace(inputs, budget_left_usd=ledger["left"])
-        # Only a policy that reads the boosting score needs a fallback when the score is missing.
-        if request.fallback_actors > 0 and getattr(policy, "reads_score", False):
-            desired = max(sc.i_min, min(sc.i_max, request.fallback_actors))
-            new_state, reason = policy_state, f"{FALLBACK_REASON}: {desired} actors (no boosting score this round)"
-        else:
-            desired, new_state, reason = policy.decide(policy_state, inputs)
+        st = self._state(request.job_id)
+        ledger = cost.CostLedger.from_fields(st)
+        inputs = dataclasses.replace(inputs, budget_left_usd=ledger.budget_left(request.budget_usd, clock))
+        desired, new_state, reason = decide(policy, json.loads(st.get("policy_state", "{}")), inputs,
+                                            request.fallback_actors)
         if base == "minions":
             metrics.set_job(metrics.SCHEDULER_ACTORS, request.job_id, desired)
             for input_name, value in zip(OBS_NAMES, observation(inputs)):
                 metrics.set_job(metrics.SCHEDULER_INPUT, request.job_id, float(value), input_name)
-        # Estimates on the budget's clock. Learner time per round, padded: a plan must stay
-        # affordable even if the round runs long.
-        cloud = clock == "cloud"
-        p = "cloud_" if cloud else ""
-        last_seconds = request.cloud_learner_seconds if cloud else request.learner_seconds
-        rounds_seen = int(st.get("rounds_planned", 0))
-        learner_per_round = (LEARNER_ROUND_MARGIN * max(ledger[f"{p}seconds"] / rounds_seen, last_seconds)
-                             if rounds_seen else FIRST_ROUND_LEARNER_S)
-        billed = float(st.get("cloud_billed_ms" if cloud else "billed_ms", 0))
-        ms_per_step = billed / float(st.get("steps_billed", 0)) \
-            if float(st.get("steps_billed", 0)) > 0 else DEFAULT_MS_PER_STEP
-        memory = request.actor_memory_mb or 1024
-        per_actor = cost.lambda_invocation_cost(ms_per_step * max(1, request.steps_per_actor), memory, self.prices)
-        fn_calls = int(st.get("learner_fn_invocations", 0))
-        if fn_calls:  # stellaris: each actor's batch also pays one learner function (measured mean)
-            per_actor += ledger[f"{p}learner_fn"] / fn_calls
-        fixed = cost.learner_cost(learner_per_round, self.prices)
-        actors, exhausted, budget_reason = plan_within_budget(desired, sc.i_min, per_actor, fixed, ledger["left"])
+        estimate = cost.estimate_round(
+            ledger, clock, rounds_planned=int(st.get("rounds_planned", 0)),
+            last_learner_seconds=request.cloud_learner_seconds if clock == "cloud" else request.learner_seconds,
+            steps_per_actor=request.steps_per_actor, memory_mb=memory, prices=self.prices)
+        actors, exhausted, budget_reason = plan_within_budget(desired, inputs.i_min, estimate.per_actor_usd,
+                                                              estimate.fixed_usd, inputs.budget_left_usd)
         if budget_reason:
             reason = f"{reason}; {budget_reason}"
         plan = {"actors": int(actors), "reason": reason, "budget_exhausted": bool(exhausted),
-                "estimated_round_cost_usd": per_actor * actors + fixed, "budget_left_usd": ledger["left"]}
+                "estimated_round_cost_usd": estimate.cost_usd(actors), "budget_left_usd": inputs.budget_left_usd}
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping={"policy_state": json.dumps(new_state), f"plan:{request.round}": json.dumps(plan)})
         pipe.hincrby(key, "rounds_planned", 1)
         pipe.expire(key, STATE_TTL_S)
         pipe.execute()
-        metrics.set_job(metrics.BUDGET_LEFT_USD, request.job_id, ledger["left"])
+        metrics.set_job(metrics.BUDGET_LEFT_USD, request.job_id, inputs.budget_left_usd)
         metrics.forget_idle_jobs()
         return scaler_pb2.PlanResponse(**plan)
 
@@ -245,14 +227,20 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         check_job_id(request.job_id, context)
         if request.round < 0 or request.policy_version < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "round and policy_version: must be >= 0")
-        check_memory(request.actor_memory_mb, context)
+        memory = actor_memory(request.actor_memory_mb, context)
         if not 1 <= request.actors <= MAX_ACTORS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
         if not 1 <= request.steps_per_actor <= 1_000_000:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
+        from nitro.contracts import MAX_ENVS_PER_ACTOR, MIN_STEPS_PER_ENV
+
+        if not 0 <= request.envs_per_actor <= MAX_ENVS_PER_ACTOR:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"envs_per_actor: must be in [1, {MAX_ENVS_PER_ACTOR}] "
+                          f"(0: 1), got {request.envs_per_actor}")
         kind = request.kind or "actor"
-        if kind not in LAUNCH_KINDS:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind: unknown {request.kind!r}; allowed: {list(LAUNCH_KINDS)}")
+        if kind not in FUNCTION_KINDS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"kind: unknown {request.kind!r}; allowed: {list(FUNCTION_KINDS)}")
         if not request.function_name or (kind == "actor" and not request.env_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_id and function_name are required")
         if kind == "learner" and not (_PAYLOAD_REF_RE.fullmatch(request.payload_ref)
@@ -266,7 +254,6 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             env_kwargs = env_kwargs_from_wire(request.env_kwargs_json)
         except InvalidSpec as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"env_kwargs_json: {exc.detail}")
-        memory = request.actor_memory_mb or 1024
         slots = list(request.slots) or list(range(request.actors))
         if len(slots) != request.actors or len(set(slots)) != len(slots) or min(slots) < 0 or request.wave < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -282,13 +269,15 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                     event["reset_episodes"] = True
                 if env_kwargs:
                     event["env_kwargs"] = env_kwargs
+                # At most one env per MIN_STEPS_PER_ENV steps: no env's trajectory segment is shorter.
+                envs = min(request.envs_per_actor, max(1, request.steps_per_actor // MIN_STEPS_PER_ENV))
+                if envs > 1:
+                    event["envs_per_actor"] = envs
             else:
                 event["payload_ref"] = request.payload_ref
             invocations.append(Invocation(inv_id, event))
         key = scaler_state_key(request.job_id)
         usd_total = cloud_usd_total = 0.0
-        cost_field, calls_field, ms_field = _LEDGER[kind]
-        cloud_cost_field, cloud_ms_field = _CLOUD_LEDGER[kind]
         actors = kind == "actor"
         # Cloud clock: which invocations would start cold on AWS (beyond the sandboxes the job's earlier
         # launches left warm), and their init CPU (measured by fresh workers, remembered per job).
@@ -301,29 +290,22 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
 
         def account(o):
             nonlocal usd_total, cloud_usd_total
-            cold = o.invocation_id in cold_ids
-            (seconds, [cloud_ms]) = cost.cloud_launch(
-                [(o.modelled_attempts_ms, o.measured_init_ms or init_ms, cold)], self.prices)
-            cloud[o.invocation_id] = seconds
-            usd = cost.lambda_cost(o.billed_attempts_ms, o.requests, memory, self.prices)
-            cloud_usd = cost.lambda_cost(cloud_ms, o.requests, memory, self.prices) if o.requests else 0.0
-            usd_total += usd
-            cloud_usd_total += cloud_usd
+            charge = cost.invocation_charge(
+                kind, requests=o.requests, billed_ms=o.billed_attempts_ms, modelled_ms=o.modelled_attempts_ms,
+                init_ms=o.measured_init_ms or init_ms, cold=o.invocation_id in cold_ids,
+                steps=request.steps_per_actor if o.ok else 0, memory_mb=memory, prices=self.prices)
+            cloud[o.invocation_id] = charge.cloud_seconds
+            usd_total += charge.usd
+            cloud_usd_total += charge.cloud_usd
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hincrbyfloat(key, cost_field, usd)
-            pipe.hincrby(key, calls_field, o.requests)
-            pipe.hincrby(key, ms_field, o.billed_attempts_ms)
-            pipe.hincrbyfloat(key, cloud_cost_field, cloud_usd)
-            pipe.hincrby(key, cloud_ms_field, cloud_ms if o.requests else 0)
+            add_charge(pipe, key, charge)
             if o.measured_init_ms > 0:
                 pipe.hset(key, f"init_ms:{kind}", o.measured_init_ms)
                 self._init_ms[request.function_name] = o.measured_init_ms
-            if o.ok and actors:
-                pipe.hincrby(key, "steps_billed", request.steps_per_actor)
             pipe.expire(key, STATE_TTL_S)
             pipe.execute()
-            metrics.COST_USD.labels("actors" if actors else "learner_functions").inc(usd)
-            metrics.CLOUD_COST_USD.labels("actors" if actors else "learner_functions").inc(cloud_usd)
+            metrics.COST_USD.labels("actors" if actors else "learner_functions").inc(charge.usd)
+            metrics.CLOUD_COST_USD.labels("actors" if actors else "learner_functions").inc(charge.cloud_usd)
             (metrics.INVOCATIONS if actors else metrics.LEARNER_INVOCATIONS).inc(o.requests)
             if o.attempts > 1:
                 metrics.INVOCATION_RETRIES.inc(o.attempts - 1)
@@ -339,7 +321,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 self._in_flight += len(invocations)
                 metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
         t0 = time.perf_counter()
-        with metrics.timed("invoke"):
+        with metrics.SCALER_LAUNCH_SECONDS.labels(kind).time():
             outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
                                                           on_done=account)
         self.redis.hset(key, f"warm_sandboxes:{kind}", max(warm, len(invocations)))
@@ -361,18 +343,20 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         st = self._state(request.job_id)
         if not st:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no cost records for job {request.job_id!r}")
-        budget = float(st.get("budget_usd", 0.0))
-        ledger = self._ledger(st, budget)
+        budget, clock = float(st.get("budget_usd", 0.0)), st.get("budget_clock", "cloud")
+        ledger = cost.CostLedger.from_fields(st)
+        i_max = int(st.get("i_max", 64))
+        machine, cloud = ledger.bill("machine", i_max, self.prices), ledger.bill("cloud", i_max, self.prices)
         return scaler_pb2.GetCostResponse(
-            actor_cost_usd=ledger["actor"], learner_cost_usd=ledger["learner"], total_cost_usd=ledger["total"],
-            serverful_cost_usd=ledger["serverful"], invocations=int(st.get("invocations", 0)),
-            billed_ms=int(st.get("billed_ms", 0)), budget_usd=budget, budget_left_usd=ledger["left"],
-            learner_function_cost_usd=ledger["learner_fn"],
-            learner_function_invocations=int(st.get("learner_fn_invocations", 0)),
-            cloud_actor_cost_usd=ledger["cloud_actor"], cloud_learner_cost_usd=ledger["cloud_learner"],
-            cloud_learner_function_cost_usd=ledger["cloud_learner_fn"], cloud_total_cost_usd=ledger["cloud_total"],
-            cloud_serverful_cost_usd=ledger["cloud_serverful"], cloud_billed_ms=int(st.get("cloud_billed_ms", 0)),
-            cloud_seconds=ledger["cloud_seconds"], budget_clock=ledger["clock"])
+            actor_cost_usd=machine.actor_usd, learner_cost_usd=machine.learner_usd, total_cost_usd=machine.total_usd,
+            serverful_cost_usd=machine.serverful_usd, invocations=ledger.invocations, billed_ms=ledger.billed_ms,
+            budget_usd=budget, budget_left_usd=ledger.budget_left(budget, clock),
+            learner_function_cost_usd=machine.learner_fn_usd,
+            learner_function_invocations=ledger.learner_fn_invocations,
+            cloud_actor_cost_usd=cloud.actor_usd, cloud_learner_cost_usd=cloud.learner_usd,
+            cloud_learner_function_cost_usd=cloud.learner_fn_usd, cloud_total_cost_usd=cloud.total_usd,
+            cloud_serverful_cost_usd=cloud.serverful_usd, cloud_billed_ms=ledger.cloud_billed_ms,
+            cloud_seconds=cloud.seconds, budget_clock=clock)
 
 
 def parse_args(argv=None):

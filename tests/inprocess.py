@@ -22,7 +22,7 @@ from nitro.config import IMPACTConfig, PPOConfig
 from nitro.policy.envs import env_spaces
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import spec_for_spaces
-from nitro.policy.rollout import Sampler, evaluate
+from nitro.policy.rollout import Sampler, evaluate, make_sampler
 
 
 @dataclass
@@ -45,12 +45,12 @@ class InProcessResult:
 
 def train_ppo(env_id: str, config: PPOConfig, *, actors: int, steps_per_actor: int, max_env_steps: int,
               seed: int = 0, eval_episodes: int = 5,
-              stop: Callable[[RoundRecord], bool] | None = None) -> InProcessResult:
+              stop: Callable[[RoundRecord], bool] | None = None, envs_per_actor: int = 1) -> InProcessResult:
     obs_space, act_space = env_spaces(env_id)
     spec = spec_for_spaces(obs_space, act_space, hidden_sizes=config.hidden_sizes, activation=config.activation,
                            obs_norm=config.obs_norm, init_log_std=config.init_log_std)
     learner = PPOLearner(spec, config, seed=seed)
-    samplers = [Sampler(env_id, seed=seed * 1000 + i) for i in range(actors)]
+    samplers = [make_sampler(env_id, seed * 1000 + i, None, envs_per_actor) for i in range(actors)]
     rngs = [np.random.default_rng(seed * 1000 + i) for i in range(actors)]
     result = InProcessResult()
     recent: list[float] = []

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
 import pytest
 import yaml
 
 from nitro.cost import (
+    DEFAULT_MS_PER_STEP,
+    FIRST_ROUND_LEARNER_S,
+    LEARNER_ROUND_MARGIN,
+    Charge,
     CostLedger,
     Prices,
     billed_duration_ms,
@@ -16,14 +20,15 @@ from nitro.cost import (
     cloud_launch,
     cloud_round_seconds,
     cold_invocations,
-    estimate_round_cost,
+    estimate_round,
+    invocation_charge,
     lambda_cost,
     lambda_invocation_cost,
+    learner_charge,
     learner_cost,
     modelled_invocation_ms,
     provisioned_concurrency_cost,
     serverful_job_cost,
-    serverful_round_cost,
     serverful_vm_count,
 )
 from nitro.errors import ConfigError
@@ -77,9 +82,6 @@ def test_learner_bill():
 
 def test_serverful_comparator():
     assert serverful_vm_count(64, P) == 4 and serverful_vm_count(65, P) == 5 and serverful_vm_count(1, P) == 1
-    # 4 x c5.4xlarge + learner for 100 s: (2.72 + 3.06) x 100 / 3600
-    assert serverful_round_cost(100, 64, P) == pytest.approx(5.78 * 100 / 3600, rel=1e-12)
-    assert serverful_round_cost(100, 64, P, include_learner=False) == pytest.approx(2.72 * 100 / 3600, rel=1e-12)
     # 3,540 s job + 60 s startup = one hour: 4 x 0.68 + 3.06 = 5.78
     assert serverful_job_cost(3540, 64, P) == pytest.approx(5.78, rel=1e-12)
     # per-hour billing: 3,541 + 60 s -> 2 VM-hours each = 5.44, learner pro rata 3,601 s = 3.06085
@@ -93,43 +95,98 @@ def test_serverful_comparator():
     assert serverful_vm_count(64, big) == 1
 
 
-def test_estimate_round_cost():
-    # 32 x (1.235 GB-s x 0.0000166667 + 2e-7 = 2.07833745e-5) + 60 s of learner (0.051) = 0.05166506798
-    assert estimate_round_cost(32, 1234.2, 1024, 60, P) == pytest.approx(0.05166506798, rel=1e-10)
-    assert estimate_round_cost(0, 1000, 1024, 0, P) == 0.0
-
-
-def test_ledger_accumulates_and_round_trips():
+def test_a_ledger_adds_charges_and_reads_a_stored_hash():
     led = CostLedger()
-    led, r1 = led.add_round(invocations=64, billed_ms=64 * 1235, memory_mb=1024, round_seconds=30, i_max=64,
-                            prices=P, provisioned_concurrency=64)
-    led, r2 = led.add_round(invocations=8, billed_ms=8 * 1100, memory_mb=1024, round_seconds=20, i_max=64, prices=P,
-                            provisioned_concurrency=64)
-    assert (led.rounds, led.invocations, led.billed_ms, led.wall_seconds) == (2, 72, 64 * 1235 + 8800, 50.0)
-    assert r1.actor_usd == pytest.approx(64 * 1.235 * 0.0000166667 + 64 * 2e-7, rel=1e-12)
-    assert r2.learner_usd == pytest.approx(3.06 * 20 / 3600, rel=1e-12)
-    assert r1.provisioned_usd == pytest.approx(64 * 30 * 0.0000041667, rel=1e-12)
-    assert led.actor_usd == pytest.approx(r1.actor_usd + r2.actor_usd)
-    assert led.total_usd == pytest.approx(r1.total_usd + r2.total_usd)
-    # the comparator: first round carries the VM startup (and the learner waiting for it)
-    assert r1.serverful_usd == pytest.approx(5.78 * 90 / 3600, rel=1e-12)
-    assert r2.serverful_usd == pytest.approx(5.78 * 20 / 3600, rel=1e-12)
-    assert led.serverful_usd == pytest.approx(serverful_job_cost(50, 64, P), rel=1e-12)
-    restored = CostLedger.from_dict(json.loads(json.dumps(led.to_dict())))
-    assert restored == led
-    assert r1.to_dict()["total_usd"] == pytest.approx(r1.total_usd)
+    led = led.add(learner_charge(30, 2, P))
+    led = led.add(invocation_charge("actor", requests=2, billed_ms=1235, modelled_ms=300.4, init_ms=250, cold=True,
+                                    steps=512, memory_mb=1024, prices=P))
+    led = led.add(invocation_charge("learner", requests=1, billed_ms=400, modelled_ms=100, init_ms=0, cold=False,
+                                    steps=512, memory_mb=2048, prices=P))
+    assert (led.invocations, led.billed_ms, led.cloud_billed_ms, led.steps_billed) == (2, 1235, 551, 512)
+    assert (led.learner_fn_invocations, led.learner_fn_billed_ms, led.cloud_learner_fn_billed_ms) == (1, 400, 100)
+    assert (led.wall_seconds, led.cloud_seconds) == (30.0, 2.0)
+    # what Redis hands back: bytes, counters as HINCRBY / HINCRBYFLOAT write them, other fields of the hash
+    stored = {f.encode(): repr(v).encode() for f, v in dataclasses.asdict(led).items()}
+    stored[b"policy_state"], stored[b"plan:0"] = b"{}", b'{"actors": 1}'
+    assert CostLedger.from_fields(stored) == led
+    assert CostLedger.from_fields({"invocations": "3"}) == CostLedger(invocations=3)
     with pytest.raises(ConfigError, match="bogus"):
-        CostLedger.from_dict({"bogus": 1})
+        CostLedger().add(Charge({"bogus": 1}, 0.0, 0.0))
 
 
-def test_ledger_comparator_telescopes_under_hourly_billing():
-    hourly = Prices(actor_vm_billing="per_hour")
-    led = CostLedger()
-    for secs in [1000, 1000, 1000, 1000]:  # crosses the first hour boundary in round 4 (4,060 s incl. startup)
-        led, rc = led.add_round(invocations=1, billed_ms=1, memory_mb=1024, round_seconds=secs, i_max=64,
-                                prices=hourly)
-    assert led.serverful_usd == pytest.approx(serverful_job_cost(4000, 64, hourly), rel=1e-12)
-    assert rc.serverful_usd > 2.72  # the last round pays for a whole new VM-hour
+def test_learner_charge_bills_the_server_on_both_clocks():
+    c = learner_charge(60, 6, P)
+    assert (c.usd, c.cloud_usd) == (pytest.approx(0.051, rel=1e-12), pytest.approx(0.0051, rel=1e-12))
+    assert c.amounts == {"learner_cost_usd": c.usd, "wall_seconds": 60.0, "cloud_learner_cost_usd": c.cloud_usd,
+                         "cloud_seconds": 6.0}
+
+
+def test_invocation_charge_on_both_clocks():
+    # 3 attempts billed 1,235 ms together; modelled 300.4 ms + 250 ms init when cold -> 551 ms billed on the cloud.
+    c = invocation_charge("actor", requests=3, billed_ms=1235, modelled_ms=300.4, init_ms=250, cold=True, steps=64,
+                          memory_mb=1024, prices=P)
+    assert c.usd == pytest.approx(1.235 * 0.0000166667 + 3 * 2e-7, rel=1e-12)
+    assert c.cloud_usd == pytest.approx(0.551 * 0.0000166667 + 3 * 2e-7, rel=1e-12)
+    assert c.cloud_seconds == pytest.approx(P.lambda_invoke_overhead_s + P.lambda_cold_start_s + 0.25 + 0.3004)
+    assert c.amounts == {"actor_cost_usd": c.usd, "invocations": 3, "billed_ms": 1235, "cloud_actor_cost_usd":
+                         c.cloud_usd, "cloud_billed_ms": 551, "steps_billed": 64}
+    warm = invocation_charge("actor", requests=1, billed_ms=400, modelled_ms=300.4, init_ms=250, cold=False, steps=0,
+                             memory_mb=1024, prices=P)
+    assert warm.amounts["cloud_billed_ms"] == 301 and "steps_billed" not in warm.amounts  # failed: no steps
+    # Learner functions: the same prices, counters of their own, no env steps.
+    fn = invocation_charge("learner", requests=1, billed_ms=400, modelled_ms=300.4, init_ms=250, cold=False,
+                           steps=64, memory_mb=1024, prices=P)
+    assert fn.amounts == {"learner_fn_cost_usd": warm.usd, "learner_fn_invocations": 1, "learner_fn_billed_ms": 400,
+                          "cloud_learner_fn_cost_usd": warm.cloud_usd, "cloud_learner_fn_billed_ms": 301}
+    # Never reached the platform (connection refused): nothing billed on either clock.
+    lost = invocation_charge("actor", requests=0, billed_ms=0, modelled_ms=0, init_ms=250, cold=True, steps=0,
+                             memory_mb=1024, prices=P)
+    assert (lost.usd, lost.cloud_usd, lost.amounts["cloud_billed_ms"]) == (0.0, 0.0, 0)
+    with pytest.raises(ConfigError, match="kind"):
+        invocation_charge("critic", requests=1, billed_ms=1, modelled_ms=1, init_ms=0, cold=False, steps=0,
+                          memory_mb=1024, prices=P)
+
+
+def test_bills_and_budget_left_per_clock():
+    led = CostLedger(actor_cost_usd=0.5, learner_cost_usd=1.0, learner_fn_cost_usd=0.25, wall_seconds=3540,
+                     cloud_actor_cost_usd=0.1, cloud_learner_cost_usd=0.2, cloud_learner_fn_cost_usd=0.05,
+                     cloud_seconds=100)
+    machine, cloud = led.bill("machine", 64, P), led.bill("cloud", 64, P)
+    assert (machine.total_usd, machine.seconds) == (1.75, 3540) and cloud.total_usd == pytest.approx(0.35)
+    assert machine.serverful_usd == pytest.approx(5.78, rel=1e-12)  # 3,540 s + 60 s startup: one hour
+    assert cloud.serverful_usd == pytest.approx(serverful_job_cost(100, 64, P))
+    assert led.budget_left(2.0, "machine") == pytest.approx(0.25)
+    assert led.budget_left(2.0, "cloud") == pytest.approx(1.65)
+    with pytest.raises(ConfigError, match="clock"):
+        led.bill("wall", 64, P)
+
+
+def test_the_first_round_is_estimated_from_the_defaults():
+    est = estimate_round(CostLedger(), "cloud", rounds_planned=0, last_learner_seconds=0.0, steps_per_actor=1234,
+                         memory_mb=1024, prices=P)
+    assert (DEFAULT_MS_PER_STEP, FIRST_ROUND_LEARNER_S) == (1.0, 10.0)
+    # 1,234 ms per actor: 1.234 GB-s x 0.0000166667 + 2e-7; the learner for 10 s
+    assert est.per_actor_usd == pytest.approx(1.234 * 0.0000166667 + 2e-7, rel=1e-12)
+    assert est.fixed_usd == pytest.approx(3.06 * 10 / 3600, rel=1e-12)
+    assert est.cost_usd(32) == pytest.approx(32 * est.per_actor_usd + est.fixed_usd, rel=1e-12)
+    assert est.cost_usd(0) == est.fixed_usd
+
+
+@pytest.mark.parametrize("clock", ["cloud", "machine"])
+def test_later_rounds_are_estimated_from_what_the_job_measured(clock):
+    led = CostLedger(billed_ms=6000, cloud_billed_ms=3000, steps_billed=1000, wall_seconds=40.0, cloud_seconds=8.0,
+                     learner_fn_invocations=4, learner_fn_cost_usd=0.004, cloud_learner_fn_cost_usd=0.002)
+    est = estimate_round(led, clock, rounds_planned=2, last_learner_seconds=5.0, steps_per_actor=100,
+                         memory_mb=2048, prices=P)
+    cloud = clock == "cloud"
+    ms = (3.0 if cloud else 6.0) * 100  # billed ms per step on the clock, times the steps
+    fn = (0.002 if cloud else 0.004) / 4  # each actor's batch pays one learner function
+    assert est.per_actor_usd == pytest.approx(lambda_invocation_cost(ms, 2048, P) + fn, rel=1e-12)
+    # padded: the larger of the mean per round (4 s cloud, 20 s machine) and the last round (5 s)
+    assert est.fixed_usd == pytest.approx(learner_cost(LEARNER_ROUND_MARGIN * (5.0 if cloud else 20.0), P), rel=1e-12)
+    with pytest.raises(ConfigError, match="clock"):
+        estimate_round(led, "wall", rounds_planned=2, last_learner_seconds=5.0, steps_per_actor=100,
+                       memory_mb=2048, prices=P)
 
 
 def test_prices_from_mapping_and_validation():

@@ -600,6 +600,10 @@ def test_grafana_provisioning_and_dashboard(compose):
     phase = next(p for p in d["panels"] if "by phase" in p["title"])
     assert phase["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     assert "by (phase)" in phase["targets"][0]["expr"]
+    # The scaler's own latency is not a phase: a panel of its own, per kind of launch.
+    launch = next(p for p in d["panels"] if "scaler launch time" in p["title"].lower())
+    assert all("nitro_scaler_launch_seconds_bucket" in t["expr"] and "by (le, kind)" in t["expr"]
+               for t in launch["targets"])
 
 
 METRIC_RE = re.compile(r"\b(nitro_[a-z0-9_]+)\b")

@@ -29,9 +29,9 @@ import pytest
 import redis
 import torch
 
+from learner_svc.clients import LearnerDeps
 from learner_svc.jobs import Job
 from learner_svc.offpolicy import OffPolicyLoop
-from learner_svc.rounds import LearnerDeps
 from nitro.client.sdk import NitroClient
 from nitro.contracts import scaler_state_key, seen_key, stream_key
 from nitro.data.redis_client import connect

@@ -320,12 +320,18 @@ PLAN_BASE = scaler_pb2.PlanRequest(job_id="hostile-plan", round=0, score=0.5, bu
                                    scaler=common_pb2.ScalerSpec(policy="fixed", fixed_actors=1, i_min=1, i_max=2))
 
 
+def valid_actor_memory(memory_mb: int) -> bool:
+    """0 (the default, 1024 MB) or within AWS Lambda's limits."""
+    return memory_mb == 0 or 128 <= memory_mb <= 10240
+
+
 @settings(max_examples=400, **HYP)
 @given(request=based(PLAN_BASE, PLAN))
 def test_plan(stubs, auth_md, known_job, request):
     code, _, resp = check(stubs["scaler"].Plan, request, auth_md)
     if code == grpc.StatusCode.OK:
         assert resp.actors >= 0 and math.isfinite(resp.estimated_round_cost_usd)
+        assert valid_actor_memory(request.actor_memory_mb), request.actor_memory_mb
 
 
 # Valid Launch requests run real invocations: keep them to a few of a function that does not exist.
@@ -345,6 +351,7 @@ def test_launch(stubs, auth_md, known_job, request):
     code, _, resp = check(stubs["scaler"].Launch, request, auth_md)
     if code == grpc.StatusCode.OK:
         assert resp.launched == request.actors and resp.failed == resp.launched, resp
+        assert valid_actor_memory(request.actor_memory_mb), request.actor_memory_mb
 
 
 @settings(max_examples=80, **HYP)
@@ -461,7 +468,9 @@ def test_fixed_negative_actor_memory(stubs, auth_md, rpc):
         request = scaler_pb2.LaunchRequest()
         request.CopyFrom(LAUNCH_BASE)
         request.actor_memory_mb = -1
-    check(getattr(stubs["scaler"], rpc), request, auth_md)
+    code, details, _ = check(getattr(stubs["scaler"], rpc), request, auth_md)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert details.startswith("actor_memory_mb: ") and "[128, 10240]" in details and "-1" in details, details
 
 
 @pytest.mark.parametrize("env_id", [":CartPole-v1", ".x:Env-v0"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
+from nitro import cost
 from nitro.rpc import metrics
 
 
@@ -46,7 +48,7 @@ def test_forget_idle_jobs_drops_only_the_quiet_ones(monkeypatch):
 
 
 def test_a_round_report_counts_replaced_actors_and_resumes():
-    from learner_svc.rounds import export_diagnostics
+    from learner_svc.reporting import export_diagnostics
     from nitro.v1 import training_pb2
 
     def value(counter) -> float:
@@ -57,3 +59,46 @@ def test_a_round_report_counts_replaced_actors_and_resumes():
     export_diagnostics(training_pb2.RoundReport(job_id="m", actors_replaced=0, resumed=False))
     assert value(metrics.ACTORS_REPLACED) == replaced + 3 and value(metrics.JOB_RESUMES) == resumes + 1
     metrics.forget_job("m")
+
+
+def count(hist: Histogram, **labels) -> float:
+    """Observations in a histogram's series with these labels."""
+    return sum(s.value for m in hist.collect() for s in m.samples
+               if s.name.endswith("_count") and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_a_round_phase_is_one_of_the_learners_phases():
+    before = count(metrics.ROUND_PHASE_SECONDS, phase="plan")
+    sink: dict[str, float] = {}
+    with metrics.timed("plan", sink):
+        pass
+    metrics.observe_phase("plan", 0.5, sink)
+    assert count(metrics.ROUND_PHASE_SECONDS, phase="plan") == before + 2 and sink["plan"] >= 0.5
+    for phase in ("launch", "Invoke", ""):
+        with pytest.raises(ValueError, match="round phase"):
+            metrics.observe_phase(phase, 1.0)
+        with pytest.raises(ValueError, match="round phase"):
+            with metrics.timed(phase):
+                pass
+
+
+def test_a_scaler_launch_is_timed_under_its_own_name_not_as_a_round_phase(redis_client):
+    from nitro.v1 import scaler_pb2
+    from scaler_svc.invoker import Invoker, lambda_client
+    from scaler_svc.server import ScalerServicer
+
+    # A real Lambda client on a port nobody listens on: both invocations fail at once, nothing is billed.
+    client = lambda_client("http://127.0.0.1:1", "us-east-2", max_connections=4, read_timeout=5)
+    svc = ScalerServicer(redis_client, Invoker(client, max_attempts=1), cost.Prices(), "redis://127.0.0.1:1/0")
+    launches = count(metrics.SCALER_LAUNCH_SECONDS, kind="actor")
+    phases = count(metrics.ROUND_PHASE_SECONDS)
+
+    class Context:
+        def abort(self, code, details):
+            raise AssertionError(details)
+
+    resp = svc.Launch(scaler_pb2.LaunchRequest(job_id="m", actors=2, steps_per_actor=8, env_id="CartPole-v1",
+                                               function_name="nitro-actor", deadline_s=5.0), Context())
+    assert (resp.launched, resp.failed, resp.cost_usd) == (2, 2, 0.0)
+    assert count(metrics.SCALER_LAUNCH_SECONDS, kind="actor") == launches + 1
+    assert count(metrics.ROUND_PHASE_SECONDS) == phases

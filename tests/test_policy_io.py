@@ -16,7 +16,8 @@ import pytest
 import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from learner_svc.rounds import EVAL_SEED_TAG, derived_seed
+from learner_svc.clients import derived_seed
+from learner_svc.constants import EVAL_SEED_TAG
 from nitro import load_policy
 from nitro.client import cli, results
 from nitro.client.commands import follow

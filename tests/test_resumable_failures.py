@@ -15,7 +15,7 @@ import grpc
 import pytest
 import redis
 
-from learner_svc.rounds import DependencyUnavailable, dependency_failure, resume_advice
+from learner_svc.resilience import DependencyUnavailable, dependency_failure, resume_advice
 from nitro.client import cli
 from nitro.client.sdk import FailedPreconditionError, NitroClient
 from tests.faultkit import wait_for_round, wait_until

@@ -12,9 +12,7 @@ from nitro.errors import ConfigError
 from nitro.scaling import (
     EXHAUSTED,
     NoiseEstimate,
-    NoiseScaleEMA,
     RoundInputs,
-    ema,
     make_policy,
     noise_scale_estimates,
     plan_within_budget,
@@ -206,20 +204,6 @@ def test_noise_scale_formulas_exact_and_guards():
         noise_scale_estimates([1.0], 1.0, 256, 256)
     with pytest.raises(ConfigError, match="small_sq_norms"):
         noise_scale_estimates([], 1.0, 32, 256)
-
-
-def test_ema_and_smoothed_noise_scale():
-    assert ema(None, 4.0, 0.5) == 4.0 and ema(4.0, 8.0, 0.5) == 6.0 and ema(4.0, 8.0, 1.0) == 8.0
-    with pytest.raises(ConfigError, match="alpha"):
-        ema(1.0, 2.0, 0.0)
-    s = NoiseScaleEMA(alpha=0.5)
-    assert s.b_simple is None
-    s = s.update(NoiseEstimate(2.0, 20.0)).update(NoiseEstimate(4.0, 20.0))
-    assert (s.grad_sq, s.trace_sigma) == (3.0, 20.0) and s.b_simple == pytest.approx(20.0 / 3.0)
-    assert s.update(NoiseEstimate(float("nan"), 1.0)) == s
-    assert NoiseScaleEMA.from_dict(json.loads(json.dumps(s.to_dict()))) == s
-    with pytest.raises(ConfigError, match="unknown field"):
-        NoiseScaleEMA.from_dict({"alpha": 0.1, "beta": 1})
 
 
 # -- budget -----------------------------------------------------------------------------------------

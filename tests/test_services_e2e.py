@@ -78,6 +78,9 @@ def test_metrics_scraped_from_every_service(system, finished_job):
     assert sample_value(scaler["nitro_actor_invocations"], "nitro_actor_invocations_total") >= 6
     assert sample_value(scaler["nitro_cost_usd"], "nitro_cost_usd_total", component="actors") > 0
     assert "nitro_actors_in_flight" in scaler
+    # The scaler's own latency has its own name; a round phase is the learner's alone.
+    assert sample_value(scaler["nitro_scaler_launch_seconds"], "nitro_scaler_launch_seconds_count", kind="actor") >= 3
+    assert not [s for s in scaler["nitro_round_phase_seconds"] if s.name.endswith("_count")]
     detector = scrape(comps["detector"].metrics_port)
     assert sample_value(detector["nitro_detector_seconds"], "nitro_detector_seconds_count") >= 3
     for fam in (learner, scaler, detector):  # no label per round or per actor

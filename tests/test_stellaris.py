@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from actor_fn import learner_handler
+from learner_svc.clients import LearnerDeps
 from learner_svc.jobs import Job
-from learner_svc.rounds import LearnerDeps
 from learner_svc.stellaris import StellarisLoop
 from nitro import cost
 from nitro.algos.impact import IMPACTLearner
@@ -251,10 +251,10 @@ def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key
     assert loop._collect_updates(acc)
     expect = 0.25 * updates[0] + 1.0 * updates[2]
     assert torch.allclose(before - flat_parameters(loop.learner.policy), torch.as_tensor(expect), atol=1e-5)
-    assert (acc["produced"], acc["applied"], acc["dropped"], acc["duplicates"], acc["skipped"]) == (3, 2, 1, 1, 1)
-    assert acc["discarded"] == 1 and [e.entry_id for e in loop.settled] == ["0-0", "1-0", "2-0", "3-0"]
+    assert (acc.produced, acc.applied, acc.dropped, acc.duplicates, acc.skipped) == (3, 2, 1, 1, 1)
+    assert acc.discarded == 1 and [e.entry_id for e in loop.settled] == ["0-0", "1-0", "2-0", "3-0"]
     assert list(loop.learners) == ["agg-job-r1-g4"]  # settled batches are acked at the next commit
-    assert acc["staleness"] == [1, 3, 0] and loop.version == 4  # one aggregation, one version
+    assert acc.staleness == [1, 3, 0] and loop.version == 4  # one aggregation, one version
     assert "agg-job-r0-g3" not in loop.expected and "agg-job-r0-g3" in loop.received
     assert PolicyStore(redis_client, "agg-job").latest() == 4  # the new version is published
     assert loop.launched_from == {2: 2, 3: 1}  # 4 - 2 = 2 <= 2: v2's other learner can still be applied
@@ -278,18 +278,18 @@ def test_service_boosted_round_of_siblings_is_one_step(redis_client, hmac_key, t
         batch = {"obs": np.zeros((8, obs_dim), np.float32), "rewards": np.zeros(8, np.float32)}
         loop.waiting.append((0, SimpleNamespace(entry_id=f"{i}-0", batch=batch, policy_version=5, steps=8)))
     loop._dispatch(acc)
-    assert acc["launched"] == 16 and {info["base"] for info in loop.in_flight.values()} == {5}
+    assert acc.launched == 16 and {info.base for info in loop.in_flight.values()} == {5}
     g = np.random.default_rng(2).normal(size=loop.learner.n_params).astype(np.float32)
     for info in loop.in_flight.values():
-        _push(redis_client, hmac_key, "boost-job", UpdateRecord(info["inv"], 0, 5, 8, g, {"kl": 0.0}))
+        _push(redis_client, hmac_key, "boost-job", UpdateRecord(info.inv, 0, 5, 8, g, {"kl": 0.0}))
     before = flat_parameters(loop.learner.policy)
     loop.pending_obs = {}  # observation statistics are not what this test measures
     assert loop._collect_updates(acc)
-    assert (acc["produced"], acc["applied"], acc["dropped"]) == (16, 16, 0) and acc["staleness"] == [0] * 16
+    assert (acc.produced, acc.applied, acc.dropped) == (16, 16, 0) and acc.staleness == [0] * 16
     moved = before - flat_parameters(loop.learner.policy)
     assert torch.allclose(moved, torch.as_tensor(g), atol=1e-5)  # the mean of 16 equal updates: one update
     assert loop.version == 6 and loop.launched_from == {5: 16}
-    parcels = [codec.decode(redis_client.get(info["ref"]), hmac_key) for info in loop.in_flight.values()]
+    parcels = [codec.decode(redis_client.get(info.ref), hmac_key) for info in loop.in_flight.values()]
     assert {(p["base_version"], p["max_staleness"]) for p in parcels} == {(5, 4)}  # the bound for the skip check
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, normalize
-from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
+from nitro.algos.sgd import adam, minibatch_sgd, policy_kl, policy_terms
 from nitro.algos.vtrace import vtrace_batches
 from nitro.config import IMPACTConfig
 from nitro.policy.models import ModelSpec, Policy
@@ -170,24 +170,32 @@ class IMPACTLearner:
         adv_all = torch.as_tensor(data["advantages"], device=dev)
         vs = torch.as_tensor(data["vs"], device=dev)
         n = obs.shape[0]
+        policy, kl_coeff = self.policy, self.kl_coeff
+        with torch.no_grad():  # observation statistics do not change during an update: normalise once
+            x_all = policy.normalize(obs)
+        old = ((target_dist.loc, target_dist.scale) if isinstance(target_dist, torch.distributions.Normal)
+               else (target_dist.logits,))
+        per_sample = (x_all, actions, logp_target, weights, adv_all, vs, *old)
 
-        def loss_fn(idx):
-            dist = self.policy.distribution(obs[idx])
-            adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
-            return impact_loss(
-                self.policy.log_prob(dist, actions[idx]), logp_target[idx], weights[idx], adv,
-                self.policy.value(obs[idx]), vs[idx], self.policy.entropy(dist),
-                kl_term(target_dist, dist, idx, self.kl_coeff), clip=cfg.clip, kl_coeff=self.kl_coeff,
-                value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff)
+        def epoch_loss_fn(perm):
+            # One gather per field per epoch; each minibatch is then a contiguous slice (perm[start:stop]).
+            x, act, lp_t, w, adv_e, vs_e, *old_e = (t.index_select(0, perm) for t in per_sample)
 
-        sgd = minibatch_sgd(list(self.policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
+            def step(a, b):
+                adv = normalize(adv_e[a:b]) if cfg.normalize_advantages else adv_e[a:b]
+                logp, entropy, value, kl = policy_terms(policy, x[a:b], act[a:b], tuple(o[a:b] for o in old_e),
+                                                        kl_grad=kl_coeff > 0)
+                return impact_loss(logp, lp_t[a:b], w[a:b], adv, value, vs_e[a:b], entropy, kl, clip=cfg.clip,
+                                   kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff)
+            return step
+
+        sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
-                            loss_fn=loss_fn)
+                            epoch_loss_fn=epoch_loss_fn)
         means = sgd.means
         with torch.no_grad():
             final_kl = float(torch.cat([
-                kl_per_sample(target_dist, self.policy.distribution(obs[i:i + FORWARD_CHUNK]),
-                              slice(i, i + FORWARD_CHUNK))
+                policy_kl(policy, x_all[i:i + FORWARD_CHUNK], tuple(o[i:i + FORWARD_CHUNK] for o in old))
                 for i in range(0, n, FORWARD_CHUNK)]).mean())
         if cfg.kl_coeff > 0:
             self.kl_coeff = adapt_kl_coeff(self.kl_coeff, final_kl, cfg.kl_target)

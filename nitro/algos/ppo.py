@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from nitro.algos.advantages import batch_gae
-from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
+from nitro.algos.sgd import adam, dist_params, minibatch_sgd, policy_kl, policy_terms
 from nitro.config import PPOConfig
 from nitro.policy.models import ModelSpec, Policy
 
@@ -148,25 +148,34 @@ class PPOLearner:
         adv_all = torch.as_tensor(data["advantages"], device=dev)
         returns = torch.as_tensor(data["returns"], device=dev)
         n = obs.shape[0]
-        with torch.no_grad():  # behaviour distribution = the policy before this update (on-policy)
-            old_dist = self.policy.distribution(obs)
+        policy = self.policy
+        with torch.no_grad():
+            # Observation statistics do not change during an update: normalise once, not per minibatch.
+            x_all = policy.normalize(obs)
+            old = dist_params(policy, obs)  # behaviour distribution = the policy before this update (on-policy)
         kl_coeff = self.kl_coeff
+        per_sample = (x_all, actions, logp_old, v_old, adv_all, returns, *old)
 
-        def loss_fn(idx):
-            dist = self.policy.distribution(obs[idx])
-            adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
-            return ppo_loss(
-                self.policy.log_prob(dist, actions[idx]), logp_old[idx], adv, self.policy.value(obs[idx]),
-                v_old[idx], returns[idx], self.policy.entropy(dist), kl_term(old_dist, dist, idx, kl_coeff),
-                clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff,
-                value_clip=cfg.value_clip, value_clip_mode=cfg.value_clip_mode)
+        def epoch_loss_fn(perm):
+            # One gather per field per epoch; each minibatch is then a contiguous slice (perm[start:stop]).
+            x, act, lp_old, vo, adv_e, ret, *old_e = (t.index_select(0, perm) for t in per_sample)
 
-        sgd = minibatch_sgd(list(self.policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
+            def step(a, b):
+                adv = normalize(adv_e[a:b]) if cfg.normalize_advantages else adv_e[a:b]
+                logp, entropy, value, kl = policy_terms(policy, x[a:b], act[a:b], tuple(o[a:b] for o in old_e),
+                                                        kl_grad=kl_coeff > 0)
+                return ppo_loss(
+                    logp, lp_old[a:b], adv, value, vo[a:b], ret[a:b], entropy, kl,
+                    clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff,
+                    value_clip=cfg.value_clip, value_clip_mode=cfg.value_clip_mode)
+            return step
+
+        sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
-                            loss_fn=loss_fn)
+                            epoch_loss_fn=epoch_loss_fn)
         means = sgd.means
         with torch.no_grad():
-            final_kl = float(kl_per_sample(old_dist, self.policy.distribution(obs), slice(None)).mean())
+            final_kl = float(policy_kl(policy, x_all, old).mean())
         if cfg.kl_coeff > 0:
             self.kl_coeff = adapt_kl_coeff(self.kl_coeff, final_kl, cfg.kl_target)
         self.updates += 1

@@ -8,12 +8,17 @@ the first epoch's minibatch gradients. The algorithm supplies only its loss.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from nitro.policy.models import LOG_STD_MAX, LOG_STD_MIN
+
 LOSS_PARTS = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac")
+LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
+EpochLossFn = Callable[[torch.Tensor], Callable[[int, int], tuple[torch.Tensor, dict[str, torch.Tensor]]]]
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,59 @@ def kl_term(old_dist, new_dist, idx, coeff: float) -> torch.Tensor:
         return kl_per_sample(old_dist, new_dist, idx)
 
 
+def dist_params(policy, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The parameters of policy.distribution(obs) as per-sample tensors: (loc, scale) for Box
+    actions, (logits,) for Discrete; `policy_terms` takes them (indexed alike) as the old policy."""
+    dist = policy.distribution(obs)
+    if isinstance(dist, torch.distributions.Normal):
+        return dist.loc, dist.scale
+    return (dist.logits,)
+
+
+def policy_terms(policy, x: torch.Tensor, actions: torch.Tensor, old: tuple[torch.Tensor, ...], kl_grad: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log-prob of actions, entropy, value, KL(old || current)) per sample from ONE actor and ONE critic
+    forward on x, the observations already through policy.normalize (done once per update, not per
+    minibatch). The same values as Policy.log_prob/entropy/value and kl_per_sample; for Box actions
+    the Gaussian formulas are torch.distributions.Normal's, written out without building distribution
+    objects (and their argument checks) per step. `old` is what `dist_params` returns, for these
+    samples; kl_grad False computes the KL without a graph (`kl_term` with coefficient 0)."""
+    out = policy.actor(x)
+    value = policy.critic(x).squeeze(-1)
+    if policy.spec.action_kind == "box":
+        scale = _scale(policy)
+        log_scale = scale.log()
+        logp = (-((actions - out) ** 2) / (2 * scale**2) - log_scale - LOG_SQRT_2PI).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_scale).sum(-1).expand(out.shape[0])
+        dist = None
+    else:
+        dist = torch.distributions.Categorical(logits=out)
+        logp, entropy = dist.log_prob(actions), dist.entropy()
+    with torch.set_grad_enabled(kl_grad and torch.is_grad_enabled()):
+        kl = _kl(policy, out, old, dist)
+    return logp, entropy, value, kl
+
+
+def policy_kl(policy, x: torch.Tensor, old: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """KL(old || current) per sample from one actor forward on normalised x (as `policy_terms`)."""
+    return _kl(policy, policy.actor(x), old, None)
+
+
+def _scale(policy) -> torch.Tensor:
+    return policy.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()  # (action_dim,), broadcast over samples
+
+
+def _kl(policy, out: torch.Tensor, old: tuple[torch.Tensor, ...], dist) -> torch.Tensor:
+    if policy.spec.action_kind == "box":  # torch.distributions' KL of two Normals, summed over dimensions
+        old_loc, old_scale = old
+        scale = _scale(policy)
+        var_ratio = (old_scale / scale).pow(2)
+        t1 = ((old_loc - out) / scale).pow(2)
+        return (0.5 * (var_ratio + t1 - 1 - var_ratio.log())).sum(-1)
+    dist = torch.distributions.Categorical(logits=out) if dist is None else dist
+    return torch.distributions.kl_divergence(torch.distributions.Categorical(logits=old[0]), dist)
+
+
 def adam(params, lr: float, eps: float) -> torch.optim.Adam:
     """Adam as every learner here uses it: the fused kernel (one pass over all parameters per step,
     ~10% of a PPO update on CPU for 2x256 MLPs; the same algorithm as the per-tensor loop)."""
@@ -50,45 +108,81 @@ def adam(params, lr: float, eps: float) -> torch.optim.Adam:
 
 def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, generator: torch.Generator,
                   n: int, *, epochs: int, minibatch_size: int, max_grad_norm: float, device: torch.device,
-                  loss_fn: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],
-                  estimate_noise: bool = True) -> SGDResult:
-    """Run `epochs` passes of minibatch steps over n samples; loss_fn(idx) -> (loss, parts)."""
+                  loss_fn: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None,
+                  estimate_noise: bool = True, epoch_loss_fn: EpochLossFn | None = None) -> SGDResult:
+    """Run `epochs` passes of minibatch steps over n samples; loss_fn(idx) -> (loss, parts).
+
+    Instead of loss_fn, epoch_loss_fn(perm) may be given: it is called once per epoch with that
+    epoch's permutation and returns step(start, stop) -> (loss, parts) for the samples
+    perm[start:stop], so the algorithm gathers its data in permuted order once per epoch and
+    slices it per step (the same minibatches). The per-step sums (loss parts, gradient norms, the
+    noise-scale terms) stay on the device until the end: no host sync per step.
+    """
+    if (loss_fn is None) == (epoch_loss_fn is None):
+        raise ValueError("pass exactly one of loss_fn and epoch_loss_fn")
     mb = n if minibatch_size <= 0 else min(minibatch_size, n)
-    sums = dict.fromkeys((*LOSS_PARTS, "grad_norm", "loss"), 0.0)
+    keys: list[str] = []
+    sums: torch.Tensor | None = None  # float64 sums of [*parts, grad_norm, loss] over the steps
     steps = 0
-    small_sq: list[float] = []
-    grad_sum: torch.Tensor | None = None
+    small_sq: list[torch.Tensor] = []
+    grad_sum: list[torch.Tensor] | None = None
     for epoch in range(epochs):
         perm = torch.randperm(n, generator=generator).to(device)
+        step = epoch_loss_fn(perm) if epoch_loss_fn is not None else None
         for start in range(0, n - mb + 1, mb):
-            loss, parts = loss_fn(perm[start:start + mb])
-            optimizer.zero_grad(set_to_none=True)
+            loss, parts = step(start, start + mb) if step is not None else loss_fn(perm[start:start + mb])
+            for group in optimizer.param_groups:  # zero_grad(set_to_none=True) without its per-call overhead
+                for p in group["params"]:
+                    p.grad = None
             loss.backward()
-            if estimate_noise and epoch == 0 and n > mb:
-                flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
-                small_sq.append(float(flat.pow(2).sum()))
-                grad_sum = flat.clone() if grad_sum is None else grad_sum.add_(flat)
-            if max_grad_norm > 0:
-                gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            else:
-                gn = torch.sqrt(sum(p.grad.pow(2).sum() for p in params if p.grad is not None))
+            grads = [p.grad for p in params if p.grad is not None]
+            noise_step = estimate_noise and epoch == 0 and n > mb
+            if noise_step:  # the first epoch's gradient sum, before any clipping
+                if grad_sum is None:
+                    grad_sum = [g.detach().clone() for g in grads]
+                else:
+                    torch._foreach_add_(grad_sum, grads)
+            gn = _clip(params, grads, max_grad_norm)  # the norm before clipping
+            if noise_step:
+                small_sq.append(gn.detach().square())  # |g|^2 of this minibatch's unclipped gradient
             optimizer.step()
-            for k, v in parts.items():
-                sums[k] += float(v.detach())
-            sums["grad_norm"] += float(gn)
-            sums["loss"] += float(loss.detach())
+            if sums is None:
+                keys = list(parts)
+            row = torch.stack([*(parts[k].detach() for k in keys), gn.detach(), loss.detach()]).double()
+            sums = row if sums is None else sums.add_(row)
             steps += 1
-    means = {k: v / max(steps, 1) for k, v in sums.items()}
-    return SGDResult(means, mb, steps, _noise_scale(small_sq, grad_sum, mb))
+    totals = dict.fromkeys((*LOSS_PARTS, "grad_norm", "loss"), 0.0)
+    if sums is not None:
+        totals.update(zip((*keys, "grad_norm", "loss"), sums.tolist()))
+    means = {k: v / max(steps, 1) for k, v in totals.items()}
+    big_sq = None
+    if len(small_sq) >= 2 and grad_sum is not None:
+        big_sq = float(torch.stack(torch._foreach_norm(grad_sum)).double().square().sum() / len(small_sq) ** 2)
+    return SGDResult(means, mb, steps, _noise_scale(torch.stack(small_sq).double().tolist() if small_sq else [],
+                                                    big_sq, mb))
 
 
-def _noise_scale(small_sq: list[float], grad_sum: torch.Tensor | None, mb: int) -> float:
-    """McCandlish et al. 2018 (app. A) with the epoch's mean gradient as the big batch; the
-    parameters drift within the epoch, so this is an estimate for scaling, not an exact value."""
-    if len(small_sq) < 2 or grad_sum is None:
+def _clip(params: list[torch.nn.Parameter], grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """The global gradient norm, and with max_norm > 0 the clip: clip_grad_norm_'s own computation
+    (foreach norms, the norm of norms, grads * min(max_norm / (norm + 1e-6), 1)) done directly when all
+    gradients share one device and dtype, which skips its grouping and wrappers (~half its time here)."""
+    if not grads or any(g.device != grads[0].device or g.dtype != grads[0].dtype for g in grads):
+        if max_norm > 0:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if max_norm > 0:
+        torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
+def _noise_scale(small_sq: list[float], big_sq: float | None, mb: int) -> float:
+    """McCandlish et al. 2018 (app. A) with the epoch's mean gradient as the big batch (big_sq = its
+    squared norm); the parameters drift within the epoch, so this is an estimate for scaling, not an
+    exact value."""
+    if len(small_sq) < 2 or big_sq is None:
         return 0.0
     from nitro.scaling.noise import noise_scale_estimates
 
-    big = float((grad_sum / len(small_sq)).pow(2).sum())
-    est = noise_scale_estimates(small_sq, big, mb, mb * len(small_sq)).b_simple
+    est = noise_scale_estimates(small_sq, big_sq, mb, mb * len(small_sq)).b_simple
     return float(est) if est is not None else 0.0

@@ -4,7 +4,8 @@ A batch too large for one stream entry is cut into contiguous parts that are
 each a complete batch in their own right: per-step arrays are sliced, a part
 that ends mid-episode bootstraps from the behaviour value of the next part's
 first observation (exactly what the sampler would have recorded had it stopped
-there), and finished episodes go to the part in which they ended. GAE and
+there), and finished episodes go to the part in which they ended (a several-env batch's
+segment cuts, marked in `cut`, are not episode ends). GAE and
 V-trace over a part are then the same kind of estimate as at the end of any
 batch: identical to the unsplit batch's wherever the step's episode ends inside
 the part, and bootstrapped from V at the cut (a shorter trace) just before it.
@@ -34,7 +35,8 @@ def split_batch(batch: dict, parts: int) -> list[dict]:
         return [batch]
     bounds = np.linspace(0, n, parts + 1).round().astype(int)
     done = np.asarray(batch["terminated"]) | np.asarray(batch["truncated"])
-    ends = np.flatnonzero(done)  # the j-th finished episode ended at step ends[j]
+    cut = batch.get("cut")  # a VecSampler's segment cuts bootstrap like truncations but end no episode
+    ends = np.flatnonzero(done if cut is None else done & ~np.asarray(cut))  # j-th finished episode ended at ends[j]
     per_step = {k for k, v in batch.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n}
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):

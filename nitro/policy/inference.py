@@ -29,11 +29,13 @@ class NumpyMLP:
             i += 1
         self.out_w = np.ascontiguousarray(state[f"{prefix}.out.weight"].T, dtype=np.float32)
         self.out_b = state[f"{prefix}.out.bias"].astype(np.float32)
-        self.act = np.tanh if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
+        self.act = (lambda x: np.tanh(x, out=x)) if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         for w, b in self.weights:
-            x = self.act(x @ w + b)
+            h = x @ w
+            h += b  # in place: the same sums as `x @ w + b`, one temporary less
+            x = self.act(h)
         return x @ self.out_w + self.out_b
 
 
@@ -218,6 +220,83 @@ class PolicyRunner:
         # Gumbel-max: one draw, no cumulative sum.
         a = int(np.argmax(logits - np.log(-np.log(rng.random(logits.shape[0])))))
         return a, float(logits[a] - logz), value
+
+    # -- batched (several environments per actor, nitro.rollout.VecSampler) ------------------
+    def _normalize_batch(self, obs: np.ndarray) -> np.ndarray:
+        x = np.asarray(obs).reshape(len(obs), -1)
+        if not self.obs_norm:
+            return x.astype(np.float32, copy=False)
+        z = x - self.mean  # float64, as `_normalize`
+        z *= self.inv_std
+        return np.clip(z, -OBS_CLIP, OBS_CLIP, out=z).astype(np.float32)
+
+    def _torch_cnn(self, net: str):
+        """Parameters and geometry of the actor or critic CNN for `atari_cnn_forward` (built on first use)."""
+        import torch
+
+        from nitro.policy.models import atari_geometry
+
+        cache = self.__dict__.setdefault("_cnn_params", {})
+        if net not in cache:
+            torch.set_num_threads(1)
+            cache[net] = ({k.removeprefix(f"{net}."): torch.from_numpy(np.asarray(v, dtype=np.float32))
+                           for k, v in self._state.items() if k.startswith(f"{net}.")},
+                          atari_geometry(self.spec.obs_shape))
+        return cache[net]
+
+    def _heads_batch(self, obs: np.ndarray, with_value: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Actor outputs (N, out) and values (N,) float32 for a batch of N observations."""
+        n = len(obs)
+        if self._cnn is not None:  # batched torch convolutions beat N numpy batch-1 passes
+            import torch
+
+            from nitro.policy.models import atari_cnn_forward
+
+            with torch.inference_mode():
+                out = atari_cnn_forward(torch.from_numpy(np.ascontiguousarray(obs)), *self._torch_cnn("actor")).numpy()
+            return out, (self.values(obs) if with_value else np.zeros(n, dtype=np.float32))
+        if self._torch_policy is not None:
+            import torch
+
+            with torch.inference_mode():
+                t = torch.as_tensor(np.asarray(obs))
+                out = self._torch_policy.actor(self._torch_policy.normalize(t)).numpy()
+                values = self._torch_policy.value(t).numpy().astype(np.float32) if with_value else np.zeros(n, np.float32)
+            return out, values
+        x = self._normalize_batch(obs)
+        values = self.critic(x)[:, 0].astype(np.float32) if with_value else np.zeros(n, dtype=np.float32)
+        return self.actor(x), values
+
+    def act_batch(self, obs: np.ndarray, rng: np.random.Generator, with_value: bool = True):
+        """`act` for N observations (N, *obs_shape) in one inference: (actions (N, ...), log-probs (N,) float32,
+        values (N,) float32). Same distribution as N calls of `act`; the noise is drawn as one (N, ...) block."""
+        out, values = self._heads_batch(obs, with_value)
+        if self.spec.action_kind == "box":
+            noise = rng.standard_normal(out.shape).astype(np.float32)
+            actions = out.astype(np.float32, copy=False) + self.std * noise
+            logp = (self.logp_const - 0.5 * np.einsum("ij,ij->i", noise, noise)).astype(np.float32)
+            return actions, logp, values
+        logits = out.astype(np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        logz = np.log(np.exp(logits).sum(axis=1))
+        a = np.argmax(logits - np.log(-np.log(rng.random(logits.shape))), axis=1)
+        logp = (logits[np.arange(len(a)), a] - logz).astype(np.float32)
+        return a.astype(np.int64), logp, values
+
+    def value_batch(self, obs: np.ndarray, chunk: int = 256) -> np.ndarray:
+        """V(obs) for N observations, batched (the critic alone), float32 (N,)."""
+        obs = np.asarray(obs)
+        if self._cnn is not None or len(obs) == 0:
+            return self.values(obs) if len(obs) else np.zeros(0, dtype=np.float32)
+        if self._torch_policy is not None:
+            import torch
+
+            out = np.empty(len(obs), dtype=np.float32)
+            with torch.inference_mode():
+                for i in range(0, len(obs), chunk):
+                    out[i:i + chunk] = self._torch_policy.value(torch.as_tensor(obs[i:i + chunk])).numpy()
+            return out
+        return self.critic(self._normalize_batch(obs))[:, 0].astype(np.float32)
 
     def env_action(self, action):
         """Map a sampled action to what the environment accepts (Box actions are clipped)."""

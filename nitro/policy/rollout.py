@@ -17,6 +17,18 @@ Batch fields (numpy arrays of length T unless noted):
   final_values   float32 V(final observation) at truncated steps, else 0
   bootstrap_value  float: V(observation after the last step), 0 if the last step ended an episode
   episode_returns, episode_lengths   lists for episodes that finished inside this batch
+
+Several environments per actor (VecSampler, envs_per_actor N > 1): the N envs step
+in lockstep with one batched inference per step, and the batch is laid out env-major:
+env i's steps form one contiguous segment, in time order, so the learner sees N
+ordinary trajectories back to back and its GAE/V-trace run unchanged. A segment that
+ends mid-episode (all but the last) is cut exactly like a time limit: `truncated` is
+set and `final_values` holds V(the env's next observation), which is the
+`bootstrap_value` that env would have had alone. Such steps are also marked in
+  cut            bool (T,): a segment cut, not an episode end (only in batches of N > 1 envs)
+so nitro.batching can tell cuts from finished episodes. Episode lists are ordered by
+the position in the batch of the step that ended them. `num_steps` is the total over
+the N envs (env i gets num_steps // N steps, one more for the first num_steps % N).
 """
 
 from __future__ import annotations
@@ -25,8 +37,24 @@ from collections.abc import Callable
 
 import numpy as np
 
+from nitro.contracts import MAX_ENVS_PER_ACTOR
 from nitro.policy.envs import make_env
 from nitro.policy.inference import PolicyRunner
+
+
+def env_seed(seed: int | None, index: int) -> int | None:
+    """Seed of an actor's env `index` from the actor's seed: env 0 keeps the seed itself (so one env per
+    actor is exactly the single-env sampler), env i > 0 a deterministic SeedSequence draw of (seed, i)."""
+    if seed is None or index == 0:
+        return seed
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1, dtype=np.uint64)[0] % (2**62))
+
+
+def make_sampler(env_id: str, seed: int | None = None, env_kwargs: dict | None = None, envs_per_actor: int = 1):
+    """The sampler an actor uses: the single-env Sampler for 1 env, else a VecSampler of `envs_per_actor` envs."""
+    if envs_per_actor == 1:
+        return Sampler(env_id, seed=seed, env_kwargs=env_kwargs)
+    return VecSampler(env_id, envs_per_actor, seed=seed, env_kwargs=env_kwargs)
 
 
 class Sampler:
@@ -100,6 +128,138 @@ class Sampler:
 
     def close(self) -> None:
         self.env.close()
+
+
+class VecSampler:
+    """N environments stepped in lockstep with one batched inference per step (see the module docstring).
+
+    Its own loop over a list of environments rather than gymnasium's SyncVectorEnv: no autoreset
+    bookkeeping or info merging per step, and a final observation needs no special case
+    (bench/actor_sampling.py measures both).
+    """
+
+    def __init__(self, env_id: str, num_envs: int, seed: int | None = None, env_kwargs: dict | None = None):
+        if not 1 <= num_envs <= MAX_ENVS_PER_ACTOR:
+            raise ValueError(f"envs_per_actor must be in [1, {MAX_ENVS_PER_ACTOR}], got {num_envs}")
+        self.env_id = env_id
+        self.envs = []
+        try:
+            for _ in range(num_envs):
+                self.envs.append(make_env(env_id, seed=None, **(env_kwargs or {})))
+        except BaseException:
+            self.close()
+            raise
+        self.env = self.envs[0]
+        self._reset_all(seed, seed_actions=False)
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    def _reset_all(self, seed: int | None, seed_actions: bool) -> None:
+        space = self.env.observation_space  # the batch's obs shape and dtype, as the single-env Sampler's
+        self.obs = np.empty((len(self.envs), *space.shape), dtype=space.dtype)
+        self.obs[0], _ = self.envs[0].reset(seed=seed)
+        for i, env in enumerate(self.envs):
+            s = env_seed(seed, i)
+            if i:
+                self.obs[i], _ = env.reset(seed=s)
+            if seed_actions:
+                env.action_space.seed(s)
+        self.episode_returns = [0.0] * len(self.envs)
+        self.episode_lengths = [0] * len(self.envs)
+
+    def reseed(self, seed: int) -> None:
+        """Fresh episodes in every env, env i from env_seed(seed, i) (reproducible runs)."""
+        self._reset_all(seed, seed_actions=True)
+
+    def sample(self, runner: PolicyRunner, num_steps: int, rng: np.random.Generator) -> dict:
+        n_envs, envs = len(self.envs), self.envs
+        if not 1 <= n_envs <= max(num_steps, 1):
+            raise ValueError(f"cannot spread {num_steps} steps over {n_envs} environments (at least one each)")
+        lengths = [num_steps // n_envs + (i < num_steps % n_envs) for i in range(n_envs)]  # longest first
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        horizon = lengths[0]
+        # Lockstep buffers are time-major (one contiguous write per step); the batch is env-major.
+        obs_tm = np.empty((horizon, *self.obs.shape), dtype=self.obs.dtype)
+        act_tm = None
+        logp_tm = np.empty((horizon, n_envs), dtype=np.float32)
+        rew_tm = np.empty((horizon, n_envs), dtype=np.float32)
+        ends: list[tuple[int, int, bool, float, int]] = []  # (t, env, truncated, return, length)
+        trunc_obs: list[np.ndarray] = []
+
+        obs = self.obs
+        ep_ret, ep_len = list(self.episode_returns), list(self.episode_lengths)
+        act_batch, env_action = runner.act_batch, runner.env_action
+        longest = sum(1 for n in lengths if n == horizon)  # envs that step in the last lockstep step
+        for t in range(horizon):
+            k = n_envs if t < horizon - 1 else longest
+            o = obs if k == n_envs else obs[:k]
+            obs_tm[t, :k] = o
+            # Values come afterwards, batched over the whole rollout (far cheaper per step than here).
+            actions, lp, _ = act_batch(o, rng, with_value=False)
+            if act_tm is None:
+                act_tm = np.empty((horizon, n_envs, *actions.shape[1:]), dtype=actions.dtype)
+            act_tm[t, :k] = actions
+            logp_tm[t, :k] = lp
+            rews = []
+            for i, a in enumerate(env_action(actions)):
+                ob, r, term, trunc, _ = envs[i].step(a)
+                rews.append(r)
+                ep_ret[i] += float(r)
+                ep_len[i] += 1
+                if term or trunc:
+                    cut_by_limit = bool(trunc and not term)
+                    if cut_by_limit:
+                        trunc_obs.append(np.array(ob))
+                    ends.append((t, i, cut_by_limit, ep_ret[i], ep_len[i]))
+                    ep_ret[i], ep_len[i] = 0.0, 0
+                    ob, _ = envs[i].reset()
+                obs[i] = ob
+            rew_tm[t, :k] = rews
+
+        obs_buf = np.empty((num_steps, *obs.shape[1:]), dtype=obs.dtype)
+        act_buf = np.empty((num_steps, *act_tm.shape[2:]), dtype=act_tm.dtype)
+        rewards, logp = np.empty(num_steps, dtype=np.float32), np.empty(num_steps, dtype=np.float32)
+        for i, (a, n) in enumerate(zip(starts, lengths)):
+            obs_buf[a:a + n], act_buf[a:a + n] = obs_tm[:n, i], act_tm[:n, i]
+            rewards[a:a + n], logp[a:a + n] = rew_tm[:n, i], logp_tm[:n, i]
+        terminated = np.zeros(num_steps, dtype=bool)
+        truncated = np.zeros(num_steps, dtype=bool)
+        cut = np.zeros(num_steps, dtype=bool)
+        final_values = np.zeros(num_steps, dtype=np.float32)
+        rows = [int(starts[i]) + t for t, i, *_ in ends]
+        trunc_rows = [row for row, e in zip(rows, ends) if e[2]]
+        truncated[trunc_rows] = True
+        terminated[[row for row, e in zip(rows, ends) if not e[2]]] = True
+        # One batched critic pass: the rollout, the truncations' final observations, the envs' next observations.
+        extra = [np.stack(trunc_obs)] if trunc_obs else []
+        all_values = runner.value_batch(np.concatenate([obs_buf, *extra, obs]))
+        values = all_values[:num_steps]
+        final_values[trunc_rows] = all_values[num_steps:num_steps + len(trunc_rows)]
+        next_v = all_values[num_steps + len(trunc_rows):]
+        bootstrap = 0.0
+        for i in range(n_envs):  # every env has at least one step
+            last = int(starts[i]) + lengths[i] - 1
+            if terminated[last] or truncated[last]:
+                continue
+            if i == n_envs - 1:  # the batch's last step: the usual bootstrap
+                bootstrap = float(next_v[i])
+            else:  # cut mid-episode: bootstrap from V(next observation) as at a time limit
+                truncated[last] = cut[last] = True
+                final_values[last] = next_v[i]
+        order = sorted(range(len(ends)), key=rows.__getitem__)
+        self.obs, self.episode_returns, self.episode_lengths = obs, ep_ret, ep_len
+        return {
+            "obs": obs_buf, "actions": act_buf, "rewards": rewards, "terminated": terminated,
+            "truncated": truncated, "logp": logp, "values": values, "final_values": final_values,
+            "bootstrap_value": float(bootstrap), "episode_returns": [ends[j][3] for j in order],
+            "episode_lengths": [ends[j][4] for j in order], "cut": cut,
+        }
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
 
 
 def evaluate(runner: PolicyRunner, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,

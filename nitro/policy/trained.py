@@ -1,7 +1,7 @@
 """A policy after training: load it from a learner checkpoint or an export, act with it, export it.
 
 `load_policy(path)` reads either
-  - a learner checkpoint, `checkpoint.pt` or `best.pt` (learner_svc.rounds.RoundLoop.checkpoint): a
+  - a learner checkpoint, `checkpoint.pt` or `best.pt` (learner_svc.durability.JobFiles.write_checkpoint): a
     torch file with the model spec and the learner's state, read with torch's weights-only loader so
     that a checkpoint from elsewhere cannot run code while it loads; or
   - a directory written by `export_policy` (`nitro export`): policy.json (format, model spec,

@@ -18,6 +18,9 @@ from nitro.clock import critical_path_cpu_seconds
 JOB_LABEL = "job_id"
 JOB_IDLE_S = 15 * 60  # per-job series of the scaler and detector, which never hear that a job ended
 
+# The phases of a training round, each one thing the learner waits for on its critical path (only the learner
+# records them; `invoke` is the learner's wait for a launch to be dispatched, `plan` for the scaler's Plan).
+# A service's own latency is a metric of its own (the scaler's launches: SCALER_LAUNCH_SECONDS).
 PHASES = ("sample", "ingest", "update", "detect", "plan", "invoke", "publish", "evaluate")
 
 ROUND_PHASE_SECONDS = Histogram(
@@ -73,6 +76,9 @@ GRADIENTS_APPLIED = Counter("nitro_gradients_applied_total", "Learner-function u
 GRADIENTS_DROPPED = Counter("nitro_gradients_dropped_total", "Learner-function updates dropped.", ["reason"])
 STALENESS_BOUND = Gauge("nitro_staleness_bound", "Largest staleness a job applies in its current round.", [JOB_LABEL])
 LEARNER_INVOCATIONS = Counter("nitro_learner_function_invocations_total", "Learner function invocations started.")
+SCALER_LAUNCH_SECONDS = Histogram(
+    "nitro_scaler_launch_seconds", "Wall time of one Launch in the scaler, until every invocation returned.",
+    ["kind"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600))
 DETECTOR_SECONDS = Histogram("nitro_detector_seconds", "Time to score one policy (HVPs + Lanczos).",
                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
@@ -81,6 +87,7 @@ DETECTOR_SECONDS = Histogram("nitro_detector_seconds", "Time to score one policy
 def timed(phase: str, sink: dict[str, float] | None = None, cloud: dict[str, float] | None = None):
     """Observe a phase in the histogram and add its duration to `sink[phase]`; with `cloud`, add its
     learner CPU time there too (the cloud clock's measure of the same phase, nitro.clock)."""
+    _check_phase(phase)
     t0 = time.perf_counter()
     c0 = critical_path_cpu_seconds() if cloud is not None else 0.0
     try:
@@ -92,9 +99,15 @@ def timed(phase: str, sink: dict[str, float] | None = None, cloud: dict[str, flo
 
 
 def observe_phase(phase: str, seconds: float, sink: dict[str, float] | None = None) -> None:
+    _check_phase(phase)
     ROUND_PHASE_SECONDS.labels(phase).observe(seconds)
     if sink is not None:
         sink[phase] = sink.get(phase, 0.0) + seconds
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise ValueError(f"unknown round phase {phase!r}; allowed: {list(PHASES)}")
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> int:

@@ -38,7 +38,7 @@ class RoundInputs:
     score: float = 0.0  # boosting score S_k in [0, 1] (nitro)
     i_min: int = DEFAULT_I_MIN
     i_max: int = DEFAULT_I_MAX
-    noise_scale: float | None = None  # smoothed gradient noise scale B_simple (kungfu); None = unknown
+    noise_scale: float | None = None  # the last round's gradient noise scale B_simple (kungfu); None = unknown
     # How the job stands and how the last round went (learned schedulers: minions). Defaults mean
     # "unknown" (round 0, or a caller that does not send them); other policies ignore them.
     rounds: int = 0  # the job's planned number of rounds (0 = unknown)

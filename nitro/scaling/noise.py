@@ -8,9 +8,11 @@ batch sizes give unbiased estimates of both terms:
     B_simple  = tr(Sigma) / |G|^2
 
 PPO gives both for free: B_small = the minibatch (mean of its per-minibatch
-squared norms), B_big = the whole round's batch. The ratio of two noisy
-estimates is biased, so smooth |G|^2 and tr(Sigma) separately (NoiseScaleEMA)
-and divide afterwards, as the paper recommends.
+squared norms), B_big = the whole round's batch. The learner sends one
+B_simple per round (nitro/algos/sgd.py; IMPACT the mean over the round's
+updates) and the kungfu policy reads it as it comes: nothing smooths it across
+rounds. Smoothing as the paper recommends (|G|^2 and tr(Sigma) averaged
+separately, then divided) would need the learner to send both terms.
 """
 
 from __future__ import annotations
@@ -47,41 +49,3 @@ def noise_scale_estimates(small_sq_norms: Sequence[float], big_sq_norm: float, b
     grad_sq = (b_big * big - b_small * small) / (b_big - b_small)
     trace = (small - big) / (1.0 / b_small - 1.0 / b_big)
     return NoiseEstimate(grad_sq, trace)
-
-
-def ema(prev: float | None, value: float, alpha: float) -> float:
-    """Exponential moving average: value if there is no history, else (1 - alpha) prev + alpha value."""
-    if not 0.0 < alpha <= 1.0:
-        raise ConfigError(f"invalid value for alpha: must be in (0, 1], got {alpha!r}")
-    return float(value) if prev is None else (1.0 - alpha) * float(prev) + alpha * float(value)
-
-
-@dataclass(frozen=True)
-class NoiseScaleEMA:
-    """Separately smoothed |G|^2 and tr(Sigma); JSON-friendly via to_dict/from_dict."""
-
-    alpha: float = 0.2
-    grad_sq: float | None = None
-    trace_sigma: float | None = None
-
-    def update(self, est: NoiseEstimate) -> "NoiseScaleEMA":
-        if not (math.isfinite(est.grad_sq) and math.isfinite(est.trace_sigma)):
-            return self  # a broken measurement carries no information
-        return NoiseScaleEMA(self.alpha, ema(self.grad_sq, est.grad_sq, self.alpha),
-                             ema(self.trace_sigma, est.trace_sigma, self.alpha))
-
-    @property
-    def b_simple(self) -> float | None:
-        if self.grad_sq is None or self.trace_sigma is None:
-            return None
-        return NoiseEstimate(self.grad_sq, self.trace_sigma).b_simple
-
-    def to_dict(self) -> dict:
-        return {"alpha": self.alpha, "grad_sq": self.grad_sq, "trace_sigma": self.trace_sigma}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "NoiseScaleEMA":
-        unknown = sorted(set(d) - {"alpha", "grad_sq", "trace_sigma"})
-        if unknown:
-            raise ConfigError(f"unknown field(s) {unknown} in noise scale state; allowed: alpha, grad_sq, trace_sigma")
-        return cls(float(d.get("alpha", 0.2)), d.get("grad_sq"), d.get("trace_sigma"))

@@ -51,6 +51,8 @@ TRAIN_FIELDS = [
     ("--floor-decay", "scaler.floor_decay", float, "d_f of that floor (--scaler nitro-floor)"),
     ("--rounds", "rounds", int, "training rounds"),
     ("--steps-per-actor", "steps_per_actor", int, "environment steps each actor samples per round"),
+    ("--envs-per-actor", "envs_per_actor", int, "environments each actor steps in lockstep with one batched "
+     "inference per step (1-256; at most steps-per-actor // 32 run; --steps-per-actor stays the total an actor returns)"),
     ("--budget", "budget_usd", float, "budget in USD; the job stops when the next round is unaffordable"),
     ("--budget-clock", "budget_clock", str,
      "the bill the budget binds on: cloud (modelled AWS bill, default) or machine (docs/cost.md)"),

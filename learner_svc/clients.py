@@ -1,0 +1,170 @@
+"""The scaler and the detector as the round loops call them: requests built from the job's spec, deadlines,
+retries, the errors that end a job, and the invocation ids and wave records of actor launches."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import redis
+
+from learner_svc.constants import COST_PATIENCE_S, LAUNCH_TIMEOUT_SLACK_S, WAVE_RECORD_TTL_S
+from learner_svc.resilience import RPC_RETRYABLE, DependencyUnavailable, JobAborted, redis_call, rpc_call
+from nitro.contracts import waves_key
+from nitro.rpc.grpc_util import DEADLINES
+from nitro.spec import TrainingSpec, env_kwargs_to_wire
+from nitro.v1 import common_pb2, detector_pb2, scaler_pb2
+
+
+@dataclass
+class LearnerDeps:
+    redis: redis.Redis
+    hmac_key: bytes
+    detector: object  # BoostingDetectorStub
+    scaler: object  # ActorScalerStub
+    data_dir: str
+    call_metadata: tuple = ()  # e.g. the bearer token for detector/scaler calls
+    device: str = "cpu"  # torch device of the learner's model and updates (nitro.devices.resolve_device)
+
+
+@dataclass
+class LastRound:
+    """What a learned scheduler reads of the round just finished; times on the cloud clock."""
+
+    loss: float = 0.0
+    kl: float = 0.0
+    eval_return: float = 0.0
+    update_seconds: float = 0.0
+    actor_seconds: float = 0.0
+    round_seconds: float = 0.0
+
+
+def retry_note(r: scaler_pb2.InvocationResult) -> str | None:
+    """The round-report note of an invocation that succeeded only after the scaler retried it, else None."""
+    if not r.ok or r.attempts <= 1:
+        return None
+    return f"actor {r.invocation_id} succeeded on attempt {r.attempts}, {r.error_message[:200] or 'after retries'}"
+
+
+def failure_note(r: scaler_pb2.InvocationResult) -> str:
+    return f"actor {r.invocation_id} failed after {r.attempts} attempt(s): {r.error_type}: {r.error_message[:200]}"
+
+
+def derived_seed(seed: int, *parts: int) -> int:
+    return int(np.random.SeedSequence([seed, *parts]).generate_state(1)[0])
+
+
+def _finite(x: float) -> float:
+    return float(x) if np.isfinite(x) else 0.0
+
+
+def scaler_spec(spec: TrainingSpec) -> common_pb2.ScalerSpec:
+    sc = spec.scaler
+    return common_pb2.ScalerSpec(policy=sc.policy, i_min=sc.i_min, i_max=sc.i_max, fixed_actors=sc.fixed_actors,
+                                 decay=sc.decay, window=sc.window, period=sc.period, scheduler=sc.scheduler,
+                                 actors_by_round=sc.actors_by_round, floor_actors=sc.floor_actors,
+                                 floor_decay=sc.floor_decay)
+
+
+class Services:
+    """One job's calls to the scaler, the detector and the wave records in Redis."""
+
+    def __init__(self, job_id: str, spec: TrainingSpec, cfg, deps: LearnerDeps):
+        self.job_id, self.spec, self.cfg, self.deps = job_id, spec, cfg, deps
+        self.last_plan_time = time.monotonic()
+
+    def rpc(self, method: Callable, request, *, timeout: float, patience: float, what: str):
+        return rpc_call(method, request, timeout=timeout, patience=patience, what=what, job_id=self.job_id,
+                        metadata=self.deps.call_metadata)
+
+    def redis(self, fn: Callable, what: str):
+        return redis_call(fn, what, self.job_id)
+
+    # -- the scaler -----------------------------------------------------------------------------------
+    def plan(self, round_index: int, score: float, gns: float, fallback_actors: int, last: LastRound,
+             cloud_seconds: float) -> scaler_pb2.PlanResponse:
+        """Ask the scaler for round `round_index`'s actors; `last` describes the round just finished,
+        `cloud_seconds` is its modelled cloud time (the learner server's bill on the cloud clock)."""
+        spec = self.spec
+        now = time.monotonic()
+        learner_seconds, self.last_plan_time = now - self.last_plan_time, now
+        try:
+            return self.rpc(self.deps.scaler.Plan, scaler_pb2.PlanRequest(
+                job_id=self.job_id, round=round_index, score=min(max(score, 0.0), 1.0),
+                scaler=scaler_spec(spec), budget_usd=spec.budget_usd,
+                steps_per_actor=spec.steps_per_actor, actor_memory_mb=spec.actor_memory_mb,
+                learner_seconds=learner_seconds, gradient_noise_scale=gns, fallback_actors=fallback_actors,
+                learner_loss=last.loss, eval_return=_finite(last.eval_return),
+                approx_kl=last.kl, update_seconds=last.update_seconds,
+                actor_seconds=last.actor_seconds, round_seconds=last.round_seconds,
+                target_return=spec.target_return, rounds=spec.rounds,
+                cloud_learner_seconds=max(0.0, cloud_seconds), budget_clock=spec.budget_clock),
+                timeout=DEADLINES["Plan"], patience=spec.round_deadline_s, what="Plan")
+        except grpc.RpcError as exc:
+            if exc.code() not in RPC_RETRYABLE:  # the scaler refused the plan: retrying cannot help
+                raise JobAborted(f"the scaler refused to plan round {round_index}: {exc.code().name}: "
+                                 f"{exc.details()}") from exc
+            raise DependencyUnavailable(f"scaler unavailable for planning: {exc.code().name}: "
+                                        f"{exc.details()}") from exc
+
+    def launch(self, round_index: int, policy_version: int, slots: list[int],
+               wave: int = 0) -> scaler_pb2.LaunchResponse:
+        """Invoke the given actor slots with `policy_version` (wave > 0: replacements with fresh invocation ids)."""
+        spec = self.spec
+        req = scaler_pb2.LaunchRequest(
+            job_id=self.job_id, round=round_index, policy_version=policy_version, actors=len(slots),
+            steps_per_actor=spec.steps_per_actor, env_id=spec.env_id,
+            seed=derived_seed(spec.seed, round_index, wave), function_name=spec.function_name,
+            deadline_s=spec.round_deadline_s, actor_memory_mb=spec.actor_memory_mb, wait=True,
+            slots=slots, wave=wave, reset_episodes=spec.reproducible,
+            env_kwargs_json=env_kwargs_to_wire(spec.env_kwargs), envs_per_actor=spec.envs_per_actor)
+        return self.launch_request(req, "Launch")
+
+    def launch_request(self, req: scaler_pb2.LaunchRequest, what: str) -> scaler_pb2.LaunchResponse:
+        """A blocking Launch, retried while the scaler is briefly unavailable within the round deadline."""
+        return self.rpc(self.deps.scaler.Launch, req, timeout=self.spec.round_deadline_s + LAUNCH_TIMEOUT_SLACK_S,
+                        patience=self.spec.round_deadline_s, what=what)
+
+    def cost(self) -> scaler_pb2.GetCostResponse:
+        return self.rpc(self.deps.scaler.GetCost, scaler_pb2.GetCostRequest(job_id=self.job_id),
+                        timeout=DEADLINES["GetCost"], patience=COST_PATIENCE_S, what="GetCost")
+
+    # -- the detector ---------------------------------------------------------------------------------
+    def score(self, round_index: int, policy_version: int, ref: str, algo: str = "ppo") -> detector_pb2.ScoreResponse:
+        sc = self.spec.scaler
+        return self.deps.detector.Score(detector_pb2.ScoreRequest(
+            job_id=self.job_id, round=round_index, policy_version=policy_version, sample_ref=ref,
+            algo=algo, clip=self.cfg.clip, window=sc.window, decay=sc.decay,
+            seed=derived_seed(self.spec.seed, round_index, 1) % (2**62),
+            normalize_advantages=getattr(self.cfg, "normalize_advantages", False)),
+            timeout=self.spec.detector_timeout_s, metadata=self.deps.call_metadata or None)
+
+    # -- wave records ----------------------------------------------------------------------------------
+    def _wave_keys(self, round_index: int) -> tuple[str, str]:
+        """The round's wave counter and the wall time its latest wave was launched."""
+        key = waves_key(self.job_id, round_index)
+        return key, f"{key}:at"
+
+    def new_wave(self, round_index: int) -> int:
+        """A fresh wave number for this round; kept in Redis so a restarted learner never reuses one, and
+        knows what the learner before it launched (`launched_waves`)."""
+        key, at = self._wave_keys(round_index)
+
+        def incr():
+            pipe = self.deps.redis.pipeline(transaction=True)
+            pipe.incr(key)
+            pipe.set(at, repr(time.time()), ex=WAVE_RECORD_TTL_S)
+            pipe.expire(key, WAVE_RECORD_TTL_S)
+            return pipe.execute()[0]
+
+        return int(self.redis(incr, "wave counter")) - 1
+
+    def launched_waves(self, round_index: int) -> tuple[int, float | None]:
+        """(waves launched for this round so far, wall time of the latest launch or None): what a learner
+        before this one launched, when this one resumes the round."""
+        key, at = self._wave_keys(round_index)
+        count, t = self.redis(lambda: self.deps.redis.mget(key, at), "wave record")
+        return int(count or 0), float(t) if t is not None else None

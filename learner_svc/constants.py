@@ -1,0 +1,39 @@
+"""The round loops' own tuning constants, in one place. What other processes share (Redis keys, invocation
+ids, MAX_EMPTY_ROUNDS, DETECTOR_SUBSET, ...) lives in nitro/contracts.py."""
+
+from __future__ import annotations
+
+import os
+
+# -- rounds -------------------------------------------------------------------------------------------
+MAX_WAVES = 3  # on-policy: the planned launch plus up to two waves of replacements
+LOST_BATCH_GRACE_S = 5.0  # a launched actor whose batch is still missing this long after it returned is lost
+WAVE_RECORD_TTL_S = 7 * 24 * 3600  # a round's wave records outlive any resume of it
+RECENT_EPISODES = 20  # train_return and mean_episode_length average the latest this many episodes
+EVAL_SEED_TAG = 2  # evaluation seeds: (seed, round, 2, 0), four parts, never an actor launch's (seed, round, wave)
+
+# -- reading the trajectory stream: (entries per read, block ms) ----------------------------------------
+ONPOLICY_READ = (64, 100)  # the on-policy loop only waits for its round's batches
+PIPELINED_READ = (16, 20)  # the asynchronous loops learn between reads: short blocks
+
+# -- the off-policy (IMPACT) loop -------------------------------------------------------------------------
+MAX_REPLAYS_PER_FRESH = 1  # replay updates allowed per fresh batch: keeps replay from dominating
+
+# -- the Stellaris loop -------------------------------------------------------------------------------
+LOST_UPDATE_GRACE_S = 5.0  # a learner function whose update is still missing this long after it returned is lost
+MAX_LEARNER_THREADS = 24  # one blocking Launch per learner in flight; the scaler serves 32 RPCs at once
+UPDATE_STREAM_TTL_S = 24 * 3600
+
+# -- data plane and durability ------------------------------------------------------------------------
+POLICY_TTL_S = 3600  # published policies, sample subsets and parcels
+CHECKPOINT_FORMAT = 2
+IO_THREADS = 3  # a loop's background calls: launch, score, commit
+
+# -- riding out outages -----------------------------------------------------------------------------
+# How long a Redis outage (restart) is ridden out before the job fails, resumable.
+REDIS_PATIENCE_S = float(os.environ.get("NITRO_REDIS_PATIENCE_S", "60"))
+REDIS_FIRST_RETRY_S = 0.1
+RPC_FIRST_RETRY_S = 0.2
+MAX_RETRY_DELAY_S = 5.0  # backoff doubles up to this
+COST_PATIENCE_S = 30.0  # GetCost retried this long
+LAUNCH_TIMEOUT_SLACK_S = 30.0  # a blocking Launch's RPC deadline beyond the round deadline

@@ -1,0 +1,152 @@
+"""The scaler's Plan and GetCost over a real Redis: what a job is billed, what a round is estimated to cost,
+and when the budget stops a job. Expected values are built from the cost model's unit prices, so these tests
+pin the scaler's bookkeeping, not the prices."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from nitro import cost
+from nitro.contracts import scaler_state_key
+from nitro.v1 import common_pb2, scaler_pb2
+from scaler_svc.server import ScalerServicer
+
+P = cost.Prices()
+
+
+class Aborted(Exception):
+    pass
+
+
+class Context:
+    def abort(self, code, details):
+        raise Aborted(code, details)
+
+
+@pytest.fixture
+def svc(redis_client):
+    return ScalerServicer(redis_client, None, P, "redis://127.0.0.1:1/0")  # Plan and GetCost invoke nothing
+
+
+def stored(redis_client, job: str) -> dict:
+    return {k.decode(): v.decode() for k, v in redis_client.hgetall(scaler_state_key(job)).items()}
+
+
+def plan(svc, job="j", round=0, *, budget=1.0, clock="", learner_s=2.0, cloud_s=0.5, steps=100, memory=0,
+         policy="fixed", fixed=4, i_min=1, i_max=8, **extra):
+    return svc.Plan(scaler_pb2.PlanRequest(
+        job_id=job, round=round, budget_usd=budget, budget_clock=clock, learner_seconds=learner_s,
+        cloud_learner_seconds=cloud_s, steps_per_actor=steps, actor_memory_mb=memory,
+        scaler=common_pb2.ScalerSpec(policy=policy, fixed_actors=fixed, i_min=i_min, i_max=i_max), **extra),
+        Context())
+
+
+def bill_actors(redis_client, job, *, billed_ms, cloud_billed_ms, steps, usd, cloud_usd, invocations=4):
+    """What Launch leaves in the ledger after `invocations` actors succeeded."""
+    key = scaler_state_key(job)
+    redis_client.hincrby(key, "billed_ms", billed_ms)
+    redis_client.hincrby(key, "cloud_billed_ms", cloud_billed_ms)
+    redis_client.hincrby(key, "steps_billed", steps)
+    redis_client.hincrby(key, "invocations", invocations)
+    redis_client.hincrbyfloat(key, "actor_cost_usd", usd)
+    redis_client.hincrbyfloat(key, "cloud_actor_cost_usd", cloud_usd)
+
+
+def test_first_plan_bills_the_learner_on_both_clocks_and_estimates_from_the_defaults(svc, redis_client):
+    resp = plan(svc)
+    st = stored(redis_client, "j")
+    assert float(st["learner_cost_usd"]) == pytest.approx(cost.learner_cost(2.0, P))
+    assert float(st["cloud_learner_cost_usd"]) == pytest.approx(cost.learner_cost(0.5, P))
+    assert (float(st["wall_seconds"]), float(st["cloud_seconds"])) == (2.0, 0.5)
+    assert (st["i_max"], float(st["budget_usd"]), st["budget_clock"], st["rounds_planned"]) == ("8", 1.0, "cloud", "1")
+    assert resp.actors == 4 and not resp.budget_exhausted and "within budget" in resp.reason
+    # Round 0: 1 ms per env step and 10 s of learner time are assumed; the budget binds on the cloud bill.
+    per_actor = cost.lambda_invocation_cost(1.0 * 100, 1024, P)
+    assert resp.estimated_round_cost_usd == pytest.approx(4 * per_actor + cost.learner_cost(10.0, P), rel=1e-12)
+    assert resp.budget_left_usd == pytest.approx(1.0 - cost.learner_cost(0.5, P), rel=1e-12)
+
+
+@pytest.mark.parametrize("clock", ["cloud", "machine"])
+def test_later_plans_estimate_from_what_the_job_measured_on_the_budgets_clock(svc, redis_client, clock):
+    plan(svc, clock=clock)
+    bill_actors(redis_client, "j", billed_ms=1200, cloud_billed_ms=800, steps=400, usd=0.001, cloud_usd=0.0004)
+    resp = plan(svc, round=1, clock=clock, learner_s=3.0, cloud_s=0.7, memory=2048)
+    cloud = clock == "cloud"
+    ms_per_step = (800 if cloud else 1200) / 400
+    per_round = 1.5 * max((1.2 if cloud else 5.0) / 1, 0.7 if cloud else 3.0)  # padded mean or last, the larger
+    per_actor = cost.lambda_invocation_cost(ms_per_step * 100, 2048, P)
+    assert resp.estimated_round_cost_usd == pytest.approx(4 * per_actor + cost.learner_cost(per_round, P), rel=1e-12)
+    spent = (0.0004 + cost.learner_cost(0.5, P) + cost.learner_cost(0.7, P) if cloud
+             else 0.001 + cost.learner_cost(2.0, P) + cost.learner_cost(3.0, P))
+    assert resp.budget_left_usd == pytest.approx(1.0 - spent, rel=1e-12)
+
+
+def test_a_retried_plan_gives_the_same_answer_and_bills_nothing_again(svc, redis_client):
+    plan(svc)
+    first = plan(svc, round=1, learner_s=3.0)
+    before = stored(redis_client, "j")
+    again = plan(svc, round=1, learner_s=3.0)
+    assert again == first and stored(redis_client, "j") == before
+
+
+def test_learner_functions_add_their_mean_cost_to_each_actor(svc, redis_client):
+    plan(svc)
+    key = scaler_state_key("j")
+    redis_client.hincrby(key, "learner_fn_invocations", 2)
+    redis_client.hincrbyfloat(key, "learner_fn_cost_usd", 0.0006)
+    redis_client.hincrbyfloat(key, "cloud_learner_fn_cost_usd", 0.0002)
+    resp = plan(svc, round=1, learner_s=3.0, cloud_s=0.7)
+    per_actor = cost.lambda_invocation_cost(1.0 * 100, 1024, P) + 0.0002 / 2  # cloud clock: the cloud mean
+    per_round = 1.5 * max(1.2, 0.7)
+    assert resp.estimated_round_cost_usd == pytest.approx(4 * per_actor + cost.learner_cost(per_round, P), rel=1e-12)
+    spent = 0.0002 + cost.learner_cost(0.5, P) + cost.learner_cost(0.7, P)
+    assert resp.budget_left_usd == pytest.approx(1.0 - spent, rel=1e-12)
+
+
+def test_the_budget_scales_a_round_down_then_ends_the_job(svc):
+    per_actor = cost.lambda_invocation_cost(1.0 * 100, 1024, P)
+    fixed = cost.learner_cost(10.0, P)
+    spent = cost.learner_cost(0.5, P)
+    # Enough for the learner and 2.5 actors: 2 of the 4 wanted, as long as I_min allows it.
+    budget = spent + fixed + 2.5 * per_actor
+    resp = plan(svc, job="tight", budget=budget, i_min=2)
+    assert (resp.actors, resp.budget_exhausted) == (2, False) and "scaled down from 4 to 2" in resp.reason
+    assert resp.estimated_round_cost_usd == pytest.approx(2 * per_actor + fixed, rel=1e-12)
+    resp = plan(svc, job="broke", budget=budget, i_min=3)  # I_min 3 is not affordable: the job ends
+    assert (resp.actors, resp.budget_exhausted) == (0, True) and resp.reason.endswith("budget exhausted")
+    assert resp.estimated_round_cost_usd == pytest.approx(fixed, rel=1e-12)
+
+
+def test_get_cost_reports_both_bills_and_the_serverful_comparator(svc, redis_client):
+    plan(svc, clock="machine")
+    bill_actors(redis_client, "j", billed_ms=1200, cloud_billed_ms=800, steps=400, usd=0.001, cloud_usd=0.0004)
+    c = svc.GetCost(scaler_pb2.GetCostRequest(job_id="j"), Context())
+    assert c.actor_cost_usd == pytest.approx(0.001) and c.cloud_actor_cost_usd == pytest.approx(0.0004)
+    assert c.learner_cost_usd == pytest.approx(cost.learner_cost(2.0, P))
+    assert c.cloud_learner_cost_usd == pytest.approx(cost.learner_cost(0.5, P))
+    assert c.total_cost_usd == pytest.approx(0.001 + cost.learner_cost(2.0, P))
+    assert c.cloud_total_cost_usd == pytest.approx(0.0004 + cost.learner_cost(0.5, P))
+    assert c.serverful_cost_usd == pytest.approx(cost.serverful_job_cost(2.0, 8, P))
+    assert c.cloud_serverful_cost_usd == pytest.approx(cost.serverful_job_cost(0.5, 8, P))
+    assert (c.invocations, c.billed_ms, c.cloud_billed_ms, c.cloud_seconds) == (4, 1200, 800, 0.5)
+    assert (c.budget_usd, c.budget_clock) == (1.0, "machine")
+    assert c.budget_left_usd == pytest.approx(1.0 - c.total_cost_usd, rel=1e-12)
+    with pytest.raises(Aborted) as err:
+        svc.GetCost(scaler_pb2.GetCostRequest(job_id="nobody"), Context())
+    assert err.value.args[0] == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("memory", [-1, -1024, 1, 127, 10241, 2**31 - 1])
+@pytest.mark.parametrize("rpc", ["Plan", "Launch"])
+def test_an_actor_memory_outside_lambdas_limits_is_invalid(svc, rpc, memory):
+    with pytest.raises(Aborted) as err:
+        if rpc == "Plan":
+            plan(svc, memory=memory)
+        else:
+            svc.Launch(scaler_pb2.LaunchRequest(job_id="j", actors=1, steps_per_actor=1, env_id="CartPole-v1",
+                                                function_name="f", deadline_s=5.0, actor_memory_mb=memory),
+                       Context())
+    code, details = err.value.args
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("actor_memory_mb: ") and "[128, 10240]" in details and str(memory) in details
