@@ -28,6 +28,10 @@ from nitro.data.codec import (
     load_hmac_key,
 )
 from nitro.errors import ConfigError
+from tests import envelopes
+from tests.envelopes import BODY, HEADER, TAG
+from tests.envelopes import body as _body
+from tests.envelopes import oob_body as _oob_body
 
 
 def _batch() -> dict:
@@ -73,38 +77,13 @@ def _assert_same(a, b):
         assert a == b
 
 
-HEADER = len(codec.MAGIC) + 1  # magic + flags
-BODY = HEADER + 32  # + HMAC-SHA256
-
-
-def _body(pickled: bytes, buffers=(), *, lengths=None, n=None, pickle_len=None) -> bytes:
-    """An NTR2 body built from the documented layout, independently of codec.encode.
-
-    lengths / n / pickle_len override what the table declares, for inconsistent (but signed) bodies.
-    """
-    lengths = [len(bytes(b)) for b in buffers] if lengths is None else list(lengths)
-    table = struct.pack("<IQ", len(lengths) if n is None else n, len(pickled) if pickle_len is None else pickle_len)
-    out = bytearray(table + struct.pack(f"<{len(lengths)}Q", *lengths) + pickled)
-    for b in buffers:
-        out += bytes(-len(out) % 16) + bytes(b)
-    return bytes(out)
-
-
-def _oob_body(obj) -> bytes:
-    buffers = []
-    pickled = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    return _body(pickled, [b.raw() for b in buffers])
-
-
 def _sign(body: bytes, key: bytes, flags: int = 0, magic: bytes = codec.MAGIC) -> bytes:
-    """An envelope around a hand-made body: HMAC-SHA256 over magic, flags and body."""
-    header = magic + bytes((flags,))
-    return header + hmac.new(key, header + body, hashlib.sha256).digest() + body
+    return envelopes.sign(body, key, flags, magic)
 
 
 def _unpack(blob: bytes) -> tuple[bytes, list[bytes]]:
     """The pickle and out-of-band buffers of an envelope, read with the documented layout."""
-    body = blob[BODY:]
+    body = envelopes.body_of(blob)
     if blob[HEADER - 1] & 1:
         body = zlib.decompress(body)
     n, pickle_len = struct.unpack_from("<IQ", body)
@@ -177,7 +156,9 @@ def test_arrays_travel_out_of_band(hmac_key):
 def test_envelope_layout_and_mac(hmac_key):
     blob = encode({"a": np.arange(5, dtype=np.int16), "b": np.ones(3)}, hmac_key)
     assert blob[:HEADER] == codec.MAGIC + b"\x00"
-    assert blob[HEADER:BODY] == hmac.new(hmac_key, blob[:HEADER] + blob[BODY:], hashlib.sha256).digest()
+    # The tag is ChaCha20-Poly1305's over everything before it, under the documented derived key.
+    assert envelopes.sign(envelopes.body_of(blob), hmac_key, nonce=blob[HEADER:BODY]) == blob
+    assert encode({"a": 1}, hmac_key)[HEADER:BODY] != encode({"a": 1}, hmac_key)[HEADER:BODY]  # fresh nonces
     n, pickle_len = struct.unpack_from("<IQ", blob, BODY)
     assert n == 2 and struct.unpack_from("<2Q", blob, BODY + 12) == (10, 24)
     first = 12 + 16 + pickle_len
@@ -223,8 +204,11 @@ def test_previous_and_unknown_versions_are_refused(hmac_key):
     header = b"NTR1\x00"
     body = pickle.dumps({"obs": np.ones(3)}, protocol=5)
     ntr1 = header + hmac.new(hmac_key, header + body, hashlib.sha256).digest() + body
-    with pytest.raises(MalformedPayloadError, match="'NTR1'.*NTR2.*older nitro"):
+    with pytest.raises(MalformedPayloadError, match="'NTR1'.*NTR3.*older nitro"):
         decode(ntr1, hmac_key)
+    # NTR2: today's body under HMAC-SHA256, correctly signed: refused too, never parsed.
+    with pytest.raises(MalformedPayloadError, match="'NTR2'.*NTR3.*older nitro"):
+        decode(envelopes.sign_ntr2(_oob_body({"obs": np.ones(3)}), hmac_key), hmac_key)
     with pytest.raises(MalformedPayloadError, match="'NTR9'.*unknown version"):
         decode(_sign(_oob_body([1]), hmac_key, magic=b"NTR9"), hmac_key)
 
@@ -241,12 +225,13 @@ def _offsets(blob: bytes) -> dict:
     n, pickle_len = struct.unpack_from("<IQ", blob, BODY)
     first = 12 + 8 * n + pickle_len
     first += -first % 16
-    return {"magic": 0, "flags": 4, "mac": 10, "n_buffers": BODY, "pickle_len": BODY + 4, "buffer_len": BODY + 12,
-            "pickle": BODY + 12 + 8 * n + pickle_len // 2, "first_buffer": BODY + first, "last_byte": len(blob) - 1}
+    return {"magic": 0, "flags": 4, "nonce": 10, "mac": len(blob) - TAG + 3, "n_buffers": BODY, "pickle_len": BODY + 4, "buffer_len": BODY + 12,
+            "pickle": BODY + 12 + 8 * n + pickle_len // 2, "first_buffer": BODY + first,
+            "last_body_byte": len(blob) - TAG - 1, "last_byte": len(blob) - 1}
 
 
-@pytest.mark.parametrize("where", ["flags", "mac", "n_buffers", "pickle_len", "buffer_len", "pickle",
-                                   "first_buffer", "last_byte"])
+@pytest.mark.parametrize("where", ["flags", "nonce", "mac", "n_buffers", "pickle_len", "buffer_len", "pickle",
+                                   "first_buffer", "last_body_byte", "last_byte"])
 def test_tampering_breaks_signature(hmac_key, where):
     blob = bytearray(encode(_batch(), hmac_key))
     blob[_offsets(bytes(blob))[where]] ^= 0x01

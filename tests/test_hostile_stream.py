@@ -14,7 +14,6 @@ import hashlib
 import hmac
 import os
 import pickle
-import struct
 import time
 import zlib
 from collections import Counter
@@ -26,6 +25,9 @@ from nitro.client.sdk import NitroClient
 from nitro.contracts import stream_key
 from nitro.data import codec
 from nitro.data.redis_client import connect
+from tests.envelopes import body as _body
+from tests.envelopes import sign as _sign
+from tests.envelopes import sign_ntr2
 from tests.system import scrape, start_system
 
 pytestmark = pytest.mark.timeout(420)
@@ -43,21 +45,6 @@ class _RunsCommand:
 
     def __reduce__(self):
         return (os.system, (self.command,))
-
-
-def _sign(body: bytes, key: bytes, flags: int = 0, magic: bytes = codec.MAGIC) -> bytes:
-    """An envelope around any body, signed with the real key as a compromised actor could."""
-    header = magic + bytes((flags,))
-    return header + hmac.new(key, header + body, hashlib.sha256).digest() + body
-
-
-def _body(pickled: bytes, buffers: list[bytes] = (), lengths: list[int] | None = None) -> bytes:
-    """An NTR2 body (docs/security.md): buffer table, pickle, 16-byte aligned out-of-band buffers."""
-    lengths = [len(b) for b in buffers] if lengths is None else lengths
-    out = bytearray(struct.pack(f"<IQ{len(lengths)}Q", len(lengths), len(pickled), *lengths) + pickled)
-    for b in buffers:
-        out += bytes(-len(out) % 16) + b
-    return bytes(out)
 
 
 def _zlib_bomb(size: int) -> bytes:
@@ -89,7 +76,7 @@ def hostile_entries(key: bytes, marker: str) -> list[tuple[str, str, dict]]:
     return [
         ("forged pickle, no envelope", "unsigned", fields("evil-raw", forged)),
         ("forged pickle, made-up MAC", "bad_signature",
-         fields("evil-mac", codec.MAGIC + b"\x00" + b"\x00" * 32 + forged)),
+         fields("evil-mac", codec.MAGIC + b"\x00" + bytes(12) + forged + bytes(16))),
         ("forged pickle signed with the real key", "disallowed_type", fields("evil-signed", _sign(_body(forged), key))),
         ("signed pickle handing an out-of-band buffer to os.system", "disallowed_type",
          fields("evil-oob", _sign(oob_forged, key))),
@@ -97,6 +84,8 @@ def hostile_entries(key: bytes, marker: str) -> list[tuple[str, str, dict]]:
          fields("evil-table", _sign(_body(pickle.dumps([1], protocol=5), [b"x" * 8], lengths=[1 << 20]), key))),
         ("signed, unknown envelope flags", "malformed", fields("evil-flags", _sign(_body(forged), key, flags=0x40))),
         ("previous envelope version NTR1, signed with the real key", "malformed", fields("evil-ntr1", ntr1)),
+        ("previous envelope version NTR2 (HMAC-SHA256), signed with the real key", "malformed",
+         fields("evil-ntr2", sign_ntr2(_body(forged), key))),
         ("tampered signed payload", "bad_signature", fields("evil-tampered", bytes(tampered))),
         ("signed payload, stream fields relabelled", "bad_signature",
          fields("evil-relabelled", relabelled, {b"steps": b"100000"})),

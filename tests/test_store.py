@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import pickle
 import struct
 import threading
@@ -18,6 +16,7 @@ from nitro.data.codec import encode
 from nitro.data.redis_client import connect
 from nitro.data.store import PolicyNotFoundError, PolicyStore, TrajectoryReader, TrajectoryWriter
 from nitro.local.redis_server import LocalRedis
+from tests.envelopes import BODY, TAG, body_of, resign, sign_ntr2
 
 JOB = "job-1"
 
@@ -177,6 +176,36 @@ def test_duplicate_across_reads_and_readers(redis_client, hmac_key):
     assert fresh.duplicates == 1
 
 
+def test_dedup_reads_the_seen_record_once(redis_client, hmac_key):
+    """After the first batch, a read is one XREADGROUP: no per-read dedup round trip to Redis."""
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    redis_client.config_resetstat()
+    for i in range(5):
+        _append(writer, f"inv-{i}")
+        reader.ack(reader.read(count=10, block_ms=100))
+    stats = redis_client.info("commandstats")
+    assert stats["cmdstat_xreadgroup"]["calls"] >= 5
+    assert stats["cmdstat_zrangebyscore"]["calls"] == 1
+    assert "cmdstat_zmscore" not in stats and "cmdstat_zscore" not in stats
+    _append(writer, "inv-3")  # a late retry of a consumed invocation is still dropped
+    assert reader.read(count=10, block_ms=50) == [] and reader.duplicates == 1
+
+
+def test_ack_counts_an_id_another_reader_consumed(redis_client, hmac_key):
+    """Two consumers each take one copy of a retried invocation; the second ack notices."""
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    _append(writer, "inv-1")
+    _append(writer, "inv-1")  # a Lambda retry
+    a = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-a")
+    b = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-b")
+    [ea], [eb] = a.read(count=1, block_ms=100), b.read(count=1, block_ms=100)
+    a.ack([ea])
+    assert a.late_duplicates == 0
+    b.ack([eb])
+    assert b.late_duplicates == 1 and redis_client.xlen(stream_key(JOB)) == 0
+
+
 def test_rejected_entries_are_counted_and_skipped(redis_client, hmac_key):
     writer = TrajectoryWriter(redis_client, JOB, hmac_key)
     stream = stream_key(JOB)
@@ -225,7 +254,7 @@ def test_hopper_batch_through_the_stream(redis_client, hmac_key):
     [(_, fields)] = redis_client.xrange(stream_key(JOB))
     payload = fields[b"payload"]
     assert payload[:5] == codec.MAGIC + b"\x00"  # float32 batches travel uncompressed
-    assert struct.unpack_from("<I", payload, 37)[0] == 7  # each array out of band: n_buffers
+    assert struct.unpack_from("<I", payload, BODY)[0] == 7  # each array out of band: n_buffers
     [entry] = reader.read(count=10, block_ms=100)
     assert (entry.invocation_id, entry.round, entry.policy_version, entry.steps) == ("hop-1", 2, 5, 4096)
     for name, sent in batch.items():
@@ -240,40 +269,34 @@ def test_hopper_batch_through_the_stream(redis_client, hmac_key):
     assert redis_client.xlen(stream_key(JOB)) == 0 and reader.rejected == {}
 
 
-def _resign(payload: bytes, key: bytes, *, flags: int | None = None, magic: bytes | None = None,
-            body: bytes | None = None) -> bytes:
-    """`payload` with its header or body replaced, signed again with `key` (a key holder's forgery)."""
-    header = (magic or payload[:4]) + bytes((payload[4] if flags is None else flags,))
-    body = payload[37:] if body is None else body
-    return header + hmac.new(key, header + body, hashlib.sha256).digest() + body
-
-
 def _hostile_payload(case: str, key: bytes, record: tuple) -> bytes:
     good = encode(record, key)
     if case in ("buffer_len", "last_buffer_byte"):
         bad = bytearray(good)
-        bad[37 + 12 if case == "buffer_len" else -1] ^= 0x01
+        bad[BODY + 12 if case == "buffer_len" else -TAG - 1] ^= 0x01
         return bytes(bad)
     if case == "truncated":
         return good[:-1000]
     if case == "unknown_flags":
-        return _resign(good, key, flags=0x40)
+        return resign(good, key, flags=0x40)
     if case == "ntr1":  # the previous layout: in-band pickle, signed with the deployment key
-        return _resign(good, key, magic=b"NTR1", body=pickle.dumps(record, protocol=5))
+        return resign(good, key, magic=b"NTR1", new_body=pickle.dumps(record, protocol=5))
+    if case == "ntr2":  # the previous MAC: HMAC-SHA256, signed with the deployment key
+        return sign_ntr2(body_of(good), key)
     if case == "table_past_end":
-        body = bytearray(good[37:])
+        body = bytearray(body_of(good))
         struct.pack_into("<Q", body, 12, 1 << 30)  # buffer 0 claims a GiB
-        return _resign(good, key, body=bytes(body))
+        return resign(good, key, new_body=bytes(body))
     if case == "oob_global":  # posix.system(<out-of-band buffer>)
         pickled = b"\x80\x05cposix\nsystem\n\x97\x85R."
         body = struct.pack("<IQQ", 1, len(pickled), 4) + pickled
-        return _resign(good, key, body=body + bytes(-len(body) % 16) + b"true")
+        return resign(good, key, new_body=body + bytes(-len(body) % 16) + b"true")
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case, reason", [
     ("buffer_len", "bad_signature"), ("last_buffer_byte", "bad_signature"), ("truncated", "bad_signature"),
-    ("unknown_flags", "malformed"), ("ntr1", "malformed"), ("table_past_end", "malformed"),
+    ("unknown_flags", "malformed"), ("ntr1", "malformed"), ("ntr2", "malformed"), ("table_past_end", "malformed"),
     ("oob_global", "disallowed_type"),
 ])
 def test_hostile_envelopes_in_the_stream(redis_client, hmac_key, case, reason):

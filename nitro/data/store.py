@@ -193,6 +193,12 @@ class TrajectoryReader:
     An entry stays pending until `ack`, so a learner that dies mid-batch gets it
     back (same consumer name: on its first `read`; another consumer: `claim_stale`).
     Rejected and duplicate entries are acked and deleted at once and only counted.
+
+    Dedup reads the job's `seen` record once, when the first batch arrives, and
+    keeps it in memory from then on (every id this reader acks goes to both), so
+    a read costs no extra round trip. That holds while this reader is the job's
+    only consumer, which the learner's per-job consumer name ensures; an id that
+    another consumer acked meanwhile is still noticed at `ack` (`late_duplicates`).
     """
 
     def __init__(
@@ -216,7 +222,9 @@ class TrajectoryReader:
         self.duplicates = 0
         self.processing_seconds = 0.0  # verify + decode + dedup time: the learner's "ingest" phase
         self.lost = 0  # pending entries whose data was trimmed away before they were acked
+        self.late_duplicates = 0  # ids another consumer had acked by the time this one acked them
         self._recent = _RecentIds(recent_cap)
+        self._seen: dict[str, float] | None = None  # dedup id -> ack time, within the window; loaded on first use
         self._backlog_from: str | None = "0"  # own pending entries are replayed first
         self._claim_from = "0-0"
         self._next_trim = 0.0
@@ -265,15 +273,26 @@ class TrajectoryReader:
             return
         ids = [e.entry_id for e in entries]
         now = time.time()
+        acked = {e.dedup_id: now for e in entries}
         pipe = self._r.pipeline(transaction=True)
         pipe.xack(self._stream, self.group, *ids)
         pipe.xdel(self._stream, *ids)
-        pipe.zadd(self._seen_key, {e.dedup_id: now for e in entries})
-        if now >= self._next_trim:  # the window needs no per-ack precision; keep acks lean
+        pipe.zadd(self._seen_key, acked)
+        trim = now >= self._next_trim  # the window needs no per-ack precision; keep acks lean
+        if trim:
             pipe.zremrangebyscore(self._seen_key, "-inf", now - self.dedup_window_s)
             pipe.expire(self._seen_key, self.dedup_window_s)
             self._next_trim = now + min(60.0, self.dedup_window_s / 10)
-        pipe.execute()
+        added = pipe.execute()[2]
+        if added < len(acked):
+            self.late_duplicates += len(acked) - added
+            log.warning("job %s: %d acked batch(es) had already been consumed by another reader of the stream",
+                        self.job_id, len(acked) - added)
+        seen = self._seen_record()
+        seen.update(acked)
+        if trim:
+            for dedup_id in [i for i, t in seen.items() if t < now - self.dedup_window_s]:
+                del seen[dedup_id]
 
     def claim_stale(self, min_idle_ms: int, count: int) -> list[TrajectoryEntry]:
         """Take over entries another (dead) consumer left pending for at least `min_idle_ms`."""
@@ -355,20 +374,24 @@ class TrajectoryReader:
         eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         return TrajectoryEntry(eid, inv, rnd, version, steps, batch, part, parts)
 
+    def _seen_record(self) -> dict[str, float]:
+        """The ids consumed within the dedup window: Redis's record once, then this reader's own acks."""
+        if self._seen is None:
+            since = time.time() - self.dedup_window_s
+            rows = self._r.zrangebyscore(self._seen_key, since, "+inf", withscores=True)
+            self._seen = {(i.decode() if isinstance(i, bytes) else i): float(t) for i, t in rows}
+        return self._seen
+
     def _drop_duplicates(self, entries: list[TrajectoryEntry], drop: list) -> list[TrajectoryEntry]:
         if not entries:
             return entries
-        fresh = [e for e in entries if self._recent.get(e.dedup_id) is None]
-        known = set()
-        if fresh:
-            scores = self._r.zmscore(self._seen_key, [e.dedup_id for e in fresh])
-            known = {e.dedup_id for e, s in zip(fresh, scores) if s is not None}
+        seen = self._seen_record()
         kept: list[TrajectoryEntry] = []
         for e in entries:
             handed_out = self._recent.get(e.dedup_id)
             if handed_out == e.entry_id:
                 continue  # the same entry again (re-scan/claim of our own pending): caller has it
-            if handed_out is not None or e.dedup_id in known:
+            if handed_out is not None or e.dedup_id in seen:
                 self.duplicates += 1  # another entry for an invocation already consumed (retry)
                 drop.append(e.entry_id)
                 continue
