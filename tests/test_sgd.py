@@ -2,7 +2,7 @@
 
 import torch
 
-from nitro.algos.sgd import minibatch_sgd
+from nitro.algos.sgd import epoch_loss_from, minibatch_sgd
 
 
 def quadratic_problem(n=10):
@@ -52,3 +52,29 @@ def test_gradient_clip_bounds_each_step():
     assert float(w_clipped.detach().norm()) <= 1e-3 + 1e-6
     _, _, w_free = run(64, 64, epochs=1, clip=0.0, lr=1.0)
     assert float(w_free.detach().norm()) > 1e-2
+
+
+def test_epoch_loss_from_gives_each_step_the_samples_of_its_slice_of_the_permutation():
+    """Same minibatches as indexing with perm[a:b], field by field, a tuple field staying a tuple;
+    and the same weights as the per-minibatch loss_fn on the same generator."""
+    w, loss_fn, _ = quadratic_problem(n=12)
+    x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))  # quadratic_problem's x
+    y = x @ torch.tensor([1.0, -2.0, 0.5])
+    ids = torch.arange(12)
+    perms: list[torch.Tensor] = []
+
+    def minibatch_loss(mb):
+        assert isinstance(mb.pair, tuple) and torch.equal(mb.pair[1], -mb.ids)
+        perms.append(mb.ids)
+        loss = (mb.x @ w2 - mb.y).pow(2).mean()
+        return loss, {"value_loss": loss}
+
+    w2 = torch.nn.Parameter(torch.zeros(3))
+    fields = {"x": x, "y": y, "ids": ids, "pair": (ids, -ids)}
+    for param, kwargs in ((w, {"loss_fn": loss_fn}), (w2, {"epoch_loss_fn": epoch_loss_from(fields, minibatch_loss)})):
+        minibatch_sgd([param], torch.optim.SGD([param], lr=0.1), torch.Generator().manual_seed(1), 12, epochs=2,
+                      minibatch_size=5, max_grad_norm=0.0, device=torch.device("cpu"), **kwargs)
+    gen = torch.Generator().manual_seed(1)
+    expected = [p[a:a + 5] for p in (torch.randperm(12, generator=gen) for _ in range(2)) for a in (0, 5)]
+    assert all(torch.equal(got, want) for got, want in zip(perms, expected, strict=True))
+    assert torch.equal(w, w2)

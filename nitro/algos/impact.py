@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, normalize
-from nitro.algos.sgd import adam, minibatch_sgd, policy_kl, policy_terms
+from nitro.algos.sgd import adam, epoch_loss_from, minibatch_sgd, policy_kl, policy_terms
 from nitro.algos.vtrace import vtrace_batches
 from nitro.config import IMPACTConfig
 from nitro.policy.models import ModelSpec, Policy
@@ -165,33 +165,27 @@ class IMPACTLearner:
         data, target_dist = self.prepare(batches)
         obs, actions = data["obs"], data["actions"]
         dev = self.device
-        logp_target = torch.as_tensor(data["logp_target"], device=dev)
-        weights = torch.as_tensor(data["is_weights"], device=dev)
-        adv_all = torch.as_tensor(data["advantages"], device=dev)
-        vs = torch.as_tensor(data["vs"], device=dev)
         n = obs.shape[0]
         policy, kl_coeff = self.policy, self.kl_coeff
         with torch.no_grad():  # observation statistics do not change during an update: normalise once
             x_all = policy.normalize(obs)
         old = ((target_dist.loc, target_dist.scale) if isinstance(target_dist, torch.distributions.Normal)
                else (target_dist.logits,))
-        per_sample = (x_all, actions, logp_target, weights, adv_all, vs, *old)
+        per_sample = dict(x=x_all, old=old, actions=actions,
+                          logp_target=torch.as_tensor(data["logp_target"], device=dev),
+                          weights=torch.as_tensor(data["is_weights"], device=dev),
+                          adv=torch.as_tensor(data["advantages"], device=dev),
+                          vs=torch.as_tensor(data["vs"], device=dev))
 
-        def epoch_loss_fn(perm):
-            # One gather per field per epoch; each minibatch is then a contiguous slice (perm[start:stop]).
-            x, act, lp_t, w, adv_e, vs_e, *old_e = (t.index_select(0, perm) for t in per_sample)
-
-            def step(a, b):
-                adv = normalize(adv_e[a:b]) if cfg.normalize_advantages else adv_e[a:b]
-                logp, entropy, value, kl = policy_terms(policy, x[a:b], act[a:b], tuple(o[a:b] for o in old_e),
-                                                        kl_grad=kl_coeff > 0)
-                return impact_loss(logp, lp_t[a:b], w[a:b], adv, value, vs_e[a:b], entropy, kl, clip=cfg.clip,
-                                   kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff)
-            return step
+        def minibatch_loss(mb):  # mb.<field>: this minibatch's slice of per_sample
+            adv = normalize(mb.adv) if cfg.normalize_advantages else mb.adv
+            logp, entropy, value, kl = policy_terms(policy, mb.x, mb.actions, mb.old, kl_grad=kl_coeff > 0)
+            return impact_loss(logp, mb.logp_target, mb.weights, adv, value, mb.vs, entropy, kl, clip=cfg.clip,
+                               kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff)
 
         sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
-                            epoch_loss_fn=epoch_loss_fn)
+                            epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss))
         means = sgd.means
         with torch.no_grad():
             final_kl = float(torch.cat([

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from nitro.algos.advantages import batch_gae
-from nitro.algos.sgd import adam, dist_params, minibatch_sgd, policy_kl, policy_terms
+from nitro.algos.sgd import adam, dist_params, epoch_loss_from, minibatch_sgd, policy_kl, policy_terms
 from nitro.config import PPOConfig
 from nitro.policy.models import ModelSpec, Policy
 
@@ -142,37 +142,29 @@ class PPOLearner:
         self.last_data = data
         dev = self.device
         obs = torch.as_tensor(data["obs"], device=dev)
-        actions = torch.as_tensor(data["actions"], device=dev)
-        logp_old = torch.as_tensor(data["logp"], device=dev)
-        v_old = torch.as_tensor(data["values"], device=dev)
-        adv_all = torch.as_tensor(data["advantages"], device=dev)
-        returns = torch.as_tensor(data["returns"], device=dev)
         n = obs.shape[0]
-        policy = self.policy
+        policy, kl_coeff = self.policy, self.kl_coeff
         with torch.no_grad():
             # Observation statistics do not change during an update: normalise once, not per minibatch.
             x_all = policy.normalize(obs)
             old = dist_params(policy, obs)  # behaviour distribution = the policy before this update (on-policy)
-        kl_coeff = self.kl_coeff
-        per_sample = (x_all, actions, logp_old, v_old, adv_all, returns, *old)
+        per_sample = dict(x=x_all, old=old, actions=torch.as_tensor(data["actions"], device=dev),
+                          logp_old=torch.as_tensor(data["logp"], device=dev),
+                          v_old=torch.as_tensor(data["values"], device=dev),
+                          adv=torch.as_tensor(data["advantages"], device=dev),
+                          returns=torch.as_tensor(data["returns"], device=dev))
 
-        def epoch_loss_fn(perm):
-            # One gather per field per epoch; each minibatch is then a contiguous slice (perm[start:stop]).
-            x, act, lp_old, vo, adv_e, ret, *old_e = (t.index_select(0, perm) for t in per_sample)
-
-            def step(a, b):
-                adv = normalize(adv_e[a:b]) if cfg.normalize_advantages else adv_e[a:b]
-                logp, entropy, value, kl = policy_terms(policy, x[a:b], act[a:b], tuple(o[a:b] for o in old_e),
-                                                        kl_grad=kl_coeff > 0)
-                return ppo_loss(
-                    logp, lp_old[a:b], adv, value, vo[a:b], ret[a:b], entropy, kl,
-                    clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff,
-                    value_clip=cfg.value_clip, value_clip_mode=cfg.value_clip_mode)
-            return step
+        def minibatch_loss(mb):  # mb.<field>: this minibatch's slice of per_sample
+            adv = normalize(mb.adv) if cfg.normalize_advantages else mb.adv
+            logp, entropy, value, kl = policy_terms(policy, mb.x, mb.actions, mb.old, kl_grad=kl_coeff > 0)
+            return ppo_loss(
+                logp, mb.logp_old, adv, value, mb.v_old, mb.returns, entropy, kl,
+                clip=cfg.clip, kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff,
+                value_clip=cfg.value_clip, value_clip_mode=cfg.value_clip_mode)
 
         sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
-                            epoch_loss_fn=epoch_loss_fn)
+                            epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss))
         means = sgd.means
         with torch.no_grad():
             final_kl = float(policy_kl(policy, x_all, old).mean())

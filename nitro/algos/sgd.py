@@ -3,7 +3,9 @@
 Epochs of shuffled minibatches of a fixed size (a remainder smaller than one
 minibatch is skipped, as in RLlib and SB3), an optional global gradient-norm
 clip, averages of the loss parts, and the gradient-noise scale B_simple from
-the first epoch's minibatch gradients. The algorithm supplies only its loss.
+the first epoch's minibatch gradients. The algorithm supplies only its loss
+(`epoch_loss_from` turns its per-sample tensors and minibatch loss into the
+gathered-once-per-epoch form `minibatch_sgd` takes).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -18,7 +21,8 @@ from nitro.policy.models import LOG_STD_MAX, LOG_STD_MIN
 
 LOSS_PARTS = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
-EpochLossFn = Callable[[torch.Tensor], Callable[[int, int], tuple[torch.Tensor, dict[str, torch.Tensor]]]]
+LossAndParts = tuple[torch.Tensor, dict[str, torch.Tensor]]
+EpochLossFn = Callable[[torch.Tensor], Callable[[int, int], LossAndParts]]
 
 
 @dataclass(frozen=True)
@@ -106,17 +110,40 @@ def adam(params, lr: float, eps: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
 
 
+def epoch_loss_from(per_sample: dict[str, torch.Tensor | tuple[torch.Tensor, ...]],
+                    minibatch_loss: Callable[[SimpleNamespace], LossAndParts]) -> EpochLossFn:
+    """The `epoch_loss_fn` for `minibatch_sgd` from named per-sample tensors and a minibatch loss.
+
+    Each epoch gathers every field once in that epoch's permuted order (one index_select per tensor,
+    not one per minibatch); step(a, b) then calls minibatch_loss(mb), mb.<name> being the contiguous
+    slice [a:b] of each field, i.e. the samples perm[a:b]. A tuple of tensors (e.g. `dist_params`)
+    is one field and stays a tuple. Fields go by name, not position, so two of one shape (log-probs,
+    values) cannot be swapped unnoticed.
+    """
+    def each(field, f):
+        return tuple(f(t) for t in field) if isinstance(field, tuple) else f(field)
+
+    def epoch_loss_fn(perm: torch.Tensor):
+        gathered = {k: each(v, lambda t: t.index_select(0, perm)) for k, v in per_sample.items()}
+
+        def step(a: int, b: int) -> LossAndParts:
+            return minibatch_loss(SimpleNamespace(**{k: each(v, lambda t: t[a:b]) for k, v in gathered.items()}))
+        return step
+    return epoch_loss_fn
+
+
 def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, generator: torch.Generator,
                   n: int, *, epochs: int, minibatch_size: int, max_grad_norm: float, device: torch.device,
-                  loss_fn: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None,
+                  loss_fn: Callable[[torch.Tensor], LossAndParts] | None = None,
                   estimate_noise: bool = True, epoch_loss_fn: EpochLossFn | None = None) -> SGDResult:
     """Run `epochs` passes of minibatch steps over n samples; loss_fn(idx) -> (loss, parts).
 
     Instead of loss_fn, epoch_loss_fn(perm) may be given: it is called once per epoch with that
     epoch's permutation and returns step(start, stop) -> (loss, parts) for the samples
     perm[start:stop], so the algorithm gathers its data in permuted order once per epoch and
-    slices it per step (the same minibatches). The per-step sums (loss parts, gradient norms, the
-    noise-scale terms) stay on the device until the end: no host sync per step.
+    slices it per step (the same minibatches); `epoch_loss_from` builds it. The per-step sums
+    (loss parts, gradient norms, the noise-scale terms) stay on the device until the end: no host
+    sync per step.
     """
     if (loss_fn is None) == (epoch_loss_fn is None):
         raise ValueError("pass exactly one of loss_fn and epoch_loss_fn")
