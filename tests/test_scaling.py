@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from nitro.contracts import FIXED_ACTORS
 from nitro.errors import ConfigError
 from nitro.scaling import (
     EXHAUSTED,
@@ -50,7 +51,7 @@ def test_nitro_respects_custom_range():
 def test_fixed_and_max_sequences():
     assert run("fixed:16", scores=SCORES) == [16] * len(SCORES)
     assert run("fixed", {"actors": 4}, rounds=3) == [4, 4, 4]
-    assert run("fixed", rounds=2) == [16, 16]  # the paper's "no boosting" ablation
+    assert run("fixed", rounds=2) == [FIXED_ACTORS] * 2  # no count: nitro.contracts.FIXED_ACTORS
     assert run("max", scores=SCORES) == [64] * len(SCORES)
 
 
