@@ -328,7 +328,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         resumed = self.take_resumed(notes)
         with metrics.timed("publish", phases, cloud):
             self.publish()
-            ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
+            ref = self.write_sample_subset(k)
             # The detector scores and the round is committed (checkpoint, then ack) while the learner evaluates.
             score_future = self.pool.submit(self.score, k, ref) if ref else None
             commit_future = self.pool.submit(self.commit, k, pending, to_ack or [])
@@ -337,11 +337,12 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         with metrics.timed("publish", phases, cloud):
             commit_future.result()  # a round is reported only once it can be resumed from
         score_resp, fallback = detector_pb2.ScoreResponse(), 0
-        with metrics.timed("detect", phases):
+        with metrics.timed("detect", phases):  # ~0 s when the plan reads no score: nothing was asked
             try:
-                if score_future is None:
+                if score_future is not None:
+                    score_resp = score_future.result(timeout=self.spec.detector_timeout_s + 1.0)
+                elif self.scores:
                     raise TimeoutError("no sample subset (round finished after a resume)")
-                score_resp = score_future.result(timeout=self.spec.detector_timeout_s + 1.0)
             except (grpc.RpcError, TimeoutError) as exc:
                 detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
                 fallback = self.fallback_actors()

@@ -87,7 +87,7 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
         cloud = self.close_cloud(k, rnd)
         with metrics.timed("publish", phases, cloud):
             self.publish_for_detector(rnd)
-            ref = self.write_sample_subset(k) if self.learner.last_data is not None else ""
+            ref = self.write_sample_subset(k)
         with metrics.timed("detect", phases):
             score_resp, fallback = self.score_or_fallback(k, ref, spec.algo, rnd.stats.notes)
         cloud["detect"] = score_resp.cpu_seconds

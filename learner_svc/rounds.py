@@ -62,6 +62,7 @@ from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import spec_for_spaces
 from nitro.policy.rollout import evaluate
 from nitro.rpc import metrics
+from nitro.scaling.policies import reads_score
 from nitro.spec import algo_config
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
@@ -108,6 +109,9 @@ class RoundLoop(Generic[R]):
         self.recent_returns: list[float] = []
         self.recent_lengths: list[int] = []  # of the same episodes as recent_returns
         self.last_actors = self.spec.scaler.i_min
+        # A policy that does not plan from the score (fixed, max, schedule, ...) gets no detector call: no
+        # sample subset, no Hessian-vector products on the critical path or the bill.
+        self.scores = reads_score(self.spec.scaler.policy)
         self.rng = np.random.default_rng(self.spec.seed)
         self.pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix=f"{job.job_id}-io")
         self.files = JobFiles(job_dir(deps.data_dir, job.job_id))
@@ -305,6 +309,10 @@ class RoundLoop(Generic[R]):
         self.publisher.policy(self.learner.policy, self.version)
 
     def write_sample_subset(self, round_index: int, extra: dict | None = None) -> str:
+        """The round's sample subset for the detector, stored under its sample key; "" when nothing is scored
+        (the scaling policy does not read the score, or no update has run since a resume)."""
+        if not self.scores or self.learner.last_data is None:
+            return ""
         subset = detector_subset(self.learner.last_data, REQUIRED_FIELDS[self.spec.algo], self.rng, extra)
         return self.publisher.sample_subset(round_index, subset)
 

@@ -167,7 +167,8 @@ def actor_slot(text: str, job_id: str, round_index: int) -> int | None:
 # -- scaling policies and shared defaults -----------------------------------------------------------
 
 SCALING_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor")
-FIXED_ACTORS = 16  # "fixed": actors every round (the paper's ablation)
+DEFAULT_SCALING_POLICY = "fixed"  # fixed:8 beat nitro on return at equal modelled dollars (docs/results.md)
+FIXED_ACTORS = 8  # "fixed": actors every round; the count that won at equal dollars (I_min of the paper-scale protocol)
 HYDROZOA_PERIOD = 10  # "hydrozoa": rounds between changes
 FLOOR_ACTORS = 64  # "nitro-floor": F of the floor round(F * d_f^(k^2)) (the authors' artifact)
 FLOOR_DECAY = 0.96  # "nitro-floor": d_f

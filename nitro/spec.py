@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from nitro.contracts import (
     DEFAULT_ENVS_PER_ACTOR,
+    DEFAULT_SCALING_POLICY,
     FIXED_ACTORS,
     FLOOR_ACTORS,
     FLOOR_DECAY,
@@ -52,7 +53,7 @@ class InvalidSpec(ConfigError):
 
 @dataclass
 class ScalerSettings:
-    policy: str = "nitro"
+    policy: str = DEFAULT_SCALING_POLICY
     i_min: int = 8
     i_max: int = 64
     fixed_actors: int = FIXED_ACTORS

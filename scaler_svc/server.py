@@ -24,6 +24,7 @@ import grpc
 
 from nitro import cost
 from nitro.contracts import (
+    DEFAULT_SCALING_POLICY,
     FIXED_ACTORS,
     FLOOR_ACTORS,
     FLOOR_DECAY,
@@ -79,7 +80,7 @@ _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
 
 
 def policy_params(sc) -> tuple[str, dict]:
-    name = sc.policy or "nitro"
+    name = sc.policy or DEFAULT_SCALING_POLICY
     if name == "fixed":
         return name, {"actors": sc.fixed_actors or FIXED_ACTORS}
     if name == "hydrozoa":

@@ -105,3 +105,42 @@ def test_defaults_have_one_home():
     assert hvp.select_subset.__defaults__[0] == c.DETECTOR_SUBSET
     assert score.ScoreWindow().size == c.SCORE_WINDOW
     assert c.SCALING_POLICIES[0] == "nitro" and len(set(c.SCALING_POLICIES)) == len(c.SCALING_POLICIES)
+
+
+def test_default_scaler_is_fixed_8_everywhere():
+    """The default scaling policy (issue 14: fixed:8 won on return at equal modelled dollars, docs/results.md)
+    lives in nitro.contracts only: the spec, the scaler service's empty policy and the CLI all resolve to it."""
+    from learner_svc.clients import scaler_spec
+    from nitro.client import cli, sdk
+    from nitro.client.commands import train
+    from nitro.scaling.base import RoundInputs
+    from nitro.scaling.policies import make_policy
+    from nitro.spec import TrainingSpec, from_proto, validate
+    from nitro.v1 import common_pb2
+    from scaler_svc.server import policy_params
+
+    assert (c.DEFAULT_SCALING_POLICY, c.FIXED_ACTORS) == ("fixed", 8)  # the decision itself; change it on purpose
+    assert c.DEFAULT_SCALING_POLICY in c.SCALING_POLICIES
+    inputs = RoundInputs(0, score=1.0, i_min=8, i_max=64)  # a full score: a score-driven policy would say 64
+
+    def actors(name: str, params: dict) -> int:
+        return make_policy(name, params).decide({}, inputs)[0]
+
+    # The spec: a job that names no scaler.
+    sc = validate(TrainingSpec(env_id="CartPole-v1")).scaler
+    assert (sc.policy, sc.fixed_actors) == (c.DEFAULT_SCALING_POLICY, c.FIXED_ACTORS)
+    # The scaler service: a ScalerSpec with no policy and no count (the wire's unset values).
+    assert policy_params(common_pb2.ScalerSpec()) == (c.DEFAULT_SCALING_POLICY, {"actors": c.FIXED_ACTORS})
+    assert actors(*policy_params(common_pb2.ScalerSpec())) == c.FIXED_ACTORS
+    assert actors(c.DEFAULT_SCALING_POLICY, {}) == c.FIXED_ACTORS  # "fixed" with no count
+    # The CLI: without --scaler nothing is sent, so the server's default applies, and --help names it.
+    flags = cli.build_parser().parse_args(["train", "--env", "CartPole-v1"])
+    spec = train.build_spec(flags)
+    assert "scaler" not in spec and not sdk.spec_to_proto(spec).HasField("scaler")
+    sent = scaler_spec(validate(from_proto(sdk.spec_to_proto(spec))))  # what the learner asks the scaler for
+    assert (sent.policy, sent.fixed_actors) == (c.DEFAULT_SCALING_POLICY, c.FIXED_ACTORS)
+    assert actors(*policy_params(sent)) == c.FIXED_ACTORS
+    assert train.default_scaler() == f"{c.DEFAULT_SCALING_POLICY}:{c.FIXED_ACTORS}"
+    train_help = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["train"]._actions
+                      if "--scaler" in a.option_strings).help
+    assert train_help.endswith(f"[{c.DEFAULT_SCALING_POLICY}:{c.FIXED_ACTORS}]")

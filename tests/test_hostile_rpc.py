@@ -28,6 +28,7 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nitro.contracts import DEFAULT_SCALING_POLICY, FIXED_ACTORS
 from nitro.rpc import grpc_util
 from nitro.rpc.grpc_util import check_health, make_channel
 from nitro.spec import from_proto, validate
@@ -578,3 +579,12 @@ def test_fallback_plan_only_for_policies_that_read_the_score(stubs, auth_md, pol
         timeout=10, metadata=auth_md)
     assert resp.actors == expected, resp.reason
     assert ("fallback" in resp.reason) == (policy == "nitro"), resp.reason
+
+
+def test_a_plan_naming_no_policy_gets_the_default(stubs, auth_md):
+    """An empty ScalerSpec.policy means nitro.contracts.DEFAULT_SCALING_POLICY with FIXED_ACTORS actors, whatever
+    I_max, the score or a fallback say (fixed reads none of them)."""
+    resp = stubs["scaler"].Plan(scaler_pb2.PlanRequest(
+        job_id="default-policy", round=0, score=1.0, budget_usd=10.0, steps_per_actor=32, fallback_actors=2,
+        scaler=common_pb2.ScalerSpec(i_min=1, i_max=4)), timeout=10, metadata=auth_md)
+    assert resp.actors == FIXED_ACTORS and resp.reason.startswith(f"{DEFAULT_SCALING_POLICY}:"), resp.reason

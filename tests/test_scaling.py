@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from nitro.contracts import FIXED_ACTORS
 from nitro.errors import ConfigError
 from nitro.scaling import (
     EXHAUSTED,
@@ -17,6 +18,7 @@ from nitro.scaling import (
     noise_scale_estimates,
     plan_within_budget,
 )
+from nitro.scaling.policies import reads_score
 
 
 def run(policy_name, params=None, scores=None, noise=None, rounds=None, i_min=8, i_max=64):
@@ -47,10 +49,24 @@ def test_nitro_respects_custom_range():
     assert run("nitro", scores=[0.0, 0.5, 1.0], i_min=2, i_max=10) == [2, 5, 10]
 
 
+@pytest.mark.parametrize("name, params", [
+    ("nitro", None), ("nitro-floor", None), ("fixed", None), ("fixed:16", None), ("max", None), ("hydrozoa", None),
+    ("kungfu", None), ("schedule", None), ("replay", {"actors_by_round": "8,16"}),
+])
+def test_reads_score_by_name_agrees_with_the_policy(name, params):
+    """The learner decides by name whether to ask the detector; the built policy must agree."""
+    assert reads_score(name) == bool(getattr(make_policy(name, params), "reads_score", False))
+
+
+def test_only_the_detector_policies_read_the_score():
+    assert [n for n in ("nitro", "nitro-floor", "fixed", "fixed:8", "max", "hydrozoa", "kungfu", "minions",
+                        "schedule", "replay") if reads_score(n)] == ["nitro", "nitro-floor"]
+
+
 def test_fixed_and_max_sequences():
     assert run("fixed:16", scores=SCORES) == [16] * len(SCORES)
     assert run("fixed", {"actors": 4}, rounds=3) == [4, 4, 4]
-    assert run("fixed", rounds=2) == [16, 16]  # the paper's "no boosting" ablation
+    assert run("fixed", rounds=2) == [FIXED_ACTORS] * 2  # no count: nitro.contracts.FIXED_ACTORS
     assert run("max", scores=SCORES) == [64] * len(SCORES)
 
 

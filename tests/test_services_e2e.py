@@ -195,13 +195,22 @@ def test_budget_exhaustion_ends_the_job_with_the_reason(client, clock):
 
 
 @pytest.mark.parametrize("policy,expected", [("fixed:3", [3, 3]), ("max", [4, 4]), ("hydrozoa", [1, 1])])
-def test_scaling_policies_through_the_services(client, policy, expected):
+def test_scaling_policies_through_the_services(client, system, policy, expected):
     spec = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 2, "steps_per_actor": 32, "eval_episodes": 1,
             "budget_usd": 1.0, "scaler": {"policy": policy, "i_min": 1, "i_max": 4}}
+    scored_before = _detector_calls(system)
     job = client.start_training(spec)
     reports = list(client.watch(job.job_id))
     assert [r.actors_launched for r in reports] == expected
     assert all(r.scaler_reason.startswith(policy.split(":")[0]) for r in reports)
+    # None of these plans reads the score: the learner never asks the detector, and says nothing about it.
+    assert _detector_calls(system) == scored_before
+    assert all(r.lambda_max == r.lambda_min == 0.0 and not any("detector" in n for n in r.notes) for r in reports)
+
+
+def _detector_calls(system) -> float:
+    fam = scrape(system.components["detector"].metrics_port)
+    return sample_value(fam["nitro_detector_seconds"], "nitro_detector_seconds_count")
 
 
 def test_impact_asynchronous_three_rounds_through_the_services(client, system):

@@ -196,6 +196,16 @@ class NitroFloorPolicy:
                                      f"{self.floor_decay:g}^{k * k})={floor} -> {actors}")
 
 
+def reads_score(name: str) -> bool:
+    """Whether the policy called `name` plans from the boosting score; the learner asks the detector only then.
+
+    By name, without building the policy (minions' checkpoint lives with the scaler, not the learner).
+    """
+    score_readers = {"nitro": NitroPolicy, "nitro-floor": NitroFloorPolicy}
+    cls = score_readers.get(str(name).partition(":")[0])
+    return bool(cls is not None and cls.reads_score)
+
+
 def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
     """The policy called `name` ("nitro", "fixed", "fixed:16", "max", "hydrozoa", "kungfu", "minions", "schedule",
     "replay", "nitro-floor") with `params`.

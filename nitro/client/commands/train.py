@@ -94,6 +94,12 @@ def _dest(field: str) -> str:
     return "spec__" + field.replace(".", "__")
 
 
+def default_scaler() -> str:
+    """The server's scaling policy when --scaler is not given, as --scaler would name it (fixed:N for fixed)."""
+    sc = _SCALER_DEFAULTS
+    return f"{sc.policy}:{sc.fixed_actors}" if sc.policy == "fixed" else sc.policy
+
+
 def _default_of(field: str):
     if field.startswith("scaler."):
         return getattr(_SCALER_DEFAULTS, field.removeprefix("scaler."))
@@ -167,7 +173,7 @@ def add_train(sub) -> None:
         metavar = {int: "N", float: "X", str: field.upper()}.get(typ, "W,W")
         spec.add_argument(flag, dest=_dest(field), type=typ, default=None, metavar=metavar, help=text + shown)
     spec.add_argument("--scaler", type=parse_scaler, default=None, metavar="POLICY",
-                      help=f"scaling policy: {SCALER_POLICIES} [{_SCALER_DEFAULTS.policy}]")
+                      help=f"scaling policy: {SCALER_POLICIES} [{default_scaler()}]")
     spec.add_argument("--reproducible", action="store_const", const=True, default=None,
                       help="actors start fresh episodes from their seeds, so the same seed gives the same run "
                            "(PPO, central learner; docs/algorithms.md)")
