@@ -6,8 +6,8 @@ clip 0.2, value coeff 0.5, grad clip 0.5, no observation normalisation (SB3's
 default), the same number of env steps. Torch threads: each side's default
 (ours 1, SB3 one per core) unless NITRO_BENCH_THREADS=N sets both to N. Ours
 runs through the full local system (Redis, Lambda endpoint, three services) and
-its wall time includes the per-round detector, planning and one evaluation
-episode per round. Final return:
+its wall time includes planning and one evaluation episode per round (no
+detector call: a fixed plan reads no score). Final return:
 5 deterministic episodes of each final policy. Figure: the median over PAIRS
 same-run pairs (ours, then SB3; seeds 0, 1, 2, ...) of the ratio of env steps/s
 (ours / SB3); target >= 2.5 (issue 18). Also printed: the median final-return
