@@ -168,6 +168,7 @@ def actor_slot(text: str, job_id: str, round_index: int) -> int | None:
 
 SCALING_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor")
 DEFAULT_SCALING_POLICY = "fixed"  # fixed:8 beat nitro on return at equal modelled dollars (docs/results.md)
+DEFAULT_I_MIN, DEFAULT_I_MAX = 8, 64  # every policy's actor range but fixed's (the paper's Table 1)
 FIXED_ACTORS = 8  # "fixed": actors every round; the count that won at equal dollars (I_min of the paper-scale protocol)
 HYDROZOA_PERIOD = 10  # "hydrozoa": rounds between changes
 FLOOR_ACTORS = 64  # "nitro-floor": F of the floor round(F * d_f^(k^2)) (the authors' artifact)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from nitro.contracts import (
     DEFAULT_ENVS_PER_ACTOR,
+    DEFAULT_I_MAX,
+    DEFAULT_I_MIN,
     DEFAULT_SCALING_POLICY,
     FIXED_ACTORS,
     FLOOR_ACTORS,
@@ -54,8 +56,8 @@ class InvalidSpec(ConfigError):
 @dataclass
 class ScalerSettings:
     policy: str = DEFAULT_SCALING_POLICY
-    i_min: int = 8
-    i_max: int = 64
+    i_min: int = DEFAULT_I_MIN
+    i_max: int = DEFAULT_I_MAX
     fixed_actors: int = FIXED_ACTORS
     decay: float = SCORE_DECAY
     window: int = SCORE_WINDOW

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from nitro import contracts as c
 from nitro.detector import hvp, score
+from nitro.scaling.base import RoundInputs
 from nitro.scaling.policies import FixedPolicy, NitroFloorPolicy, SchedulePolicy
 from nitro.spec import ScalerSettings
 
@@ -100,6 +101,7 @@ def test_defaults_have_one_home():
     assert (sc.fixed_actors, sc.decay, sc.window, sc.period) == (c.FIXED_ACTORS, c.SCORE_DECAY, c.SCORE_WINDOW,
                                                                  c.HYDROZOA_PERIOD)
     assert (sc.floor_actors, sc.floor_decay) == (c.FLOOR_ACTORS, c.FLOOR_DECAY)
+    assert (sc.i_min, sc.i_max) == (RoundInputs(0).i_min, RoundInputs(0).i_max) == (c.DEFAULT_I_MIN, c.DEFAULT_I_MAX)
     assert FixedPolicy().actors == c.FIXED_ACTORS and SchedulePolicy().decay == c.SCORE_DECAY
     assert (NitroFloorPolicy().floor_actors, NitroFloorPolicy().floor_decay) == (c.FLOOR_ACTORS, c.FLOOR_DECAY)
     assert hvp.select_subset.__defaults__[0] == c.DETECTOR_SUBSET
@@ -113,7 +115,6 @@ def test_default_scaler_is_fixed_8_everywhere():
     from learner_svc.clients import scaler_spec
     from nitro.client import cli, sdk
     from nitro.client.commands import train
-    from nitro.scaling.base import RoundInputs
     from nitro.scaling.policies import make_policy
     from nitro.spec import TrainingSpec, from_proto, validate
     from nitro.v1 import common_pb2

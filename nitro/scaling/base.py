@@ -12,14 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from nitro.contracts import DEFAULT_I_MAX, DEFAULT_I_MIN
 from nitro.errors import ConfigError
 
 # How a plan made from the detector fallback starts its reason: the learner reads it to report whether the
 # fallback was used (only a policy that reads the boosting score needs one).
 FALLBACK_REASON = "fallback plan"
 
-DEFAULT_I_MIN = 8
-DEFAULT_I_MAX = 64
 
 
 def check_range(i_min: int, i_max: int) -> None:
