@@ -24,6 +24,7 @@ import grpc
 
 from nitro import cost
 from nitro.contracts import (
+    DEFAULT_I_MAX,
     DEFAULT_SCALING_POLICY,
     FIXED_ACTORS,
     FLOOR_ACTORS,
@@ -47,7 +48,7 @@ from nitro.rpc.metrics import serve_metrics
 from nitro.scaling.base import FALLBACK_REASON, RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
-from nitro.scaling.policies import make_policy
+from nitro.scaling.policies import fleet_actors, make_policy
 from nitro.spec import MAX_ACTORS, MAX_BUDGET_USD, InvalidSpec, env_kwargs_from_wire
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
@@ -191,7 +192,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         learner = cost.learner_charge(request.learner_seconds, request.cloud_learner_seconds, self.prices)
         pipe = self.redis.pipeline(transaction=True)
         add_charge(pipe, key, learner)
-        pipe.hset(key, mapping={"i_max": inputs.i_max, "budget_usd": request.budget_usd, "budget_clock": clock})
+        pipe.hset(key, mapping={"fleet_actors": fleet_actors(policy, inputs.i_max), "budget_usd": request.budget_usd,
+                                "budget_clock": clock})
         pipe.execute()
         metrics.COST_USD.labels("learner").inc(learner.usd)
         metrics.CLOUD_COST_USD.labels("learner").inc(learner.cloud_usd)
@@ -346,8 +348,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no cost records for job {request.job_id!r}")
         budget, clock = float(st.get("budget_usd", 0.0)), st.get("budget_clock", "cloud")
         ledger = cost.CostLedger.from_fields(st)
-        i_max = int(st.get("i_max", 64))
-        machine, cloud = ledger.bill("machine", i_max, self.prices), ledger.bill("cloud", i_max, self.prices)
+        # The serverful comparator's fleet: sized for the job's peak ("i_max": records written before fleet_actors).
+        fleet = int(st.get("fleet_actors") or st.get("i_max") or DEFAULT_I_MAX)
+        machine, cloud = ledger.bill("machine", fleet, self.prices), ledger.bill("cloud", fleet, self.prices)
         return scaler_pb2.GetCostResponse(
             actor_cost_usd=machine.actor_usd, learner_cost_usd=machine.learner_usd, total_cost_usd=machine.total_usd,
             serverful_cost_usd=machine.serverful_usd, invocations=ledger.invocations, billed_ms=ledger.billed_ms,

@@ -59,7 +59,8 @@ def test_first_plan_bills_the_learner_on_both_clocks_and_estimates_from_the_defa
     assert float(st["learner_cost_usd"]) == pytest.approx(cost.learner_cost(2.0, P))
     assert float(st["cloud_learner_cost_usd"]) == pytest.approx(cost.learner_cost(0.5, P))
     assert (float(st["wall_seconds"]), float(st["cloud_seconds"])) == (2.0, 0.5)
-    assert (st["i_max"], float(st["budget_usd"]), st["budget_clock"], st["rounds_planned"]) == ("8", 1.0, "cloud", "1")
+    assert (st["fleet_actors"], float(st["budget_usd"]), st["budget_clock"], st["rounds_planned"]) == ("4", 1.0, "cloud",
+                                                                                                        "1")
     assert resp.actors == 4 and not resp.budget_exhausted and "within budget" in resp.reason
     # Round 0: 1 ms per env step and 10 s of learner time are assumed; the budget binds on the cloud bill.
     per_actor = cost.lambda_invocation_cost(1.0 * 100, 1024, P)
@@ -118,6 +119,24 @@ def test_the_budget_scales_a_round_down_then_ends_the_job(svc):
     assert resp.estimated_round_cost_usd == pytest.approx(fixed, rel=1e-12)
 
 
+def test_serverful_fleet_is_sized_for_the_policys_peak(svc, redis_client):
+    """fixed:N runs N actors whatever I_max says; every other policy stays within I_max."""
+    assert cost.serverful_vm_count(40, P) > cost.serverful_vm_count(8, P)  # so the two sizes bill differently
+    plan(svc, job="f", policy="fixed", fixed=40, i_max=8)
+    plan(svc, job="n", policy="nitro", i_max=8)
+    assert (stored(redis_client, "f")["fleet_actors"], stored(redis_client, "n")["fleet_actors"]) == ("40", "8")
+
+    def serverful(job):
+        return svc.GetCost(scaler_pb2.GetCostRequest(job_id=job), Context()).cloud_serverful_cost_usd
+
+    assert serverful("f") == pytest.approx(cost.serverful_job_cost(0.5, 40, P))
+    assert serverful("n") == pytest.approx(cost.serverful_job_cost(0.5, 8, P))
+    # A record written before fleet_actors existed: its i_max sizes the fleet.
+    redis_client.hdel(scaler_state_key("n"), "fleet_actors")
+    redis_client.hset(scaler_state_key("n"), "i_max", 40)
+    assert serverful("n") == pytest.approx(cost.serverful_job_cost(0.5, 40, P))
+
+
 def test_get_cost_reports_both_bills_and_the_serverful_comparator(svc, redis_client):
     plan(svc, clock="machine")
     bill_actors(redis_client, "j", billed_ms=1200, cloud_billed_ms=800, steps=400, usd=0.001, cloud_usd=0.0004)
@@ -127,8 +146,8 @@ def test_get_cost_reports_both_bills_and_the_serverful_comparator(svc, redis_cli
     assert c.cloud_learner_cost_usd == pytest.approx(cost.learner_cost(0.5, P))
     assert c.total_cost_usd == pytest.approx(0.001 + cost.learner_cost(2.0, P))
     assert c.cloud_total_cost_usd == pytest.approx(0.0004 + cost.learner_cost(0.5, P))
-    assert c.serverful_cost_usd == pytest.approx(cost.serverful_job_cost(2.0, 8, P))
-    assert c.cloud_serverful_cost_usd == pytest.approx(cost.serverful_job_cost(0.5, 8, P))
+    assert c.serverful_cost_usd == pytest.approx(cost.serverful_job_cost(2.0, 4, P))  # fixed:4's fleet
+    assert c.cloud_serverful_cost_usd == pytest.approx(cost.serverful_job_cost(0.5, 4, P))
     assert (c.invocations, c.billed_ms, c.cloud_billed_ms, c.cloud_seconds) == (4, 1200, 800, 0.5)
     assert (c.budget_usd, c.budget_clock) == (1.0, "machine")
     assert c.budget_left_usd == pytest.approx(1.0 - c.total_cost_usd, rel=1e-12)

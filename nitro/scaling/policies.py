@@ -196,6 +196,14 @@ class NitroFloorPolicy:
                                      f"{self.floor_decay:g}^{k * k})={floor} -> {actors}")
 
 
+def fleet_actors(policy: ScalingPolicy, i_max: int) -> int:
+    """The most actors `policy` can run in a round: what a serverful fleet for the job must hold.
+
+    I_max bounds every policy but `fixed`, whose count ignores the range.
+    """
+    return policy.actors if isinstance(policy, FixedPolicy) else i_max
+
+
 def reads_score(name: str) -> bool:
     """Whether the policy called `name` plans from the boosting score; the learner asks the detector only then.
 
