@@ -4,7 +4,8 @@ Mirrors the on-policy round: 8 warm actors (samplers keep their envs across roun
 512 steps per round with the published policy's numpy runner and its own seeded rng, the learner
 updates on the 8 batches, then folds the batch into the observation statistics. Final: 10
 deterministic evaluation episodes on seeds 10_000..10_009. One process per (config, seed).
-Usage: epa_compare.py OUT_JSON ROUNDS SEEDS ENVS[,ENVS...] [WORKERS]
+Usage, from the repository root: python docs/results/envs-per-actor/epa_compare.py OUT_JSON ROUNDS SEEDS
+ENVS[,ENVS...] [WORKERS] [FIRST_SEED]. hopper-ppo-tuned-205k.json: `... 50 10 1,16 16 0` and `... 50 10 1,16 16 10`.
 """
 import json
 import os
