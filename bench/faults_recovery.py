@@ -98,7 +98,9 @@ def say(msg: str) -> None:
 def spec(loop: str, job_id: str, args) -> dict:
     return {"env_id": "CartPole-v1", "preset": "fast", "rounds": args.rounds, "steps_per_actor": args.steps,
             "eval_episodes": 1, "budget_usd": 5.0, "seed": 11, "round_deadline_s": 60.0, "job_id": job_id,
-            "scaler": {"policy": "fixed", "fixed_actors": args.actors, "i_min": 1, "i_max": args.actors},
+            # nitro pinned to one count: the same actors every round, and the detector is asked every round
+            # (a fixed plan never asks it, so a detector fault would land on nothing).
+            "scaler": {"policy": "nitro", "i_min": args.actors, "i_max": args.actors},
             **LOOPS[loop]}
 
 
