@@ -3,14 +3,19 @@ swept over envs_per_actor.
 
 Figure: env steps/s of the actor handler's sampling path (nitro.policy.rollout.make_sampler)
 at the best envs_per_actor: for 1 env the Sampler with the PolicyRunner's batch-1
-numpy CNN actor; for N > 1 the lockstep VecSampler with one batched torch CNN actor
-inference per step; the critic runs batched over the rollout afterwards in both.
-Reference, same run: one preprocessed environment (grayscale 84x84, frame skip 4,
-3 stacked frames) stepped with random actions drawn up front. Target ratio >= 0.75.
+numpy CNN actor, the critic batched over the rollout afterwards; for N > 1 the lockstep
+VecSampler with one fused torch actor-critic CNN forward per step (actions and values
+together; only truncations' final observations and the envs' next observations take a
+separate critic pass). Reference, same run: one preprocessed environment (grayscale
+84x84, frame skip 4, 3 stacked frames) stepped with random actions drawn up front.
+Target ratio >= 0.75.
 All single-threaded, as an actor function runs. Measurements are interleaved
 (round-robin, median of REPEATS); rates are steps per second of the process's CPU
 time (what a Lambda actor with its own vCPU is billed for; stable on a loaded
 machine), wall-clock rates beside them (the figure with --clock wall).
+The default sweep stops at 16: the scaler runs at most steps_per_actor // MIN_STEPS_PER_ENV
+(= 32) envs per actor, 16 at the default 512 steps (MAX_ENVS_PER_ACTOR, 256, is only the
+spec's bound); a larger N is marked as beyond that cap (measure it with --steps 1024 or more).
 Usage: bench/atari_sampling.py [--envs 1,2,4,8,16] [--steps 512] [--repeats 7] [--clock cpu|wall]
 """
 
@@ -31,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from nitro.contracts import MIN_STEPS_PER_ENV  # noqa: E402
 from nitro.policy.envs import make_env  # noqa: E402
 from nitro.policy.inference import PolicyRunner  # noqa: E402
 from nitro.policy.models import Policy, spec_for_spaces  # noqa: E402
@@ -86,11 +92,13 @@ def main() -> None:
           f"({os.cpu_count()} CPUs); medians of {repeats} interleaved runs of {steps} steps; steps/s of CPU time "
           f"[wall clock]")
     print(f"raw random-action {ENV} (preprocessed): {cpu['raw']:,.0f} [{wall['raw']:,.0f}] steps/s")
+    cap = max(1, steps // MIN_STEPS_PER_ENV)  # the most envs the scaler gives an actor of `steps` steps
     for n in sweep:
         k = f"actor_{n}"
         print(f"actor sampling path, envs_per_actor={n:3d}: {cpu[k]:7,.0f} [{wall[k]:7,.0f}] steps/s  ratio "
               f"{cpu[k] / cpu['raw']:.3f} [{wall[k] / wall['raw']:.3f}]  "
-              f"({1e3 / cpu[k] - 1e3 / cpu['raw']:.3f} ms/step on top of the env)")
+              f"({1e3 / cpu[k] - 1e3 / cpu['raw']:.3f} ms/step on top of the env)"
+              + (f"  [beyond the scaler's cap of {cap} envs at {steps} steps]" if n > cap else ""))
     fig = med[args.clock]
     best = max(sweep, key=lambda n: fig[f"actor_{n}"])
     ratio = fig[f"actor_{best}"] / fig["raw"]
@@ -102,7 +110,7 @@ def main() -> None:
         "ratio_by_envs_per_actor": {n: round(fig[f"actor_{n}"] / fig["raw"], 4) for n in sweep},
         "cpu_steps_per_s": {k: round(v, 1) for k, v in cpu.items()},
         "wall_steps_per_s": {k: round(v, 1) for k, v in wall.items()},
-        "steps": steps, "repeats": repeats, "target_ratio": TARGET, "meets_target": ratio >= TARGET,
+        "steps": steps, "scaler_max_envs_per_actor": cap, "repeats": repeats, "target_ratio": TARGET, "meets_target": ratio >= TARGET,
         "loadavg": [round(x, 2) for x in load_after]}))
 
 

@@ -1,6 +1,7 @@
 """Atari: preprocessing, the paper's CNN (torch and the actors' numpy twin), the actor handler on an
 ALE env with a real Redis, and stream entries at the size limit (compression, splitting, rejection)."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,14 @@ from nitro.data.batching import split_batch, wants_compression
 from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
 from nitro.policy.envs import env_spaces, make_env
 from nitro.policy.inference import PolicyRunner
-from nitro.policy.models import AtariCNN, Policy, policy_to_blob, spec_for_spaces
+from nitro.policy.models import (
+    AtariCNN,
+    Policy,
+    atari_cnn_pair_forward,
+    fuse_atari_cnns,
+    policy_to_blob,
+    spec_for_spaces,
+)
 from nitro.policy.rollout import Sampler
 
 ENV = "ALE/Qbert-v5"
@@ -84,6 +92,41 @@ def test_numpy_actor_matches_torch(spec, policy):
     np.testing.assert_allclose(log_softmax, dist.logits[7].numpy(), atol=1e-4)
     assert abs(value - values[7]) < 1e-4 and abs(runner.value(batch["obs"][7]) - values[7]) < 1e-4
     assert batch["obs"].dtype == np.uint8 and wants_compression(batch)
+
+
+@pytest.mark.parametrize("obs_shape", [(3, 84, 84), (4, 84, 84), (2, 61, 50)])  # last: asymmetric "same" pads
+def test_fused_actor_critic_forward_equals_the_two_networks(obs_shape):
+    spec = spec_for_spaces(gym.spaces.Box(0, 255, obs_shape, np.uint8), gym.spaces.Discrete(7))
+    torch.manual_seed(1)
+    policy = Policy(spec)
+    with torch.no_grad():  # non-trivial weights so every ReLU path is exercised
+        for t in policy.parameters():
+            t.add_(0.05 * torch.randn_like(t))
+    obs = np.random.default_rng(2).integers(0, 256, (9, *obs_shape), dtype=np.uint8)
+    x = torch.from_numpy(obs)
+    with torch.no_grad():
+        logits_ref, values_ref = policy.actor(x).numpy(), policy.value(x).numpy()
+        fused = fuse_atari_cnns(dict(policy.actor.named_parameters()), dict(policy.critic.named_parameters()))
+        logits, values = atari_cnn_pair_forward(x, fused, policy.actor.geometry)
+    assert logits.shape == (9, 7) and values.shape == (9, 1)
+    assert np.abs(values_ref).max() > 1e-2 and np.abs(logits_ref).max() > 1e-3  # not all-zero outputs
+    np.testing.assert_allclose(logits.numpy(), logits_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(values[:, 0].numpy(), values_ref, rtol=1e-5, atol=1e-5)
+    # The actor's runner: act_batch's values come from the fused pass, its logits equal the actor-only pass.
+    runner = PolicyRunner(spec, policy.numpy_state(), 0)
+    assert runner.step_values(8) and runner.step_values(32) and not runner.step_values(4)
+    out_v, v = runner._heads_batch(obs, with_value=True)
+    out_a, zeros = runner._heads_batch(obs, with_value=False)
+    np.testing.assert_allclose(out_v, logits_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out_a, logits_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(v, values_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(runner.value_batch(obs), values_ref, rtol=1e-5, atol=1e-5)
+    assert v.dtype == np.float32 and not zeros.any()
+    a1, lp1, v1 = runner.act_batch(obs, np.random.default_rng(5))
+    a0, lp0, _ = runner.act_batch(obs, np.random.default_rng(5), with_value=False)
+    np.testing.assert_array_equal(a1, a0)  # same rng, same actions
+    np.testing.assert_allclose(lp1, lp0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(v1, v)
 
 
 @pytest.fixture

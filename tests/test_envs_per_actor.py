@@ -8,6 +8,7 @@ episode ends, episode returns, truncation bootstraps and GAE.
 """
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -270,6 +271,82 @@ def test_atari_vec_sampler_batches_the_cnn():
         dist = policy.distribution(torch.as_tensor(b["obs"]))
         lp = dist.log_prob(torch.as_tensor(b["actions"])).numpy()
     np.testing.assert_allclose(b["logp"], lp, rtol=1e-4, atol=1e-4)
+
+
+class SeparateCriticPass(PolicyRunner):
+    """The VecSampler path before the fused CNN forward: the actor alone per step, then one critic pass."""
+
+    def step_values(self, batch):
+        return False
+
+
+class RecordFinal(gym.Wrapper):
+    """Keeps the final observation of every time-limit truncation."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.finals = []
+
+    def step(self, action):
+        ob, r, term, trunc, info = self.env.step(action)
+        if trunc and not term:
+            self.finals.append(np.array(ob))
+        return ob, r, term, trunc, info
+
+
+def test_atari_vec_sampler_step_values_equal_the_separate_critic_pass():
+    import torch
+
+    env_id, kw = "ALE/Qbert-v5", {"max_episode_steps": 100}  # 100 frames = ~25 steps: real truncations
+    spec = spec_for_spaces(*env_spaces(env_id))
+    torch.manual_seed(3)
+    policy = Policy(spec)
+    with torch.no_grad():
+        for t in policy.parameters():
+            t.add_(0.05 * torch.randn_like(t))
+    state = policy.numpy_state()
+    fused, separate = PolicyRunner(spec, state, 0), SeparateCriticPass(spec, state, 0)
+    n = 8  # the fewest envs that take the fused pass (FUSED_MIN_BATCH)
+    assert fused.step_values(n) and not fused.step_values(n - 1) and not separate.step_values(n)
+    vecs = [VecSampler(env_id, n, seed=2, env_kwargs=kw) for _ in range(2)]
+    vecs[0].envs = [RecordFinal(e) for e in vecs[0].envs]
+    rngs = [np.random.default_rng(4), np.random.default_rng(4)]
+    trunc = cuts = 0
+    for _ in range(2):  # the second call continues the episodes
+        b, ref = (v.sample(r, 165, g) for v, r, g in zip(vecs, (fused, separate), rngs))  # 5 x 21 + 3 x 20 steps
+        assert b.keys() == ref.keys()
+        for k in ("obs", "actions", "rewards", "terminated", "truncated", "cut"):
+            np.testing.assert_array_equal(b[k], ref[k], err_msg=k)
+        assert b["episode_returns"] == ref["episode_returns"] and b["episode_lengths"] == ref["episode_lengths"]
+        for k in ("logp", "values", "final_values"):
+            assert b[k].dtype == np.float32
+            np.testing.assert_allclose(b[k], ref[k], rtol=1e-5, atol=1e-5, err_msg=k)
+        assert b["bootstrap_value"] == pytest.approx(ref["bootstrap_value"], rel=1e-5, abs=1e-5)
+        with torch.no_grad():
+            np.testing.assert_allclose(b["values"], policy.value(torch.as_tensor(b["obs"])).numpy(),
+                                       rtol=1e-5, atol=1e-5)
+        cuts += int(b["cut"].sum())
+        # Independently of either path's bookkeeping: the numpy batch-1 critic on the recorded observations.
+        for i, seg in enumerate(segments(b, n)):
+            env, cut, fv = vecs[0].envs[i], b["cut"][seg], b["final_values"][seg]
+            ends = b["terminated"][seg] | (b["truncated"][seg] & ~cut)
+            rows = np.flatnonzero(b["truncated"][seg] & ~cut)
+            assert len(rows) == len(env.finals)
+            for row, final in zip(rows, env.finals):
+                assert fv[row] == pytest.approx(fused.value(final), rel=1e-5, abs=1e-5)
+            trunc += len(rows)
+            env.finals.clear()
+            if ends[-1]:  # nothing to bootstrap
+                assert not cut[-1] and (i < n - 1 or b["bootstrap_value"] == 0.0)
+                continue
+            next_v = fused.value(vecs[0].obs[i])  # cut mid-episode: V(the env's next observation)
+            if i < n - 1:
+                assert cut[-1] and fv[-1] == pytest.approx(next_v, rel=1e-5, abs=1e-5)
+            else:
+                assert b["bootstrap_value"] == pytest.approx(next_v, rel=1e-5, abs=1e-5)
+    assert trunc > 0 and cuts > 0 and np.abs(b["values"]).max() > 1e-2
+    for v in vecs:
+        v.close()
 
 
 # -- plumbing: spec, scaler, handler ------------------------------------------------------------------

@@ -77,6 +77,44 @@ def atari_cnn_forward(x: torch.Tensor, p: dict[str, torch.Tensor], geometry) -> 
     return F.linear(x, p["out.weight"], p["out.bias"])
 
 
+def fuse_atari_cnns(actor: dict[str, torch.Tensor], critic: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Parameters of an actor and a critic AtariCNN (state_dict names, no net prefix) for `atari_cnn_pair_forward`.
+
+    Prepared once per policy load: conv1 of both nets as one conv with their output channels
+    concatenated and the 1/255 input scaling folded into its weights; conv2 of both as one
+    grouped conv (groups=2: the actor's channels see only the actor's, the critic's the critic's);
+    conv3 as two matmuls. The learner's modules and the weight blobs are untouched.
+    """
+    cat = lambda name: torch.cat([actor[name], critic[name]]).contiguous()  # noqa: E731
+    fused = {"conv1.weight": cat("conv1.weight") / 255.0, "conv1.bias": cat("conv1.bias"),
+             "conv2.weight": cat("conv2.weight"), "conv2.bias": cat("conv2.bias")}
+    for net, p in (("actor", actor), ("critic", critic)):
+        fused[f"{net}.conv3.weight"] = p["conv3.weight"].flatten(1).contiguous()
+        for name in ("conv3.bias", "out.weight", "out.bias"):
+            fused[f"{net}.{name}"] = p[name]
+    return fused
+
+
+def atari_cnn_pair_forward(x: torch.Tensor, fused: dict[str, torch.Tensor],
+                           geometry) -> tuple[torch.Tensor, torch.Tensor]:
+    """The actor's and the critic's `atari_cnn_forward` on the same uint8 observations in one pass.
+
+    `fused` from `fuse_atari_cnns`. Returns (actor outputs (N, out), critic outputs (N, 1)), equal to the
+    two separate forwards up to float rounding (~1e-6). On one core the convolutions dominate, and the narrow
+    16- and 32-channel layers run faster as one 32-channel conv and one grouped 64-channel conv than as four
+    convs (~0.35 vs ~0.49 ms per observation at batch 16-32).
+    """
+    pads = geometry[:2]
+    x = F.relu(F.conv2d(F.pad(x.float(), pads[0]), fused["conv1.weight"], fused["conv1.bias"], stride=4))
+    x = F.relu(F.conv2d(F.pad(x, pads[1]), fused["conv2.weight"], fused["conv2.bias"], stride=2, groups=2))
+    half = x.shape[1] // 2  # channels [0, half) are the actor's map, [half, 2 * half) the critic's
+    outs = []
+    for net, h in (("actor", x[:, :half]), ("critic", x[:, half:])):
+        h = F.relu(F.linear(h.reshape(len(h), -1), fused[f"{net}.conv3.weight"], fused[f"{net}.conv3.bias"]))
+        outs.append(F.linear(h, fused[f"{net}.out.weight"], fused[f"{net}.out.bias"]))
+    return outs[0], outs[1]
+
+
 class AtariCNN(nn.Module):
     """Paper 8.1: three conv layers (8x8, 4x4, 11x11 kernels, ReLU) over stacked 84x84 frames.
 

@@ -184,6 +184,10 @@ class VecSampler:
         obs_tm = np.empty((horizon, *self.obs.shape), dtype=self.obs.dtype)
         act_tm = None
         logp_tm = np.empty((horizon, n_envs), dtype=np.float32)
+        # From ~8 envs the fused CNN pass gives values with the actions at little extra cost; the MLPs'
+        # critic (and a CNN's at fewer envs) is cheaper as one batched pass over the whole rollout afterwards.
+        step_values = runner.step_values(n_envs)
+        val_tm = np.empty((horizon, n_envs), dtype=np.float32) if step_values else None
         rew_tm = np.empty((horizon, n_envs), dtype=np.float32)
         ends: list[tuple[int, int, bool, float, int]] = []  # (t, env, truncated, return, length)
         trunc_obs: list[np.ndarray] = []
@@ -196,12 +200,13 @@ class VecSampler:
             k = n_envs if t < horizon - 1 else longest
             o = obs if k == n_envs else obs[:k]
             obs_tm[t, :k] = o
-            # Values come afterwards, batched over the whole rollout (far cheaper per step than here).
-            actions, lp, _ = act_batch(o, rng, with_value=False)
+            actions, lp, v = act_batch(o, rng, with_value=step_values)
             if act_tm is None:
                 act_tm = np.empty((horizon, n_envs, *actions.shape[1:]), dtype=actions.dtype)
             act_tm[t, :k] = actions
             logp_tm[t, :k] = lp
+            if step_values:
+                val_tm[t, :k] = v
             rews = []
             for i, a in enumerate(env_action(actions)):
                 ob, r, term, trunc, _ = envs[i].step(a)
@@ -221,9 +226,12 @@ class VecSampler:
         obs_buf = np.empty((num_steps, *obs.shape[1:]), dtype=obs.dtype)
         act_buf = np.empty((num_steps, *act_tm.shape[2:]), dtype=act_tm.dtype)
         rewards, logp = np.empty(num_steps, dtype=np.float32), np.empty(num_steps, dtype=np.float32)
+        values = np.empty(num_steps, dtype=np.float32)
         for i, (a, n) in enumerate(zip(starts, lengths)):
             obs_buf[a:a + n], act_buf[a:a + n] = obs_tm[:n, i], act_tm[:n, i]
             rewards[a:a + n], logp[a:a + n] = rew_tm[:n, i], logp_tm[:n, i]
+            if step_values:
+                values[a:a + n] = val_tm[:n, i]
         terminated = np.zeros(num_steps, dtype=bool)
         truncated = np.zeros(num_steps, dtype=bool)
         cut = np.zeros(num_steps, dtype=bool)
@@ -232,12 +240,14 @@ class VecSampler:
         trunc_rows = [row for row, e in zip(rows, ends) if e[2]]
         truncated[trunc_rows] = True
         terminated[[row for row, e in zip(rows, ends) if not e[2]]] = True
-        # One batched critic pass: the rollout, the truncations' final observations, the envs' next observations.
+        # One batched critic pass: the rollout (unless valued per step), the truncations' final observations,
+        # the envs' next observations.
         extra = [np.stack(trunc_obs)] if trunc_obs else []
-        all_values = runner.value_batch(np.concatenate([obs_buf, *extra, obs]))
-        values = all_values[:num_steps]
-        final_values[trunc_rows] = all_values[num_steps:num_steps + len(trunc_rows)]
-        next_v = all_values[num_steps + len(trunc_rows):]
+        all_values = runner.value_batch(np.concatenate([*([] if step_values else [obs_buf]), *extra, obs]))
+        if not step_values:
+            values[:], all_values = all_values[:num_steps], all_values[num_steps:]
+        final_values[trunc_rows] = all_values[:len(trunc_rows)]
+        next_v = all_values[len(trunc_rows):]
         bootstrap = 0.0
         for i in range(n_envs):  # every env has at least one step
             last = int(starts[i]) + lengths[i] - 1
