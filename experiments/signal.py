@@ -377,7 +377,8 @@ def pooled_report(outs: list[Path], reps: int = 2000) -> str:
     return "\n".join(lines)
 
 
-def report(out: Path, m: int = 3) -> str:
+def report(out: Path, m: int = 3, reps: int = 2000) -> str:
+    """The signal test's table for the records under `out`; `reps`: bootstrap resamples per CI."""
     records = load(out)
     if not records:
         return f"no signal-test records under {out}"
@@ -390,9 +391,9 @@ def report(out: Path, m: int = 3) -> str:
              "| 95% CI |", "|---|---:|---|---:|---|"]
     for name in SIGNALS:
         rho, lo, hi = clustered_ci(records, lambda rs, n=name: spearman([r["signals"][n] for r in rs],
-                                                                       [r["benefit"] for r in rs]))
+                                                                       [r["benefit"] for r in rs]), reps)
         prho, plo, phi = clustered_ci(records, lambda rs, n=name: partial_spearman(
-            [r["signals"][n] for r in rs], [r["benefit"] for r in rs], [r["k"] for r in rs]))
+            [r["signals"][n] for r in rs], [r["benefit"] for r in rs], [r["k"] for r in rs]), reps)
         lines.append(f"| {name} | {rho:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {prho:+.3f} | [{plo:+.3f}, {phi:+.3f}] |")
     rel = [spearman([r["signals"]["R_sub_seeds"][0] for r in records], [r["signals"]["R_sub_seeds"][j] for r in records])
            for j in range(1, len(records[0]["signals"]["R_sub_seeds"]))]

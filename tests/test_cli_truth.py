@@ -26,6 +26,13 @@ pytestmark = pytest.mark.timeout(480)
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# A resumed learner waits out the round deadline of a wave its predecessor launched whose batches never come:
+# its actors died with the system (system gone), and often after a learner-only kill too (0/2 batches taken
+# over; the cause is not pinned down). Rounds here take a second or two even on a loaded machine, so 20 s
+# bounds that wait without cutting a healthy round short (with the CLI's default of 120 s, or SPEC's 60 s,
+# these tests waited up to ~110 s for nothing).
+ROUND_DEADLINE_S = 20.0
+
 
 @pytest.fixture(scope="module")
 def system_dir(tmp_path_factory):
@@ -46,7 +53,7 @@ def train(state_dir: Path, results: Path, *argv: str) -> subprocess.Popen:
 def spec_flags(job_id: str, rounds: int) -> list[str]:
     return ["--env", SPEC["env_id"], "--preset", SPEC["preset"], "--steps-per-actor", str(SPEC["steps_per_actor"]),
             "--eval-episodes", "1", "--eval-every", "3", "--scaler", "fixed:2", "--seed", "3",
-            "--rounds", str(rounds), "--job-id", job_id]
+            "--round-deadline", str(ROUND_DEADLINE_S), "--rounds", str(rounds), "--job-id", job_id]
 
 
 def read_until(proc: subprocess.Popen, needle: str, timeout_s: float) -> list[str]:
@@ -91,7 +98,7 @@ def test_train_follows_the_job_across_a_learner_restart(system_dir, tmp_path):
 def test_resume_attaches_to_the_job_a_restarted_learner_runs(system_dir, tmp_path):
     job = "attach-to-resumed"
     with client_of(system_dir) as client:
-        client.start_training({**SPEC, "rounds": 5, "job_id": job})
+        client.start_training({**SPEC, "rounds": 5, "job_id": job, "round_deadline_s": ROUND_DEADLINE_S})
         wait_for_round(client, job, 0)
     pid = kill(system_dir, "learner")
     wait_until(lambda: serving_again(system_dir, "learner", pid), 90, "the learner back")

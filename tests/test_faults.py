@@ -28,11 +28,33 @@ pytestmark = pytest.mark.timeout(600)
 STEPS = 2000  # CartPole steps per actor: long enough to be killed mid-invocation
 
 
-@pytest.fixture
-def system(tmp_path):
-    sysm = start_system(tmp_path / "state", concurrency=8)
+@pytest.fixture(scope="module")
+def whole_system(tmp_path_factory):
+    sysm = start_system(tmp_path_factory.mktemp("faults") / "state", concurrency=8)
     yield sysm
     sysm.stop()
+
+
+def revive(sysm) -> None:
+    """Start again every component that is down (nothing else restarts them here: no supervisor)."""
+    dead = [name for name in sysm.components if sysm._exit_status(name)[0]]
+    for name in dead:
+        if name == "redis":
+            sysm._redis.start()  # same port, data dir (AOF) and users
+            sysm._register_redis()
+        else:
+            sysm._launchers[name]()
+    sysm._wait_healthy(dead)
+
+
+@pytest.fixture
+def system(whole_system):
+    """One system for the module (starting one per test cost ~12 s each), every component up before and
+    after each test: a fault a test leaves behind (the detector it killed) never reaches the next one.
+    Jobs, streams and accounting are per job, so tests share nothing else."""
+    revive(whole_system)
+    yield whole_system
+    revive(whole_system)
 
 
 def spec(rounds=4, steps=STEPS, **kw):
@@ -82,13 +104,14 @@ def kill_a_busy_worker(system, timeout_s=60.0) -> bool:
 def test_actor_worker_killed_mid_invocation(system):
     long = 5 * STEPS  # a second or more per invocation: the kill lands mid-invocation
     with NitroClient(system.learner_address) as client:
-        job = client.start_training(spec(rounds=4, steps=long, scaler={"policy": "fixed", "fixed_actors": 2,
+        # 3 rounds: the kill lands in round 1 (2 at the latest); the job goes on past the fault.
+        job = client.start_training(spec(rounds=3, steps=long, scaler={"policy": "fixed", "fixed_actors": 2,
                                                                         "i_min": 1, "i_max": 2}))
         wait_for_round(client, job.job_id, 0)
         assert kill_a_busy_worker(system), "no worker was seen sampling"
         for _ in client.watch(job.job_id):
             pass
-        reports = check_accounting(system, client, job.job_id, 4, steps=long)
+        reports = check_accounting(system, client, job.job_id, 3, steps=long)
     hit = [r for r in reports if r.invocation_retries or r.actors_failed or r.actors_replaced]
     assert hit, "the killed invocation shows up as a retry, a failure or a replacement"
     assert any("Runtime.ExitError" in n or "replacement" in n for r in hit for n in r.notes) or hit[0].invocation_retries
@@ -96,13 +119,13 @@ def test_actor_worker_killed_mid_invocation(system):
 
 def test_redis_restarted_mid_round(system):
     with NitroClient(system.learner_address) as client:
-        job = client.start_training(spec())
+        job = client.start_training(spec(rounds=3))  # restarted in round 1; round 2 reads the stream after it
         wait_for_round(client, job.job_id, 0)
         time.sleep(0.2)
         system._redis.restart()  # same port, same data dir: AOF brings the stream and groups back
         for _ in client.watch(job.job_id):
             pass
-        check_accounting(system, client, job.job_id, 4)
+        check_accounting(system, client, job.job_id, 3)
 
 
 def test_detector_killed_uses_fallback_plan(system):
@@ -131,7 +154,7 @@ def test_detector_killed_uses_fallback_plan(system):
 
 def test_learner_killed_and_resumed(system):
     with NitroClient(system.learner_address) as client:
-        job = client.start_training(spec(rounds=5))
+        job = client.start_training(spec(rounds=4))  # killed in round 2; round 3 follows the resumed one
         wait_for_round(client, job.job_id, 1)
     time.sleep(0.4)  # into round 2's sampling
     os.kill(system.components["learner"].pid, signal.SIGKILL)
@@ -143,7 +166,7 @@ def test_learner_killed_and_resumed(system):
         deadline = time.time() + 300
         while not client.get(job.job_id).finished and time.time() < deadline:
             time.sleep(1)
-        reports = check_accounting(system, client, job.job_id, 5)
+        reports = check_accounting(system, client, job.job_id, 4)
     assert any(r.resumed or any("resumed" in n for n in r.notes) for r in reports)
 
 
@@ -152,7 +175,7 @@ def test_learner_killed_then_resumed_with_the_cli(system, monkeypatch, tmp_path)
     import sys
 
     with NitroClient(system.learner_address) as client:
-        job = client.start_training(spec(rounds=4))
+        job = client.start_training(spec(rounds=3))  # killed in round 1; the CLI resumes rounds 1 and 2
         wait_for_round(client, job.job_id, 0)
     os.kill(system.components["learner"].pid, signal.SIGKILL)
     system.components["learner"].proc.wait(10)
@@ -168,4 +191,4 @@ def test_learner_killed_then_resumed_with_the_cli(system, monkeypatch, tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / job.job_id / "rounds.csv").exists()
     with NitroClient(system.learner_address) as client:
-        check_accounting(system, client, job.job_id, 4)
+        check_accounting(system, client, job.job_id, 3)

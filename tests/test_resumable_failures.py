@@ -77,7 +77,11 @@ def saved_job(system, job_id: str) -> dict:
 def test_redis_down_past_patience_fails_resumable_and_resume_completes(system, tmp_path):
     job = "redis-down-resumable"
     with NitroClient(system.learner_address) as client:
-        client.start_training({**SPEC, "rounds": 4, "steps_per_actor": 2000, "job_id": job})
+        # Round deadline 20 s (SPEC's is 60): the resumed round takes over the wave launched while Redis was
+        # down, whose batches never came, and waits out its deadline before replacing it. Rounds take 3-6 s
+        # on a loaded machine.
+        client.start_training({**SPEC, "rounds": 4, "steps_per_actor": 2000, "round_deadline_s": 20.0,
+                               "job_id": job})
         wait_for_round(client, job, 0)
         system._redis.kill()  # a crash that nothing repairs in time
         status = wait_until(lambda: (s := client.get(job)).finished and s, 120, "the job to fail")
