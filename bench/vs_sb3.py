@@ -4,8 +4,7 @@ Both: 2x256 Tanh actor and critic, 4,096 env steps per update (ours: fixed:16
 actors x 256 steps), 10 epochs, minibatch 256, lr 3e-4, gamma 0.99, GAE 0.95,
 clip 0.2, value coeff 0.5, grad clip 0.5, no observation normalisation (SB3's
 default), the same number of env steps. Torch threads: each side's default
-(ours: the update on the usable cores, at most 4, everything else 1 thread;
-SB3: one per core) unless NITRO_BENCH_THREADS=N sets both to N. Ours
+(ours 1, SB3 one per core) unless NITRO_BENCH_THREADS=N sets both to N. Ours
 runs through the full local system (Redis, Lambda endpoint, three services) and
 its wall time includes planning and one evaluation episode per round (no
 detector call: a fixed plan reads no score). Final return:
@@ -32,11 +31,10 @@ import torch  # noqa: E402
 ENV, ACTORS, STEPS, ROUNDS, TARGET = "Hopper-v5", 16, 256, 24, 2.5
 PAIRS = int(__import__("os").environ.get("NITRO_BENCH_PAIRS", "3"))
 # Torch intra-op threads. Unset: each side with its own default, as a user would run it (our
-# learner: its on-policy update on the usable cores, at most 4, the rest on 1; SB3: torch's default,
-# one per core). NITRO_BENCH_THREADS=N gives both sides N everywhere.
+# learner: 1; SB3: torch's default, one per core). NITRO_BENCH_THREADS=N gives both sides N.
 _SET = __import__("os").environ.get("NITRO_BENCH_THREADS")
 SB3_THREADS = int(_SET) if _SET else torch.get_num_threads()
-OUR_THREADS = _SET or "auto"  # learner_svc --update-threads (and --torch-threads when set)
+OUR_THREADS = int(_SET) if _SET else 1  # learner_svc --torch-threads default
 TOTAL = ACTORS * STEPS * ROUNDS
 
 
@@ -70,9 +68,7 @@ def run_sb3(seed: int) -> dict:
 def run_ours(seed: int) -> dict:
     import os
 
-    if _SET:
-        os.environ["NITRO_TORCH_THREADS"] = _SET
-    os.environ["NITRO_UPDATE_THREADS"] = OUR_THREADS
+    os.environ["NITRO_TORCH_THREADS"] = str(OUR_THREADS)
     from nitro.client.sdk import NitroClient
     from nitro.local.system import LocalSystem
     from nitro.policy.rollout import evaluate

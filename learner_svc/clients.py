@@ -28,7 +28,6 @@ class LearnerDeps:
     data_dir: str
     call_metadata: tuple = ()  # e.g. the bearer token for detector/scaler calls
     device: str = "cpu"  # torch device of the learner's model and updates (nitro.devices.resolve_device)
-    update_threads: int = 1  # torch threads of an on-policy update (nitro.devices.resolve_update_threads)
 
 
 @dataclass

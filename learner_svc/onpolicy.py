@@ -42,7 +42,6 @@ from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import actor_slot, invocation_id
 from nitro.cost import cloud_detect_wait, cloud_round_seconds
-from nitro.devices import update_threads
 from nitro.rpc import metrics
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
@@ -301,9 +300,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         for b in got.batches:
             self.note_episodes(b)
 
-        # No actor of this job samples during a synchronous update, so it may use the cores (the clock
-        # is read inside, at the same thread count: nitro.clock.critical_path_cpu_seconds).
-        with update_threads(self.deps.update_threads), metrics.timed("update", phases, cloud):
+        with metrics.timed("update", phases, cloud):
             stats = self.learner.update(got.batches)
             self.learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in got.batches]))
         self.total_steps += steps

@@ -17,7 +17,7 @@ from learner_svc.onpolicy import OnPolicyLoop
 from learner_svc.stellaris import StellarisLoop
 from nitro.data import codec
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
-from nitro.devices import resolve_device, resolve_update_threads
+from nitro.devices import resolve_device
 from nitro.errors import ConfigError
 from nitro.rpc import auth
 from nitro.rpc.grpc_util import Service, configure_logging, make_channel
@@ -160,7 +160,6 @@ def _spec_from_dict(d: dict) -> TrainingSpec:
 
 def build(args) -> tuple[Service, TrainingServicer]:
     device = resolve_device(args.device)  # before anything connects: a wrong device is a startup error
-    update_threads = resolve_update_threads(args.update_threads)
     security = auth.server_security(args, "learner")
     key = codec.load_hmac_key()
     client = connect(args.redis_url, socket_timeout=30.0)
@@ -170,8 +169,7 @@ def build(args) -> tuple[Service, TrainingServicer]:
                        detector=detector_pb2_grpc.BoostingDetectorStub(
                            make_channel(args.detector, creds, token=security.token)),
                        scaler=scaler_pb2_grpc.ActorScalerStub(make_channel(args.scaler, creds, token=security.token)),
-                       data_dir=args.data_dir, device=device,
-                       update_threads=update_threads)
+                       data_dir=args.data_dir, device=device)
     servicer = TrainingServicer(deps, args.redis_url)
     service = Service("learner", args.host, args.port, interceptors=security.interceptors,
                       server_credentials=security.credentials)
@@ -192,11 +190,7 @@ def parse_args(argv=None):
     p.add_argument("--scaler", default=os.environ.get("NITRO_SCALER", "127.0.0.1:50053"))
     p.add_argument("--data-dir", default=os.environ.get("NITRO_DATA_DIR", ".nitro/learner"))
     p.add_argument("--torch-threads", type=int, default=int(os.environ.get("NITRO_TORCH_THREADS", "1")),
-                   help="torch intra-op threads of everything but on-policy updates (default 1: off-policy "
-                        "updates overlap co-located actors; raise on a dedicated learner machine)")
-    p.add_argument("--update-threads", default=os.environ.get("NITRO_UPDATE_THREADS", "auto"),
-                   help="torch threads of an on-policy (PPO) update, during which the job's actors are idle: "
-                        "a number >= 1, or auto = the usable cores, at most 4 (default: %(default)s)")
+                   help="intra-op threads for updates (default 1; raise on a dedicated learner machine)")
     p.add_argument("--device", default=os.environ.get("NITRO_DEVICE", "cpu"),
                    help="torch device for updates: cpu, cuda, cuda:N, or auto (a GPU if torch sees one) "
                         "(default: %(default)s; Stellaris mode always applies updates on the CPU)")
@@ -213,14 +207,13 @@ def main(argv=None) -> None:
     configure_logging(args.log_level)
     import torch
 
-    # One thread by default: more threads contend with evaluation, the detector and co-located
-    # actors. On-policy updates, which nothing of their job overlaps, use --update-threads.
+    # One thread by default: with more, torch's spinning worker threads collapse when the
+    # detector, evaluation or co-located actors share the cores. Raise it on a dedicated learner.
     torch.set_num_threads(max(1, args.torch_threads))
     try:
         args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         service, servicer = build(args)
-        logging.getLogger("nitro.learner").info("learner: updates on %s, on-policy updates with %d torch thread(s)",
-                                                servicer.deps.device, servicer.deps.update_threads)
+        logging.getLogger("nitro.learner").info("learner: updates on %s", servicer.deps.device)
     except ConfigError as exc:
         raise SystemExit(f"learner_svc: {exc}") from None
     warn_if_not_persistent(servicer.deps.redis, args.redis_url, "learner")
