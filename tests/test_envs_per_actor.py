@@ -242,16 +242,24 @@ def test_batched_inference_matches_one_at_a_time(env_id):
 
 # -- Atari: batched CNN inference ---------------------------------------------------------------------
 
+def _perturbed_policy(spec, seed: int):
+    """A CNN policy whose weights are moved off their init, so the actions and values are not all alike."""
+    import torch
+
+    torch.manual_seed(seed)
+    policy = Policy(spec)
+    with torch.no_grad():
+        for t in policy.parameters():
+            t.add_(0.05 * torch.randn_like(t))
+    return policy
+
+
 def test_atari_vec_sampler_batches_the_cnn():
     import torch
 
     env_id = "ALE/Qbert-v5"
     spec = spec_for_spaces(*env_spaces(env_id))
-    torch.manual_seed(0)
-    policy = Policy(spec)
-    with torch.no_grad():
-        for t in policy.parameters():
-            t.add_(0.05 * torch.randn_like(t))
+    policy = _perturbed_policy(spec, seed=0)
     runner = PolicyRunner(spec, policy.numpy_state(), 0)
     vec = VecSampler(env_id, 3, seed=1)
     b = vec.sample(runner, 20, np.random.default_rng(0))
@@ -299,11 +307,7 @@ def test_atari_vec_sampler_step_values_equal_the_separate_critic_pass():
 
     env_id, kw = "ALE/Qbert-v5", {"max_episode_steps": 100}  # 100 frames = ~25 steps: real truncations
     spec = spec_for_spaces(*env_spaces(env_id))
-    torch.manual_seed(3)
-    policy = Policy(spec)
-    with torch.no_grad():
-        for t in policy.parameters():
-            t.add_(0.05 * torch.randn_like(t))
+    policy = _perturbed_policy(spec, seed=3)
     state = policy.numpy_state()
     fused, separate = PolicyRunner(spec, state, 0), SeparateCriticPass(spec, state, 0)
     n = 8  # the fewest envs that take the fused pass (FUSED_MIN_BATCH)
