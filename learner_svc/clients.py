@@ -13,7 +13,7 @@ import redis
 
 from learner_svc.constants import COST_PATIENCE_S, LAUNCH_TIMEOUT_SLACK_S, WAVE_RECORD_TTL_S
 from learner_svc.resilience import RPC_RETRYABLE, DependencyUnavailable, JobAborted, redis_call, rpc_call
-from nitro.contracts import waves_key
+from nitro.contracts import wave_live_key, waves_key
 from nitro.rpc.grpc_util import DEADLINES
 from nitro.spec import TrainingSpec, env_kwargs_to_wire
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2
@@ -168,3 +168,8 @@ class Services:
         key, at = self._wave_keys(round_index)
         count, t = self.redis(lambda: self.deps.redis.mget(key, at), "wave record")
         return int(count or 0), float(t) if t is not None else None
+
+    def waves_running(self, round_index: int, waves: int) -> bool:
+        """Whether the scaler still runs any of the round's first `waves` waves (a liveness lease is alive)."""
+        keys = [wave_live_key(self.job_id, round_index, w) for w in range(waves)]
+        return bool(self.redis(lambda: self.deps.redis.exists(*keys), "wave leases"))

@@ -11,8 +11,9 @@ replacement invocations within budget while the round is short (up to
 MAX_WAVES waves in all). At the deadline the round proceeds with what arrived
 if that is at least min_sample_fraction of the planned steps. A resumed learner
 takes over the waves its predecessor launched for the round it redoes (their
-invocations outlive it) and waits for them like for its own launch; only their
-shortfall gets replacements. A detector that does not answer in
+invocations outlive it) and waits for them like for its own launch while the
+scaler still runs them (their liveness leases), then LOST_BATCH_GRACE_S more;
+only their shortfall gets replacements. A detector that does not answer in
 detector_timeout_s gives the configured fallback plan; a scaler or Redis that
 is briefly down is retried. Every such event is a note in the round report.
 
@@ -28,13 +29,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
 from learner_svc.clients import LastRound, failure_note, retry_note
-from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ
+from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
 from learner_svc.learner import GradientLearner
 from learner_svc.reporting import DIAGNOSTICS
 from learner_svc.rounds import End, RoundLoop, succeeded
@@ -82,6 +84,47 @@ class SampledRound:
         return sum(len(b["rewards"]) for b in self.got.batches)
 
 
+def takeover_wait_end(*, started: float, launched_at: float | None, deadline_s: float,
+                      stopped_at: float | None) -> float:
+    """When a resumed learner stops waiting for the waves an earlier learner launched (wall-clock times).
+
+    Their own round deadline, counted from their launch (`launched_at`, else from `started`), but at least
+    LOST_BATCH_GRACE_S to read what is in the stream already. Once no wave runs any more (`stopped_at`:
+    when this learner first saw none of their leases alive; None while one is), LOST_BATCH_GRACE_S more
+    for their last batches, never past that deadline."""
+    deadline = max((launched_at or started) + deadline_s, started + LOST_BATCH_GRACE_S)
+    return deadline if stopped_at is None else min(deadline, stopped_at + LOST_BATCH_GRACE_S)
+
+
+@dataclass
+class TakenOver:
+    """The waves an earlier learner launched for the round a resumed learner redoes.
+
+    Their invocations outlive that learner, but not the scaler that runs them: a wave is running while its
+    liveness lease (nitro.contracts.wave_live_key) is alive. After a crash of the whole system none is, and
+    the round goes on after LOST_BATCH_GRACE_S instead of waiting out the round deadline for nothing. On
+    AWS a Lambda may outlive a dead scaler: its lease lapses, the learner replaces the wave after the grace
+    and drops the late batch as stale."""
+
+    count: int
+    launched_at: float | None  # wall time of the latest launch
+    deadline_s: float
+    running: Callable[[], bool]  # whether any of their leases is alive
+    started: float = field(default_factory=time.time)
+    stopped_at: float | None = None
+    checked_at: float = -math.inf
+
+    def deadline(self) -> float:
+        """The perf_counter time to stop waiting; asks `running` at most every TAKEOVER_POLL_S."""
+        now = time.time()
+        if now - self.checked_at >= TAKEOVER_POLL_S:
+            self.checked_at = now
+            self.stopped_at = None if self.running() else (self.stopped_at or now)
+        end = takeover_wait_end(started=self.started, launched_at=self.launched_at, deadline_s=self.deadline_s,
+                                stopped_at=self.stopped_at)
+        return time.perf_counter() + end - now
+
+
 class OnPolicyLoop(RoundLoop[SampledRound]):
     learner_class = PPOLearner
     learner: GradientLearner
@@ -111,13 +154,12 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         inherited = self._inherited_waves(k)
         while True:
             if inherited is not None:  # every slot is out already; no response will come for them
-                (n, launched_at), inherited, fut = inherited, None, None
-                label = f"the {n} wave(s) launched before the learner restarted"
+                taken, inherited, fut = inherited, None, None
+                label = f"the {taken.count} wave(s) launched before the learner restarted"
                 out.waves += 1  # as the round's planned launch: its shortfall still gets replacement waves
-                # Their deadline as theirs, but at least the lost-batch grace to read what is in the stream.
-                left = spec.round_deadline_s - (time.time() - launched_at) if launched_at else spec.round_deadline_s
-                wave_deadline = time.perf_counter() + max(left, LOST_BATCH_GRACE_S)
+                wave_deadline = taken.deadline()
             else:
+                taken = None
                 wave = self.new_wave(k)  # ids are never reused within a round, across restarts too
                 for s in slots:
                     slot_of[invocation_id(self.job.job_id, k, s, wave)] = s
@@ -125,7 +167,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                 fut = self.pool.submit(self.launch, k, slots, wave)
                 label = f"wave {wave}"
                 wave_deadline = time.perf_counter() + spec.round_deadline_s
-            resp, failed, done_at = None, set(), None
+            resp, failed, done_at, wave_began = None, set(), None, time.perf_counter()
             while time.perf_counter() < wave_deadline and not self.job.stop_requested.is_set():
                 if resp is None and fut is not None and fut.done():
                     done_at = time.perf_counter()
@@ -172,8 +214,12 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                     t_ack = time.perf_counter()
                     self.redis_call(lambda: self.reader.ack(drop), "stream ack")
                     ack_seconds += time.perf_counter() - t_ack
-            if fut is None:
-                out.notes.append(f"took over {label}: {len(covered)}/{actors} batches")
+                if taken is not None:
+                    wave_deadline = taken.deadline()
+            if taken is not None:
+                gone = ", their actors no longer running" if taken.stopped_at is not None else ""
+                out.notes.append(f"took over {label}: {len(covered)}/{actors} batches in "
+                                 f"{time.perf_counter() - wave_began:.1f} s{gone}")
             elif resp is None and not (set(slots) - covered):
                 try:  # every batch is in: the invocations are returning, collect their retry counts
                     resp = fut.result(timeout=2.0)
@@ -213,14 +259,14 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         out.completed = sum(1 for inv, seen in parts_seen.items() if len(seen) == parts_total[inv])
         return out
 
-    def _inherited_waves(self, k: int) -> tuple[int, float | None] | None:
-        """(waves, wall time of the latest launch) an earlier learner launched for round k, when this learner
-        resumed into it; asked once, so a retried empty round launches afresh."""
+    def _inherited_waves(self, k: int) -> TakenOver | None:
+        """The waves an earlier learner launched for round k, when this learner resumed into it; asked once,
+        so a retried empty round launches afresh."""
         if self.inherit_round != k:
             return None
         self.inherit_round = None
         n, launched_at = self.launched_waves(k)
-        return (n, launched_at) if n else None
+        return TakenOver(n, launched_at, self.spec.round_deadline_s, lambda: self.waves_running(k, n)) if n else None
 
     def _affordable(self, slots: list[int]) -> list[int]:
         """As many of `slots` as the budget left pays for, at this job's mean cost per invocation."""

@@ -267,6 +267,9 @@ class RoundLoop(Generic[R]):
     def launched_waves(self, round_index: int) -> tuple[int, float | None]:
         return self.services.launched_waves(round_index)
 
+    def waves_running(self, round_index: int, waves: int) -> bool:
+        return self.services.waves_running(round_index, waves)
+
     def fallback_actors(self) -> int:
         return self.spec.scaler.i_min if self.spec.detector_fallback == "i_min" else self.last_actors
 

@@ -36,6 +36,7 @@ def check_job_id(job_id: object) -> str:
 # nitro:{job}:seen              invocation ids already consumed (dedup)
 # nitro:{job}:sample:{k}        round k's signed sample subset for the detector
 # nitro:{job}:waves:{k}         round k's replacement waves (on-policy loop)
+# nitro:{job}:waves:{k}:live:{w} wave w of round k is running: the scaler's lease while its invocations run
 # nitro:{job}:detector:ratios   hash round -> convexity ratio R
 # nitro:{job}:scaler            hash: scaling-policy state, cost ledger, per-round plans
 # nitro:{job}:learn:counter     Stellaris learner-function slots
@@ -78,6 +79,17 @@ def sample_key(job_id: str, round_index: int) -> str:
 
 def waves_key(job_id: str, round_index: int) -> str:
     return _key(check_job_id(job_id), "waves", int(round_index))
+
+
+def wave_live_key(job_id: str, round_index: int, wave: int) -> str:
+    """The liveness lease of round k's wave w: present while the scaler runs the wave's invocations."""
+    return waves_key(job_id, round_index) + f":live:{int(wave)}"
+
+
+# A wave's lease is refreshed this often and lapses this long after the last refresh: a few missed
+# refreshes (a slow Redis call, a GC pause) do not end it; a dead scaler's waves stop looking alive soon.
+WAVE_LEASE_REFRESH_S = 2.0
+WAVE_LEASE_TTL_S = 3 * WAVE_LEASE_REFRESH_S
 
 
 def detector_ratios_key(job_id: str) -> str:

@@ -12,6 +12,7 @@ the servicer validates, loads the state, calls them and stores the result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -39,6 +40,7 @@ from nitro.contracts import (
     is_learn_key,
     learn_prefix,
     scaler_state_key,
+    wave_live_key,
 )
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.errors import ConfigError
@@ -52,6 +54,7 @@ from nitro.scaling.policies import fleet_actors, make_policy
 from nitro.spec import MAX_ACTORS, MAX_BUDGET_USD, InvalidSpec, env_kwargs_from_wire
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
+from scaler_svc.leases import WaveLeases
 
 log = logging.getLogger("scaler_svc")
 
@@ -126,9 +129,11 @@ def error_fields(o) -> dict:
 
 
 class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
-    def __init__(self, redis_client, invoker: Invoker, prices: cost.Prices, actor_redis_url: str):
+    def __init__(self, redis_client, invoker: Invoker, prices: cost.Prices, actor_redis_url: str,
+                 wave_leases: WaveLeases | None = None):
         self.redis, self.invoker, self.prices = redis_client, invoker, prices
         self.actor_redis_url = actor_redis_url
+        self.wave_leases = wave_leases or WaveLeases(redis_client)  # tests pass short TTLs
         self._in_flight = 0
         self._lock = threading.Lock()
         self._init_ms: dict[str, float] = {}  # function name -> init CPU a fresh worker last reported
@@ -324,7 +329,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 self._in_flight += len(invocations)
                 metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
         t0 = time.perf_counter()
-        with metrics.SCALER_LAUNCH_SECONDS.labels(kind).time():
+        with metrics.SCALER_LAUNCH_SECONDS.labels(kind).time(), self._running(request, kind):
             outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
                                                           on_done=account)
         self.redis.hset(key, f"warm_sandboxes:{kind}", max(warm, len(invocations)))
@@ -340,6 +345,13 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 modelled_ms=o.modelled_ms, modelled_init_ms=o.measured_init_ms,
                 modelled_cold=o.invocation_id in cold_ids)
                 for o in outcomes])
+
+    def _running(self, request, kind: str):
+        """An actor wave's liveness lease while its invocations run: a resumed learner that took the wave over
+        waits for its batches only while it is alive. Learner functions have none: nobody takes them over."""
+        if kind != "actor":
+            return contextlib.nullcontext()
+        return self.wave_leases.hold(wave_live_key(request.job_id, request.round, request.wave))
 
     def GetCost(self, request, context):
         check_job_id(request.job_id, context)

@@ -20,6 +20,12 @@ def sleep(event, context):
     return {"slept": seconds, "pid": os.getpid()}
 
 
+def slow_actor(event, context):
+    """Stands in for an actor launched by the scaler: takes one millisecond per step it was asked for."""
+    time.sleep(event["num_steps"] / 1000)
+    return {"invocation_id": event["invocation_id"]}
+
+
 def raise_error(event, context):
     raise ValueError("boom")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,19 +19,30 @@ from pathlib import Path
 
 import pytest
 
+from learner_svc.constants import LOST_BATCH_GRACE_S
+from nitro.contracts import wave_live_key
 from nitro.local import system_state
-from tests.faultkit import client_of, component, kill, serving_again, supervised, wait_for_round, wait_until
+from tests.faultkit import (
+    client_of,
+    component,
+    kill,
+    redis_of,
+    serving_again,
+    supervised,
+    wait_for_round,
+    wait_until,
+)
 from tests.test_supervisor_restarts import SPEC, check_job
 
 pytestmark = pytest.mark.timeout(480)
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A resumed learner waits out the round deadline of a wave its predecessor launched whose batches never come:
-# its actors died with the system (system gone), and often after a learner-only kill too (0/2 batches taken
-# over; the cause is not pinned down). Rounds here take a second or two even on a loaded machine, so 20 s
-# bounds that wait without cutting a healthy round short (with the CLI's default of 120 s, or SPEC's 60 s,
-# these tests waited up to ~110 s for nothing).
+# Before wave liveness leases, a resumed learner waited out the round deadline of a wave its predecessor
+# launched whose batches never came: its actors died with the system (system gone), and often after a
+# learner-only kill too (0/2 batches taken over; the cause is not pinned down). It now waits only while the
+# scaler runs the wave (the last test checks that with a 120 s deadline); 20 s stays as a bound that does not
+# cut a healthy round short (rounds here take a second or two even on a loaded machine).
 ROUND_DEADLINE_S = 20.0
 
 
@@ -140,3 +152,34 @@ def test_train_exits_nonzero_with_the_commands_when_the_system_is_gone(system_di
     assert rounds_in_csv(resumed, job) == list(range(5))
     with client_of(system_dir) as client:
         check_job(system_dir, client, job, 5)
+
+
+def test_a_resumed_round_does_not_wait_out_the_deadline_for_actors_that_died_with_the_system(system_dir):
+    """The whole system dies while round 1's actors run. After `nitro up` the resumed learner takes over
+    their wave, sees that no scaler runs it any more (its liveness lease lapsed with the scaler) and replaces
+    it after LOST_BATCH_GRACE_S, not at the end of the (CLI default) 120 s round deadline."""
+    job, deadline_s = "dead-wave", 120.0
+    with client_of(system_dir) as client:
+        client.start_training({**SPEC, "rounds": 3, "steps_per_actor": 2000, "job_id": job,
+                               "round_deadline_s": deadline_s})
+        wait_for_round(client, job, 0)
+    lease = wave_live_key(job, 1, 0)
+    with redis_of(system_dir) as r:
+        wait_until(lambda: r.exists(lease), 120, "round 1's actors running", poll_s=0.02)
+    supervisor = system_state.read_state(system_dir)["supervisor_pid"]
+    kill(system_dir, "learner")
+    os.kill(supervisor, signal.SIGKILL)  # the other components, actors included, follow it
+    system_state.shutdown(system_dir)
+    supervised(system_dir)  # the restarted learner resumes the job by itself
+    with client_of(system_dir) as client:
+        wait_until(lambda: client.get(job).finished, 400, "the resumed job to finish", poll_s=1.0)
+        reports = check_job(system_dir, client, job, 3)
+    resumed = next(r for r in reports if r.resumed)
+    assert resumed.round == 1, [(r.round, r.resumed) for r in reports]
+    sample = resumed.phases["sample"]
+    print(f"resumed round 1: sample phase {sample:.1f} s; notes {list(resumed.notes)}")
+    assert sample < deadline_s / 4, (sample, resumed.notes)
+    took_over = [n for n in resumed.notes if n.startswith("took over")]
+    assert len(took_over) == 1 and "no longer running" in took_over[0], resumed.notes
+    waited = float(re.search(r"batches in ([\d.]+) s", took_over[0]).group(1))
+    assert waited < LOST_BATCH_GRACE_S + 10, took_over[0]

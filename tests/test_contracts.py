@@ -20,6 +20,7 @@ def test_key_layout():
     assert c.seen_key("j") == "nitro:j:seen"
     assert c.sample_key("j", 3) == "nitro:j:sample:3"
     assert c.waves_key("j", 3) == "nitro:j:waves:3"
+    assert c.wave_live_key("j", 3, 1) == "nitro:j:waves:3:live:1"
     assert c.detector_ratios_key("j") == "nitro:j:detector:ratios"
     assert c.scaler_state_key("j") == "nitro:j:scaler"
     assert c.learn_counter_key("j") == "nitro:j:learn:counter"
@@ -33,7 +34,8 @@ def test_actor_acl_patterns_cover_exactly_what_actors_touch():
     allowed = lambda key: any(fnmatch.fnmatchcase(key, p) for p in c.ACTOR_KEY_PATTERNS)  # noqa: E731
     assert allowed(c.stream_key("j")) and allowed(c.policy_key("j", 1)) and allowed(c.parcel_key("j", "i"))
     assert allowed(c.update_stream_key("j"))
-    for private in (c.seen_key("j"), c.scaler_state_key("j"), c.sample_key("j", 0), c.detector_ratios_key("j")):
+    for private in (c.seen_key("j"), c.scaler_state_key("j"), c.sample_key("j", 0), c.detector_ratios_key("j"),
+                    c.wave_live_key("j", 0, 0)):
         assert not allowed(private), private
         assert fnmatch.fnmatchcase(private, c.ALL_KEYS_PATTERN)
 

@@ -78,8 +78,8 @@ def test_redis_down_past_patience_fails_resumable_and_resume_completes(system, t
     job = "redis-down-resumable"
     with NitroClient(system.learner_address) as client:
         # Round deadline 20 s (SPEC's is 60): the resumed round takes over the wave launched while Redis was
-        # down, whose batches never came, and waits out its deadline before replacing it. Rounds take 3-6 s
-        # on a loaded machine.
+        # down, whose batches never came; before wave liveness leases it waited out that deadline before
+        # replacing it (now only while a lease is alive). Rounds take 3-6 s on a loaded machine.
         client.start_training({**SPEC, "rounds": 4, "steps_per_actor": 2000, "round_deadline_s": 20.0,
                                "job_id": job})
         wait_for_round(client, job, 0)
