@@ -98,3 +98,11 @@ def test_path_colon_names_are_defined_there():
             if re.fullmatch(r"[A-Za-z_][\w.]*", name) and not defines(source, name):
                 wrong.append(f"{where}: {path} does not define {name}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_environment_variables_the_docs_name_are_read_somewhere():
+    code = "\n".join(p.read_text(errors="replace") for d in (*PACKAGES, "bench", "deploy") for p in (ROOT / d).rglob("*")
+                     if p.is_file() and (p.suffix in (".py", ".sh", ".yaml", ".yml") or "Dockerfile" in p.name))
+    unused = sorted({f"{v} ({where})" for where, m in _refs(re.compile(r"\b(NITRO_[A-Z0-9_]*[A-Z0-9])\b"))
+                     for v in [m.group(1)] if not re.search(rf"\b{v}\b", code)})
+    assert not unused, "environment variables the docs name but no code, script or manifest reads:\n" + "\n".join(unused)
