@@ -67,12 +67,12 @@ def test_a_takeover_asks_whether_its_waves_run_at_most_every_poll_period():
 
 
 def test_a_lease_held_twice_lives_until_its_last_holder_leaves(redis_client):
-    leases = WaveLeases(redis_client, ttl_s=0.3, refresh_s=0.1)
+    leases = WaveLeases(redis_client, ttl_s=0.6, refresh_s=0.1)
     key = wave_live_key("j", 0, 0)
     with leases.hold(key):
         with leases.hold(key):  # a retried Launch running the same wave
             assert redis_client.exists(key)
-        time.sleep(0.5)  # past the TTL: refreshed
+        time.sleep(1.0)  # past the TTL: refreshed
         assert redis_client.exists(key)
     assert not redis_client.exists(key)
     time.sleep(0.3)  # the refresher does not bring it back
@@ -92,7 +92,7 @@ def endpoint():
 def scaler(redis_client, endpoint):
     client = lambda_client(endpoint.endpoint_url, "us-east-1", max_connections=4, read_timeout=30)
     servicer = ScalerServicer(redis_client, Invoker(client, max_attempts=1), cost.Prices(), "redis://127.0.0.1:1/0",
-                              wave_leases=WaveLeases(redis_client, ttl_s=0.3, refresh_s=0.1))
+                              wave_leases=WaveLeases(redis_client, ttl_s=0.6, refresh_s=0.1))
     server = grpc.server(futures.ThreadPoolExecutor(2))
     scaler_pb2_grpc.add_ActorScalerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -107,7 +107,7 @@ def test_the_scaler_keeps_a_waves_lease_while_its_actors_run_and_drops_it_when_t
     key = wave_live_key("lease-job", 4, 2)
     request = scaler_pb2.LaunchRequest(job_id="lease-job", round=4, wave=2, slots=[0, 1], actors=2, policy_version=0,
                                        steps_per_actor=2000, env_id="CartPole-v1", function_name="slow-actor",
-                                       deadline_s=30.0)  # each actor sleeps 2 s: several TTLs of 0.3 s
+                                       deadline_s=30.0)  # each actor sleeps 2 s: over three TTLs of 0.6 s
     result = {}
     launch = threading.Thread(target=lambda: result.update(resp=scaler.Launch(request, timeout=60)))
     t0 = time.monotonic()
