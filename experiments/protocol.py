@@ -1086,12 +1086,15 @@ def main(figure: str, argv: list[str] | None = None) -> int:
             child = subprocess.Popen([str(clone / ".venv" / "bin" / "python"), "-m", "experiments", figure, *inner],
                                      cwd=clone, env=env)
             try:
-                return child.wait()
+                rc = child.wait()
             except KeyboardInterrupt:
                 child.send_signal(signal.SIGINT)
                 return child.wait()
         finally:
             (clone / LOCK_NAME).unlink(missing_ok=True)
+        if rc == 0:  # the clone's code may predate whole_grid: its table covers only this command's schemes
+            report_whole_grid(proto, out, command, reps=args.reps, commit=args.commit_results)
+        return rc
 
     if not args.report_only:
         state = Path(args.state_dir) if args.state_dir else ROOT / "results" / ".protocol-state" / proto.name
@@ -1099,7 +1102,14 @@ def main(figure: str, argv: list[str] | None = None) -> int:
                 concurrency=args.concurrency, commit=args.commit_results)
     else:
         check_out_dir(proto, out)
-    report(whole_grid(proto, out), out, command, reps=args.reps)
-    if args.commit_results and git_toplevel(out) is not None:
-        commit_results(out, f"protocol {proto.name}: table and curves")
+    report_whole_grid(proto, out, command, reps=args.reps, commit=args.commit_results)
     return 0
+
+
+def report_whole_grid(proto: Protocol, out: Path, command: str, *, reps: int, commit: bool) -> None:
+    """Table, curves and numbers of every scheme and seed the out dir holds (`whole_grid`), committed when asked
+    and the out dir is in a repository. Runs in this tree's code, also after a grid ran from a clone: the runs
+    are the clone's, the analysis is this one's."""
+    report(whole_grid(proto, out), out, command, reps=reps)
+    if commit and git_toplevel(out) is not None:
+        commit_results(out, f"protocol {proto.name}: table and curves")

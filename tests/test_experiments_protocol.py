@@ -384,3 +384,31 @@ def test_the_table_covers_every_scheme_and_seed_the_grid_holds(tmp_path):
     numbers = P.report(whole, out, "t", reps=20, log=lambda *_: None)["schemes"]
     assert set(numbers) == {"nitro", "fixed:1", "max"} and len(numbers["max"]["final"]) == 1
     assert P.whole_grid(second, tmp_path / "nowhere") == second
+
+
+def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_path, monkeypatch):
+    """A grid runs from a clone at a fixed commit whose code may report only its own command's schemes; the
+    command that started it then rebuilds the table over every scheme and seed the out dir holds."""
+    from dataclasses import replace
+
+    cli = ["--env", "CartPole-v1", "--preset", "fast", "--rounds", "4", "--steps-per-actor", "64", "--i-min", "1",
+           "--i-max", "4", "--eval-every", "2", "--eval-episodes", "2", "--final-evals", "2", "--name", "t"]
+    first = P.protocol_from_args(P.build_parser("protocol").parse_args([*cli, "--schemes", "nitro,fixed:imin",
+                                                                        "--seeds", "2"]), "protocol")
+    out = tmp_path / "grid"
+    P.execute(first, out, runner=FakeRunner(), commit=False, log=lambda *_: None)
+    P.execute(replace(first, schemes=("max",), seeds=(0,)), out, runner=FakeRunner(), commit=False, log=lambda *_: None)
+    (repo / "experiments").mkdir()
+    (repo / "experiments" / "protocol.py").write_text("")
+    git("add", "experiments", cwd=repo)
+    git("commit", "-q", "-m", "experiments", cwd=repo)
+    python = repo / ".venv" / "bin" / "python"  # the clone's interpreter: runs nothing, writes no table
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\nexit 0\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("NITRO_PROTOCOL_MAIN_REPO", str(repo))
+    rc = P.main("protocol", [*cli, "--schemes", "max", "--seed-list", "0", "--clone", str(tmp_path / "clone"),
+                             "--commit", "HEAD", "--out", str(out), "--no-commit-results", "--reps", "20"])
+    assert rc == 0
+    table = (out / "table.md").read_text()
+    assert "| nitro |" in table and "| fixed:1" in table and "| max (4)" in table, table
