@@ -22,8 +22,7 @@ from nitro.errors import ConfigError
 from nitro.rpc import auth
 from nitro.rpc.grpc_util import Service, configure_logging, make_channel
 from nitro.rpc.metrics import serve_metrics
-from nitro.scaling.minions import SchedulerMismatchError
-from nitro.spec import ScalerSettings, TrainingSpec, from_proto, validate
+from nitro.spec import ScalerSettings, TrainingSpec, from_proto, refusal, validate
 from nitro.v1 import detector_pb2_grpc, scaler_pb2_grpc, training_pb2, training_pb2_grpc
 
 log = logging.getLogger("learner_svc")
@@ -121,10 +120,9 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
             return self._resume(request.spec.job_id, context).status()
         try:
             spec = validate(from_proto(request.spec))
-        except SchedulerMismatchError as exc:  # a well-formed checkpoint trained for another job shape
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"scaler.scheduler: {exc}")
         except ConfigError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            status, detail = refusal(exc)
+            context.abort(grpc.StatusCode[status], detail)
         if self._saved(spec.job_id) is not None:
             context.abort(grpc.StatusCode.ALREADY_EXISTS,
                           f"job {spec.job_id!r} exists; resume it or choose another job_id")

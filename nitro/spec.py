@@ -135,6 +135,17 @@ def _finite(name: str, value: float) -> None:
         raise InvalidSpec(name, f"must be a finite number, got {value!r}")
 
 
+def refusal(exc: ConfigError) -> tuple[str, str]:
+    """(gRPC status name, detail) StartTraining answers a spec that fails `validate` with: a well-formed
+    scheduler checkpoint trained for another job shape is FAILED_PRECONDITION, every other error
+    INVALID_ARGUMENT. The learner and `nitro train --local` (which checks before it starts a system) share it."""
+    from nitro.scaling.minions import SchedulerMismatchError
+
+    if isinstance(exc, SchedulerMismatchError):
+        return "FAILED_PRECONDITION", str(exc)  # the message names the field already
+    return "INVALID_ARGUMENT", str(exc)
+
+
 def validate(spec: TrainingSpec) -> TrainingSpec:
     """Check every field; returns the spec (with a generated job id if none was given).
 

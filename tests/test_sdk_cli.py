@@ -155,6 +155,26 @@ def test_missing_env_is_bad_input(capsys):
     assert capsys.readouterr().err.strip().startswith("error: INVALID_ARGUMENT: env_id")
 
 
+def test_local_train_refuses_a_bad_spec_before_it_starts_a_system(tmp_path, capsys):
+    state = tmp_path / "state"
+    argv = ["train", "--local", "--state-dir", str(state), "--env", "Hopper-v5", "--rounds", "1"]
+    assert cli.main([*argv, "--scaler", "bogus"]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip().startswith("error: INVALID_ARGUMENT: scaler.policy: unknown scaling policy 'bogus'")
+    assert "local system up" not in out and not list(state.glob("*"))  # nothing was started
+    assert cli.main([*argv, "--i-min", "10", "--i-max", "4"]) == 2
+    assert "error: INVALID_ARGUMENT: scaler.i_min: must be <= scaler.i_max (4)" in capsys.readouterr().err
+
+
+def test_spec_refusals_carry_the_learners_status():
+    from nitro.scaling.minions import SchedulerMismatchError
+    from nitro.spec import refusal
+
+    assert refusal(InvalidSpec("rounds", "must be >= 1")) == ("INVALID_ARGUMENT", "rounds: must be >= 1")
+    assert refusal(SchedulerMismatchError("trained for i_max=4")) == \
+        ("FAILED_PRECONDITION", "scaler.scheduler: trained for i_max=4")
+
+
 def test_spec_to_proto_checks():
     with pytest.raises(InvalidSpec, match="unknown field"):
         sdk.spec_to_proto({"env_id": "CartPole-v1", "roundz": 3})

@@ -9,7 +9,11 @@ import math
 import os
 import signal
 
+import grpc
+
 from nitro.client.commands.common import (
+    BAD_INPUT,
+    CliError,
     add_state_dir,
     add_target,
     learner_client,
@@ -20,6 +24,7 @@ from nitro.client.commands.common import (
 from nitro.client.commands.follow import FollowOptions, add_outputs, open_job_trackers, run_job
 from nitro.client.commands.system import LocalSystemOptions, aws_backend, local_system_for_job
 from nitro.contracts import SCALING_POLICIES
+from nitro.local import system_state
 from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
 
 SCALER_POLICIES = "|".join(SCALING_POLICIES) + "|fixed:N"
@@ -248,8 +253,24 @@ def build_spec(args) -> dict:
     return spec
 
 
+def check_before_starting(spec: dict) -> None:
+    """Refuse a spec here as the local learner would (the same code, `nitro.spec.validate`), so bad input costs
+    no system start. CliError with the learner's status and detail, and the exit code that answer gets."""
+    from nitro.client.sdk import spec_to_proto
+    from nitro.errors import ConfigError
+    from nitro.spec import from_proto, refusal, validate
+
+    try:
+        validate(from_proto(spec_to_proto(spec)))
+    except ConfigError as exc:
+        status, detail = refusal(exc)
+        raise CliError(f"{status}: {detail}", exit_code=2 if grpc.StatusCode[status] in BAD_INPUT else 1) from None
+
+
 def cmd_train(args) -> int:
     spec = {"job_id": args.resume} if args.resume else build_spec(args)
+    if args.local and not args.resume and not system_state.running_state(args.state_dir):
+        check_before_starting(spec)  # a system already up decides itself: its learner's PYTHONPATH may differ
     follow = FollowOptions.from_args(args)
     trackers = open_job_trackers(follow)  # a missing tracking package is bad input, before a system or job starts
     aws = aws_backend(args) if args.backend == "aws" else {}
