@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 14's larger environments, after experiments/grids.sh (same clone, same commit, resumable):
-#   COMMIT=134243b nohup experiments/grids-more.sh > results/protocol-logs/grids-more.log 2>&1 &
+# Issue 14's larger environments, after experiments/grids.sh (same clone, same commit, resumable);
+# experiments/grids-ctl.sh start runs both in order.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 COMMIT=${COMMIT:?set COMMIT to the commit the grids run}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The grids behind docs/results.md (issue 14), in the order they run, each resumable: run this script again
 # after an interruption and finished runs are skipped. All from one clone at one commit, so every run of a
-# comparison ran the same code:   COMMIT=134243b nohup experiments/grids.sh > results/protocol-logs/grids.log 2>&1 &
+# comparison ran the same code. Start, stop and follow them with experiments/grids-ctl.sh (start|stop|status).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 COMMIT=${COMMIT:?set COMMIT to the commit the grids run}

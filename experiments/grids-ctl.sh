@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Start, stop or inspect the background grids (experiments/grids.sh, then experiments/grids-more.sh), from the
+# main repository, with the clone at one commit:
+#   COMMIT=134243b experiments/grids-ctl.sh start    # resumes: finished runs are skipped
+#   experiments/grids-ctl.sh status                  # what runs, the last finished runs
+#   experiments/grids-ctl.sh stop                    # ends the current run too; its partial directory is deleted
+# A run cut short leaves a run directory without summary.json; start and stop delete those (the run is redone).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CLONE=${CLONE:-/work/grid-clone}
+LOGS=results/protocol-logs
+
+delete_partial_runs() {
+  for d in docs/results/grids/*/runs/*/; do
+    [ -d "$d" ] && [ ! -f "$d/summary.json" ] && { echo "deleting the partial run $d"; rm -rf "$d"; }
+  done
+  return 0
+}
+
+running() { pgrep -f "experiments/grids(-more)?\.sh" >/dev/null; }
+
+case "${1:-status}" in
+  start)
+    COMMIT=${COMMIT:?set COMMIT to the commit the grids run}
+    if running; then echo "grids already running:"; pgrep -af "experiments/grids"; exit 1; fi
+    delete_partial_runs
+    rm -f "$CLONE/.nitro-protocol.lock"
+    mkdir -p "$LOGS"
+    # grids-more.sh waits for the clone's lock only, which is free between two grids: chain it instead.
+    COMMIT=$COMMIT nohup bash -c 'experiments/grids.sh; experiments/grids-more.sh' >> "$LOGS/grids.log" 2>&1 &
+    echo "grids started (pid $!), commit $COMMIT; log: $LOGS/grids.log"
+    ;;
+  stop)
+    pkill -f "experiments/grids.sh; experiments/grids-more.sh"
+    pkill -f "experiments/grids(-more)?\.sh"
+    pkill -f "python -m experiments protocol"
+    pkill -f "$CLONE/.venv/bin/python"
+    sleep 3
+    pkill -9 -f "python -m experiments protocol"
+    pkill -9 -f "$CLONE/.venv/bin/python"
+    sleep 1
+    delete_partial_runs
+    rm -f "$CLONE/.nitro-protocol.lock"
+    git checkout -- docs/results/grids/*/grid.json 2>/dev/null  # a grid.json its run had not committed yet
+    echo "grids stopped"
+    ;;
+  status)
+    if running; then echo "running:"; pgrep -af "experiments/grids|experiments protocol" | grep -v grids-ctl | cut -c1-160
+    else echo "not running"; fi
+    grep -h "SUCCEEDED, \|FAILED" "$LOGS"/grids*.log 2>/dev/null | tail -5
+    ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
