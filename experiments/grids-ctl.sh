@@ -4,7 +4,9 @@
 #   COMMIT=134243b experiments/grids-ctl.sh start    # resumes: finished runs are skipped
 #   experiments/grids-ctl.sh status                  # what runs, the last finished runs
 #   experiments/grids-ctl.sh stop                    # ends the current run too; its partial directory is deleted
-# A run cut short leaves a run directory without summary.json; start and stop delete those (the run is redone).
+#                                                    # (and any other `python -m experiments protocol` on this machine)
+# A run cut short leaves a run directory without summary.json; start and stop delete those (the run is redone),
+# and a grid directory with no finished run that git does not track yet.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CLONE=${CLONE:-/work/grid-clone}
@@ -13,6 +15,9 @@ LOGS=results/protocol-logs
 delete_partial_runs() {
   for d in docs/results/grids/*/runs/*/; do
     [ -d "$d" ] && [ ! -f "$d/summary.json" ] && { echo "deleting the partial run $d"; rm -rf "$d"; }
+  done
+  for g in docs/results/grids/*/; do  # a grid that had just begun: no finished run, nothing committed yet
+    [ -z "$(ls -A "$g/runs" 2>/dev/null)" ] && [ -z "$(git ls-files "$g")" ] && { echo "deleting the empty grid $g"; rm -rf "$g"; }
   done
   return 0
 }
