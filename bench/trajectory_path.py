@@ -1,10 +1,12 @@
 """Time one trajectory batch through the data plane, actor to learner.
 
 Figure: ms per batch through the full signed path. Per iteration:
-TrajectoryWriter.append (pickle protocol 5 with out-of-band buffers, one
-ChaCha20-Poly1305 tag, XADD), then TrajectoryReader.read (XREADGROUP, tag
-check, restricted unpickle, dedup against the reader's copy of `seen`) and ack
-(XACK + XDEL + seen record in one MULTI/EXEC). Reference, measured in the same
+TrajectoryWriter.append_batch, as the actor calls it (pickle protocol 5 with
+out-of-band buffers, one ChaCha20-Poly1305 tag, one XADD), then
+TrajectoryReader.read (XREADGROUP, tag check, restricted unpickle, dedup
+against the reader's copy of `seen`) and ack (XACK + XDEL + seen record in one
+MULTI/EXEC). The learner acks a round's batches together; here every batch
+pays a whole ack. Reference, measured in the same
 run on the same server: a plain SET + GET of the raw pickle of the same batch;
 path and reference alternate so both see the same machine noise. Target:
 ratio <= 2.0.
@@ -35,6 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
+
 from nitro.contracts import stream_key  # noqa: E402
 from nitro.data import codec  # noqa: E402
 from nitro.data.redis_client import connect  # noqa: E402
@@ -42,6 +46,7 @@ from nitro.data.store import TrajectoryReader, TrajectoryWriter  # noqa: E402
 from nitro.local.redis_server import LocalRedis  # noqa: E402
 
 TARGET_RATIO = 2.0
+PARSER = "hiredis" if HIREDIS_AVAILABLE else "python"  # redis-py's reply parser, for path and reference alike
 STEPS = 4096
 
 
@@ -99,8 +104,8 @@ def main() -> None:
         try:
             for i in range(args.warmup + args.iterations):
                 t0 = time.perf_counter()
-                writer.append(invocation_id=f"inv-{i}", round=i, policy_version=i, steps=STEPS, batch=batch,
-                              compress=args.compress)
+                writer.append_batch(invocation_id=f"inv-{i}", round=i, policy_version=i, batch=batch,
+                                    compress=args.compress)
                 entries = reader.read(count=1, block_ms=1000)
                 reader.ack(entries)
                 t1 = time.perf_counter()
@@ -128,7 +133,7 @@ def main() -> None:
     ref_median, _ = _ms(reference)
     ratio = median / ref_median
     print(f"batch: {STEPS} Hopper steps, raw pickle {len(raw) / 1024:.0f} KiB, envelope {len(blob) / 1024:.0f} KiB "
-          f"({codec.MAGIC.decode()}), compress={args.compress}")
+          f"({codec.MAGIC.decode()}), compress={args.compress}, reply parser {PARSER}")
     print(f"signed stream path (append+read+verify+decode+ack): median {median:.3f} ms, p90 {p90:.3f} ms")
     print(f"reference (SET+GET of raw pickle): median {ref_median:.3f} ms")
     print(f"codec alone: encode {encode_ms:.3f} ms, decode {decode_ms:.3f} ms; one tag pass {tag_ms:.3f} ms "
@@ -138,6 +143,7 @@ def main() -> None:
         "benchmark": "trajectory_path",
         "iterations": args.iterations,
         "compress": args.compress,
+        "reply_parser": PARSER,
         "payload_bytes": len(raw),
         "envelope_bytes": len(blob),
         "median_ms": round(median, 4),

@@ -430,3 +430,16 @@ def test_unacked_entries_survive_redis_restart(tmp_path, hmac_key):
         reader.ack([entry])
         assert client.xlen(stream_key(JOB)) == 0
         client.close()
+
+
+def test_a_single_entry_is_appended_without_a_transaction(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    redis_client.config_resetstat()
+    writer.append_batch(invocation_id="one", round=1, policy_version=3, batch=_batch())
+    assert "cmdstat_multi" not in redis_client.info("commandstats")
+    small = TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=2048)
+    small.append_batch(invocation_id="split", round=1, policy_version=3,
+                       batch={**_batch(), "truncated": np.zeros(64, bool), "values": np.zeros(64, np.float32),
+                              "bootstrap_value": 0.0})
+    assert redis_client.info("commandstats")["cmdstat_multi"]["calls"] == 1  # the parts stay atomic
+    assert redis_client.xlen(stream_key(JOB)) > 2
