@@ -67,3 +67,21 @@ def test_url_from_env():
     assert url_from_env(environ={}) == DEFAULT_URL
     assert url_from_env(default=None, environ={}) is None
     assert url_from_env(environ=env(URL="redis://r:1/0")) == "redis://r:1/0"
+
+
+def test_connect_packs_every_kind_of_value_and_sends_large_ones_uncopied(redis_client):
+    import numpy as np
+
+    big = np.arange(100_000, dtype=np.float32)
+    redis_client.set("nitro:t:s", "héllo")
+    redis_client.set("nitro:t:f", 1.5)
+    # A buffer past the packer's cutoff; byte-formatted (redis-py takes len() of a memoryview as its size).
+    redis_client.set("nitro:t:mv", memoryview(big).cast("B"))
+    redis_client.xadd("nitro:t:x", {"n": 3, "big": big.tobytes(), "ba": bytearray(b"\x00\x01")})
+    assert redis_client.get("nitro:t:s").decode() == "héllo" and redis_client.get("nitro:t:f") == b"1.5"
+    assert np.array_equal(np.frombuffer(redis_client.get("nitro:t:mv"), np.float32), big)
+    [(_, fields)] = redis_client.xrange("nitro:t:x")
+    assert fields == {b"n": b"3", b"big": big.tobytes(), b"ba": b"\x00\x01"}
+    packer = redis_client.connection_pool.get_connection()._command_packer
+    chunks = packer.pack("SET", "k", big.tobytes())
+    assert any(len(c) == big.nbytes for c in chunks)  # the value is its own chunk, not joined into a copy
