@@ -22,6 +22,23 @@ run has finished:
     shuffled    replay of nitro's own scores shuffled across rounds: S_k / d^k, permuted with a
                 seeded RNG, times d^k again, mapped through the nitro rule to actor counts
 
+MinionsRL (--scheduler PATH, docs/minions.md): the scheme `minions` runs the scaler policy minions with a
+scheduler pre-trained by `nitro pretrain-minions` (with --scheduler and no --schemes it joins the default
+schemes). The file is copied into the grid directory (minions-scheduler.npz) and its sha256 pinned in
+grid.json and in every minions run's run.json, so a resumed grid uses that copy and refuses another scheduler.
+Its pre-training cost (the checkpoint's metadata) is shown beside the minions row and added to it. A scheduler
+for the paper-scale grid (Hopper-v5, I_max 64, 512 steps per actor, preset tuned, no budget limit), estimated
+from a smoke of it at about 22 CPU minutes and $0.6 modelled (at most 43 minutes, $1.2; docs/results.md):
+
+    nitro pretrain-minions --env Hopper-v5 --i-max 64 --steps-per-actor 512 --preset tuned \\
+        --rounds-per-episode 4 --episodes 20 --budget 1000 --budget-min 0 --out /abs/hopper-v5-i64.npz
+    python -m experiments protocol --schemes minions --scheduler /abs/hopper-v5-i64.npz
+
+Stellaris (--learner-mode stellaris, docs/stellaris.md): every run on-policy with serverless learner functions
+instead of the central learner; a grid of its own (the name ends in -stellaris). Combinations the system refuses
+(--reproducible with stellaris or with minions, a scheduler trained for another I_max) are refused before any
+run by the learner's own spec validation (nitro.spec.validate).
+
 Runs are one at a time (one per 2 cores), resumable (a run with summary.json is done), and can run
 from a clone at a fixed commit (--clone DIR --commit REV) so edits never reach a running grid; each
 finished run is committed to the results directory of the main repository (--no-commit-results to
@@ -33,11 +50,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +87,7 @@ EVAL_EVERY = 5
 EVAL_EPISODES = 10
 BOOTSTRAP_REPS = 2000
 LOCK_NAME = ".nitro-protocol.lock"
+SCHEDULER_FILE = "minions-scheduler.npz"  # the grid's own copy of the minions scheduler
 
 
 # -- configuration ---------------------------------------------------------------------------------------
@@ -94,9 +114,20 @@ class Protocol:
     budget_usd: float | None = None  # budget-matched mode: every run gets this modelled-dollar budget
     reproducible: bool = False
     shuffle_seed: int = 0  # the shuffled control's RNG: numpy default_rng([shuffle_seed, run seed])
+    learner_mode: str = "central"  # nitro.spec.LEARNER_MODES: "stellaris" learns in serverless learner functions
+    # Scheme minions: the pre-trained scheduler's absolute path (the grid's copy once check_out_dir adopted it)
+    # and its sha256; not part of the scale, since minions may join a grid later (check_out_dir pins them).
+    scheduler: str = ""
+    scheduler_sha256: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "schemes", tuple(resolve_schemes(self.schemes, self.i_min)))
+        if self.scheduler and not self.scheduler_sha256:
+            if not Path(self.scheduler).is_file():
+                raise ValueError(f"scheduler (--scheduler): no file at {self.scheduler}; pre-train one with `nitro "
+                                 "pretrain-minions` (python -m experiments protocol --help)")
+            object.__setattr__(self, "scheduler", str(Path(self.scheduler).resolve()))
+            object.__setattr__(self, "scheduler_sha256", file_sha256(self.scheduler))
+        object.__setattr__(self, "schemes", tuple(resolve_schemes(self.schemes, self.i_min, bool(self.scheduler))))
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
         for name in ("rounds", "steps_per_actor", "i_min", "i_max", "eval_every", "final_evals"):
             if int(getattr(self, name)) < 1:
@@ -113,7 +144,7 @@ class Protocol:
     def scale(self) -> dict:
         """What must match to resume into an out dir (seeds and schemes may grow)."""
         d = asdict(self)
-        for k in ("seeds", "schemes", "name"):
+        for k in ("seeds", "schemes", "name", "scheduler", "scheduler_sha256"):
             d.pop(k)
         return d
 
@@ -124,7 +155,9 @@ class Protocol:
                 f"per actor, I_min={self.i_min}, I_max={self.i_max}, d={self.decay:g}, {len(self.seeds)} seeds, "
                 f"evaluation every {self.eval_every} rounds and after the last, {self.eval_episodes} deterministic "
                 f"episodes, final = mean of the last {self.final_evals} evaluations, {budget}"
-                + (", reproducible sampling" if self.reproducible else ""))
+                + (", reproducible sampling" if self.reproducible else "")
+                + (f", learner mode {self.learner_mode}" if self.learner_mode != "central" else "")
+                + (f", minions scheduler sha256 {self.scheduler_sha256[:12]}" if self.scheduler else ""))
 
     # -- runs ---------------------------------------------------------------------------------------
     def run(self, scheme: str, seed: int, scaler: dict | None = None, meta: dict | None = None) -> Run:
@@ -133,15 +166,28 @@ class Protocol:
             extra["budget_clock"] = "cloud"
         if self.reproducible:
             extra["reproducible"] = True
+        if self.learner_mode != "central":
+            extra["learner_mode"] = self.learner_mode
+        if scheme == "minions":
+            extra["scaler"]["scheduler"] = self.scheduler
+            meta = {"scheduler": self.scheduler, "scheduler_sha256": self.scheduler_sha256, **(meta or {})}
         return Run(self.name, self.env_id, self.algo, scheme, seed, self.rounds, self.steps_per_actor, self.i_min,
                    self.i_max, preset=self.preset, eval_episodes=self.eval_episodes,
                    budget_usd=self.budget_usd if self.budget_usd is not None else UNLIMITED_USD,
                    extra=extra, meta=meta or {})
 
 
-def resolve_schemes(schemes: Sequence[str], i_min: int) -> list[str]:
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_schemes(schemes: Sequence[str], i_min: int, scheduler: bool = False) -> list[str]:
     """Scheme tokens -> internal labels (fixed:imin -> fixed:<I_min>, fixed:nbar -> fixed-nbar); nitro first
-    and added when a derived control needs it. ValueError naming a bad token."""
+    and added when a derived control needs it; minions only with a scheduler. ValueError naming a bad token."""
     from nitro.contracts import SCALING_POLICIES
 
     out: list[str] = []
@@ -158,9 +204,10 @@ def resolve_schemes(schemes: Sequence[str], i_min: int) -> list[str]:
             raise ValueError("scheme 'replay' needs a list; the protocol's replay control is 'shuffled'")
         elif t not in DERIVED and t not in SCALING_POLICIES:
             raise ValueError(f"unknown scheme {token!r}; allowed: nitro, fixed:imin, fixed:N, fixed:nbar, max, "
-                             f"schedule, shuffled, nitro-floor, hydrozoa, kungfu")
-        if t == "minions":
-            raise ValueError("scheme 'minions' needs a pre-trained scheduler: use `python -m experiments fig15`")
+                             f"schedule, shuffled, nitro-floor, hydrozoa, kungfu, minions (with --scheduler)")
+        if t == "minions" and not scheduler:
+            raise ValueError("scheme 'minions' needs a pre-trained scheduler: pass --scheduler PATH, a checkpoint "
+                             "written by `nitro pretrain-minions` (python -m experiments protocol --help)")
         if t not in out:
             out.append(t)
     if any(t in DERIVED for t in out) and "nitro" not in out:
@@ -296,14 +343,40 @@ def plan(proto: Protocol, out: Path) -> list[Planned]:
     return planned
 
 
-def check_out_dir(proto: Protocol, out: Path) -> None:
-    """grid.json pins the scale of an out dir: resuming with another scale is an error, not a silent mix."""
+def check_specs(proto: Protocol) -> None:
+    """Every scheme's job spec passes the learner's own check (nitro.spec.validate, after the same proto round trip
+    StartTraining does), so a combination the system refuses (--reproducible with learner mode stellaris or with
+    minions, a scheduler trained for another I_max) stops the grid before any run, with the system's reason.
+    The derived controls are checked with I_min standing in for the counts their nitro run will give."""
+    from nitro.client.sdk import spec_to_proto
+    from nitro.errors import ConfigError
+    from nitro.spec import from_proto, refusal, validate
+
+    stand_in = {"fixed-nbar": {"policy": "fixed", "fixed_actors": proto.i_min},
+                "shuffled": {"policy": "replay", "actors_by_round": ",".join([str(proto.i_min)] * proto.rounds)}}
+    for scheme in proto.schemes:
+        run = proto.run(scheme, proto.seeds[0], stand_in.get(scheme))
+        try:
+            validate(from_proto(spec_to_proto(run.spec())))
+        except ConfigError as exc:
+            status, detail = refusal(exc)
+            raise ValueError(f"scheme {scheme}: the system refuses its job spec ({status}: {detail})") from None
+
+
+def check_out_dir(proto: Protocol, out: Path) -> Protocol:
+    """grid.json pins the scale of an out dir: resuming with another scale is an error, not a silent mix.
+
+    It also pins the minions scheduler: the first command with one copies it into the out dir (SCHEDULER_FILE)
+    and records its sha256; a later command with another file, or a finished minions run that used another one,
+    is refused. Returns the protocol with its scheduler pointing at the grid's copy."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "grid.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    if saved:
+        defaults = {f.name: f.default for f in dataclasses.fields(Protocol)}  # grids older than a field have its default
         mine = json.loads(json.dumps(proto.scale()))
-        diff = {k: (saved.get("scale", {}).get(k), v) for k, v in mine.items() if saved.get("scale", {}).get(k) != v}
+        had = saved.get("scale", {})
+        diff = {k: (had.get(k, defaults.get(k)), v) for k, v in mine.items() if had.get(k, defaults.get(k)) != v}
         if diff:
             what = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
             raise SystemExit(f"{out} holds a grid of another scale ({what}); pass --name or --out for a new grid")
@@ -311,8 +384,57 @@ def check_out_dir(proto: Protocol, out: Path) -> None:
         schemes = list(dict.fromkeys(list(saved.get("schemes", [])) + list(proto.schemes)))
     else:
         seeds, schemes = list(proto.seeds), list(proto.schemes)
-    path.write_text(json.dumps({"name": proto.name, "scale": proto.scale(), "seeds": seeds, "schemes": schemes},
-                               indent=2) + "\n")
+    record = saved.get("scheduler")
+    if proto.scheduler:
+        proto, record = _adopt_scheduler(proto, out, record)
+    grid = {"name": proto.name, "scale": proto.scale(), "seeds": seeds, "schemes": schemes}
+    if record:
+        grid["scheduler"] = record
+    path.write_text(json.dumps(grid, indent=2) + "\n")
+    return proto
+
+
+def _adopt_scheduler(proto: Protocol, out: Path, record: dict | None) -> tuple[Protocol, dict]:
+    """Refuse a scheduler other than the grid's; copy it into the grid once. Returns (protocol, grid.json record)."""
+    sha = proto.scheduler_sha256
+    if record and record.get("sha256") != sha:
+        raise SystemExit(f"--scheduler {proto.scheduler} (sha256 {sha[:12]}) is not the scheduler of the grid in {out} "
+                         f"({record.get('file')}, sha256 {str(record.get('sha256'))[:12]}, copied from "
+                         f"{record.get('source')}): one grid compares one scheduler; pass that file (or no "
+                         "--scheduler: the grid's copy is used), or --name/--out for a new grid")
+    for run_json in sorted(runs_dir(out).glob("*/run.json")):
+        run = json.loads(run_json.read_text())
+        if run.get("scaler") != "minions" or not (run_json.parent / "summary.json").exists():
+            continue
+        used = (run.get("meta") or {}).get("scheduler_sha256")
+        if used != sha:
+            raise SystemExit(f"--scheduler {proto.scheduler} (sha256 {sha[:12]}) is not the scheduler the finished "
+                             f"minions run {run_json.parent.name} used (sha256 {str(used)[:12]}): a grid must not "
+                             "mix schedulers; pass that run's scheduler, or --name/--out for a new grid")
+    copy = (out / SCHEDULER_FILE).resolve()
+    if not copy.exists() or file_sha256(copy) != sha:
+        tmp = copy.with_suffix(".tmp")
+        shutil.copyfile(proto.scheduler, tmp)
+        os.replace(tmp, copy)
+    if record is None:
+        from nitro.scaling.minions import pretraining_info
+
+        record = {"file": SCHEDULER_FILE, "sha256": sha, "source": proto.scheduler,
+                  "pretraining": {k: v for k, v in pretraining_info(copy).items() if k != "jobs"}}
+    return dataclasses.replace(proto, scheduler=str(copy)), record
+
+
+def grid_scheduler(out: Path) -> str:
+    """The grid's copy of its minions scheduler ("" when it has none); refuses a copy that is not the pinned file."""
+    path = Path(out) / "grid.json"
+    record = json.loads(path.read_text()).get("scheduler") if path.exists() else None
+    if not record:
+        return ""
+    copy = Path(out) / record["file"]
+    if not copy.exists() or file_sha256(copy) != record["sha256"]:
+        raise SystemExit(f"{copy}: missing or changed since the grid pinned it (sha256 {record['sha256'][:12]} in "
+                         f"{path}); restore it, or pass --scheduler with the original ({record.get('source')})")
+    return str(copy.resolve())
 
 
 def whole_grid(proto: Protocol, out: Path) -> Protocol:
@@ -446,7 +568,8 @@ def execute(proto: Protocol, out: Path, *, runner: Callable[[Run, Path], dict] |
     Returns {"done": finished runs of the grid, "total": its runs, "ran": runs finished by this call}.
     """
     out = Path(out)
-    check_out_dir(proto, out)
+    check_specs(proto)
+    proto = check_out_dir(proto, out)
     runs_dir(out).mkdir(parents=True, exist_ok=True)
     own_runner = runner is None
     if runner is None:
@@ -766,6 +889,11 @@ def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_RE
     clock_name = "modelled cloud USD" if clocks <= {"cloud"} else "USD (this machine's clock: no cloud cost reported)"
     n_total = len(plan(proto, out))
     n_done = sum(len(d.final) + len(d.failed) for d in data.values())
+    sched = scheduler_record(proto, out) if "minions" in data else None
+    pre_usd = (sched.get("pretraining") or {}).get("cost_usd") if sched else None
+    with_pre = {}
+    if _finite(pre_usd) and costs.get("minions"):  # the IQM and its bootstrap CI shift with a constant
+        with_pre["minions"] = tuple(v + pre_usd for v in costs["minions"])
     lines = [f"### Evaluation protocol: {proto.name}", "",
              f"Scale: {proto.describe()}.", "",
              f"Command: `{command}`", "",
@@ -782,8 +910,11 @@ def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_RE
         if s == "fixed-nbar" and d.meta:
             name += f" = {', '.join(str(m.get('nbar')) for m in d.meta)}"
         pi = "—" if s == "nitro" else _ci(poi.get(s), ".2f")
+        usd = _ci(costs.get(s), ".4f")
+        if s in with_pre:
+            usd += f" + {pre_usd:.4f} pre-training = {_ci(with_pre[s], '.4f')}"
         lines.append(f"| {name} | {len(d.final)}{f' ({len(d.failed)} failed)' if d.failed else ''} | "
-                     f"{_ci(finals.get(s), '.1f')} | {_ci(costs.get(s), '.4f')} | "
+                     f"{_ci(finals.get(s), '.1f')} | {usd} | "
                      f"{steps.get(s, math.nan):,.0f} | {np.mean(d.mean_actors) if d.mean_actors else math.nan:.1f} | "
                      f"{np.mean(d.rounds) if d.rounds else math.nan:.1f} | {pi} | {cpu_h} |")
     all_cpu = [c for d in data.values() for c in d.cpu_s if c is not None]
@@ -794,6 +925,8 @@ def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_RE
               "beats a random run of the scheme (ties count half). Dollars: the run's modelled cloud bill at its end "
               "(every actor on its own vCPU; docs/cost.md). CPU hours: CPU time of the local system's processes "
               f"on this machine while the runs ran (all schemes: {sum(all_cpu) / 3600:.3g} h)."]
+    if sched is not None:
+        lines.append("\n" + minions_note(proto, sched, len(data["minions"].final)))
     if proto.budget_usd is not None:
         bound = {s: (sum(d.bound), len(d.bound)) for s, d in data.items()}
         lines.append(f"\nBudget ${proto.budget_usd:g} per run on the cloud clock; runs the budget stopped: "
@@ -827,11 +960,53 @@ def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_RE
                                "rounds": d.rounds, "mean_actors": d.mean_actors, "cpu_s": d.cpu_s,
                                "budget_bound": d.bound, "failed": d.failed, "derived": d.meta,
                                "final_iqm_ci": finals.get(s), "usd_iqm_ci": costs.get(s),
-                               "p_nitro_better_ci": poi.get(s), "paired_vs_nitro": paired.get(s)}
+                               "p_nitro_better_ci": poi.get(s), "paired_vs_nitro": paired.get(s),
+                               **({"usd_with_pretraining_iqm_ci": with_pre[s]} if s in with_pre else {})}
                            for s, d in data.items()}}
+    if sched is not None:
+        numbers["scheduler"] = sched
     (out / "report.json").write_text(json.dumps(numbers, indent=2, default=str) + "\n")
     log("\n" + table + f"\nplots: {out / 'curves.png'}\ntable: {out / 'table.md'}")
     return numbers
+
+
+def scheduler_record(proto: Protocol, out: Path) -> dict | None:
+    """The minions scheduler as grid.json pins it (file, sha256, source, pre-training metadata), else as
+    proto names it."""
+    path = Path(out) / "grid.json"
+    record = json.loads(path.read_text()).get("scheduler") if path.exists() else None
+    if record or not proto.scheduler:
+        return record
+    from nitro.scaling.minions import pretraining_info
+
+    return {"file": Path(proto.scheduler).name, "sha256": proto.scheduler_sha256, "source": proto.scheduler,
+            "pretraining": {k: v for k, v in pretraining_info(proto.scheduler).items() if k != "jobs"}}
+
+
+def minions_note(proto: Protocol, sched: dict, runs: int) -> str:
+    """What the table says about the minions scheduler: which file, what its pre-training cost, and how that
+    cost enters the row (shown separately and added to each run, as fig15 does)."""
+    pre = sched.get("pretraining") or {}
+    head = (f"minions: scheduler `{sched.get('file')}` in this grid (sha256 {str(sched.get('sha256'))[:12]}, "
+            f"copied from {sched.get('source')})")
+    if not _finite(pre.get("cost_usd")):
+        return head + ("; its checkpoint has no pre-training record (not written by `nitro pretrain-minions`), so "
+                       "its pre-training cost is unknown and not added.")
+    text = (head + f", pre-trained by `nitro pretrain-minions` ({pre.get('via')}) on {pre.get('env_id')}, I_max "
+            f"{pre.get('i_max')}, {pre.get('steps_per_actor')} steps per actor, preset {pre.get('preset')}, "
+            f"{pre.get('episodes')} jobs of {pre.get('rounds_per_episode')} rounds: {pre.get('wall_seconds', 0):,.1f} s "
+            f"wall, {pre.get('cpu_seconds', 0):,.1f} CPU s, ${pre['cost_usd']:.4f} modelled. That cost is not in the "
+            "run's dollars: the minions row shows it beside them and adds it to each run (as fig15: amortised over "
+            "no other job")
+    if runs > 1:
+        text += f"; shared by this grid's {runs} minions runs it would be ${pre['cost_usd'] / runs:.4f} per run"
+    text += "); the curves leave it out."
+    mine = {"env_id": proto.env_id, "i_max": proto.i_max, "steps_per_actor": proto.steps_per_actor,
+            "preset": proto.preset}
+    differ = [f"{k} {pre.get(k)!r} (grid {v!r})" for k, v in mine.items() if k in pre and pre.get(k) != v]
+    if differ:
+        text += " **Pre-trained for other jobs than this grid's**: " + ", ".join(differ) + "."
+    return text
 
 
 def _plot(proto: Protocol, data: dict[str, SchemeData], path: Path, clock_name: str) -> None:
@@ -944,6 +1119,8 @@ def _strip(argv: list[str], flags: dict[str, bool]) -> list[str]:
 
 
 def build_parser(figure: str) -> argparse.ArgumentParser:
+    from nitro.spec import LEARNER_MODES
+
     p = argparse.ArgumentParser(prog=f"python -m experiments {figure}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("scale (defaults: the paper's; --smoke: CartPole-v1, preset fast, 10 rounds, 2 seeds)")
@@ -967,6 +1144,13 @@ def build_parser(figure: str) -> argparse.ArgumentParser:
                                     "nitro runs' cost in the matching unbudgeted grid")
     g.add_argument("--reproducible", action="store_true", help="actors start fresh episodes from their seeds")
     g.add_argument("--shuffle-seed", type=int, default=0)
+    g.add_argument("--learner-mode", choices=LEARNER_MODES, default="central",
+                   help="central (default) or stellaris: on-policy learning in serverless learner functions "
+                        "(docs/stellaris.md); a grid of its own, named ...-stellaris")
+    g.add_argument("--scheduler", metavar="PATH",
+                   help="the scheme minions: a scheduler checkpoint of `nitro pretrain-minions`, trained for this "
+                        "I_max; copied into the grid, whose later commands use that copy (without --schemes: "
+                        "the default schemes and minions). Its pre-training cost is shown and added to minions' row")
     r = p.add_argument_group("running")
     r.add_argument("--name", help="grid name (default from env, algo, preset and mode)")
     r.add_argument("--out", help="grid directory (default docs/results/grids/NAME; --smoke: results/experiments/NAME)")
@@ -998,8 +1182,17 @@ def protocol_from_args(args, figure: str) -> Protocol:
     seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else \
         list(range(args.seeds if args.seeds is not None else base["seeds"]))
     schemes = args.schemes.split(",") if args.schemes else list(DEFAULT_SCHEMES)
-    stem = f"{_slug(vals['env_id'])}-{vals['algo']}-{_slug(vals['preset'])}" + ("-smoke" if args.smoke else "")
+    if args.scheduler:
+        if not args.schemes:
+            schemes.append("minions")
+        elif "minions" not in (t.strip().lower() for t in schemes):
+            raise ValueError("--scheduler: only the scheme minions uses it; add minions to --schemes (--schemes "
+                             "minions adds it to an existing grid)")
+    mode = "" if args.learner_mode == "central" else f"-{args.learner_mode}"
+    stem = f"{_slug(vals['env_id'])}-{vals['algo']}-{_slug(vals['preset'])}{mode}" + ("-smoke" if args.smoke else "")
     name = args.name or (f"protocol-budget-{stem}" if budget_mode else f"protocol-{stem}")
+    # Without --scheduler a grid that has one keeps using its own copy (a later command may not name it).
+    scheduler = args.scheduler or grid_scheduler(out_dir(args, name))
     budget = None
     if budget_mode:
         if args.budget in (None, "auto"):
@@ -1011,9 +1204,19 @@ def protocol_from_args(args, figure: str) -> Protocol:
             raise ValueError(f"budget ${budget:g} is below the scaler's first-round reserve (${reserve:.4f}: the "
                              "learner time it assumes before anything is measured), so every run would end at round "
                              "0; pass a larger --budget")
-    return Protocol(name=name, seeds=tuple(seeds), schemes=tuple(schemes), eval_every=args.eval_every,
-                    eval_episodes=args.eval_episodes, final_evals=args.final_evals, decay=args.decay,
-                    budget_usd=budget, reproducible=args.reproducible, shuffle_seed=args.shuffle_seed, **vals)
+    proto = Protocol(name=name, seeds=tuple(seeds), schemes=tuple(schemes), eval_every=args.eval_every,
+                     eval_episodes=args.eval_episodes, final_evals=args.final_evals, decay=args.decay,
+                     budget_usd=budget, reproducible=args.reproducible, shuffle_seed=args.shuffle_seed,
+                     learner_mode=args.learner_mode, scheduler=scheduler or "", **vals)
+    check_specs(proto)
+    return proto
+
+
+def out_dir(args, name: str) -> Path:
+    """The grid directory of a command: --out, else the default for its name."""
+    if args.out:
+        return Path(args.out).resolve()
+    return _default_out(name, args.smoke, Path(os.environ.get("NITRO_PROTOCOL_MAIN_REPO", ROOT)))
 
 
 def first_round_reserve_usd() -> float:
@@ -1055,7 +1258,9 @@ def main(figure: str, argv: list[str] | None = None) -> int:
         proto = protocol_from_args(args, figure)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    out = Path(args.out).resolve() if args.out else _default_out(proto.name, args.smoke, main_repo)
+    out = out_dir(args, proto.name)
+    if args.scheduler:  # the detached or cloned command runs elsewhere: give it the file's absolute path
+        argv = _strip(argv, {"--scheduler": True}) + ["--scheduler", str(Path(args.scheduler).resolve())]
 
     if args.background:
         logs = ROOT / "results" / "protocol-logs"
@@ -1101,7 +1306,7 @@ def main(figure: str, argv: list[str] | None = None) -> int:
         execute(proto, out, state_dir=state, chunk=args.chunk, parallel=args.parallel,
                 concurrency=args.concurrency, commit=args.commit_results)
     else:
-        check_out_dir(proto, out)
+        proto = check_out_dir(proto, out)
     report_whole_grid(proto, out, command, reps=args.reps, commit=args.commit_results)
     return 0
 

@@ -1,5 +1,6 @@
 """The evaluation protocol: aggregates on known inputs, the derived controls, grid planning and resumption,
-committing results, the clone at a fixed commit, and one tiny real run through the local system."""
+committing results, the clone at a fixed commit, the minions scheme's scheduler and the Stellaris learner mode,
+and tiny real runs through the local system."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import math
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,9 @@ def test_scheme_tokens():
     for bad in ("boost", "fixed:x", "replay", "minions"):
         with pytest.raises(ValueError, match="scheme"):
             P.resolve_schemes([bad], 8)
+    with pytest.raises(ValueError, match="--scheduler PATH"):
+        P.resolve_schemes(["minions"], 8)
+    assert P.resolve_schemes(["minions", "nitro"], 8, scheduler=True) == ["nitro", "minions"]
 
 
 # -- planning, execution order, resumption (without a system) -----------------------------------------------------
@@ -280,14 +284,22 @@ def test_strip_removes_flags_and_their_values():
     assert P._strip(argv, {"--clone": True, "--commit": True, "--background": False}) == ["--smoke", "--rounds", "3"]
 
 
-# -- one real run through the local system ------------------------------------------------------------------------
+# -- real runs through the local system ---------------------------------------------------------------------------
 
 
-def test_end_to_end_protocol_on_cartpole(tmp_path):
+@pytest.fixture(scope="module")
+def local_runner(tmp_path_factory):
+    """One local system for this module's real runs (starting and stopping one takes longer than their runs)."""
+    runner = P.LocalRunner(tmp_path_factory.mktemp("state"), concurrency=4)
+    yield runner
+    runner.close()
+
+
+def test_end_to_end_protocol_on_cartpole(tmp_path, local_runner):
     proto = P.Protocol(name="e2e", env_id="CartPole-v1", preset="fast", rounds=4, steps_per_actor=64, i_min=1,
                        i_max=3, seeds=(0,), eval_every=2, eval_episodes=2, final_evals=2)
     out, lines = tmp_path / "grid", []
-    res = P.execute(proto, out, state_dir=tmp_path / "state", concurrency=4, commit=False, log=lines.append)
+    res = P.execute(proto, out, runner=local_runner, commit=False, log=lines.append)
     assert res == {"done": 7, "total": 7, "ran": 7}, lines
     for p in P.plan(proto, out):
         d = out / "runs" / p.run.run_id
@@ -389,7 +401,6 @@ def test_the_table_covers_every_scheme_and_seed_the_grid_holds(tmp_path):
 def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_path, monkeypatch):
     """A grid runs from a clone at a fixed commit whose code may report only its own command's schemes; the
     command that started it then rebuilds the table over every scheme and seed the out dir holds."""
-    from dataclasses import replace
 
     cli = ["--env", "CartPole-v1", "--preset", "fast", "--rounds", "4", "--steps-per-actor", "64", "--i-min", "1",
            "--i-max", "4", "--eval-every", "2", "--eval-episodes", "2", "--final-evals", "2", "--name", "t"]
@@ -412,3 +423,148 @@ def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_
     assert rc == 0
     table = (out / "table.md").read_text()
     assert "| nitro |" in table and "| fixed:1" in table and "| max (4)" in table, table
+
+
+# -- minions (a pre-trained scheduler) and learner mode stellaris -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory) -> str:
+    """A real `nitro pretrain-minions` checkpoint, as small as it gets: 2 CartPole jobs of 2 rounds, I_max 3."""
+    from nitro.scaling.minions_pretrain import PretrainSettings, pretrain
+
+    out = tmp_path_factory.mktemp("sched") / "cartpole-i3.npz"
+    settings = PretrainSettings("CartPole-v1", episodes=2, episodes_per_update=2, rounds_per_episode=2, i_max=3,
+                                steps_per_actor=32, preset="fast", eval_episodes=1, holdout_jobs=0, out=str(out))
+    return pretrain(settings, log=lambda *_: None).path
+
+
+def other_scheduler(path: Path, i_max: int = 3, seed: int = 1) -> str:
+    """A valid scheduler checkpoint that no pre-training wrote (random weights, no pre-training record)."""
+    from nitro.scaling import minions as m
+
+    rng = np.random.default_rng(seed)
+    state = {k: rng.normal(0.0, 0.5, shape).astype(np.float32) for k, shape in m.weight_shapes(i_max).items()}
+    state["obs_mean"], state["obs_var"] = np.zeros(m.OBS_DIM, np.float32), np.ones(m.OBS_DIM, np.float32)
+    return m.save_checkpoint(path, state, i_max)
+
+
+def cli_protocol(tmp_path: Path, *flags: str) -> P.Protocol:
+    args = P.build_parser("protocol").parse_args(["--smoke", "--i-max", "3", "--out", str(tmp_path / "grid"), *flags])
+    return P.protocol_from_args(args, "protocol")
+
+
+def test_minions_and_stellaris_options_are_refused_where_the_system_refuses(scheduler, tmp_path):
+    with pytest.raises(ValueError, match="pass --scheduler PATH"):
+        cli_protocol(tmp_path, "--schemes", "nitro,minions")
+    with pytest.raises(ValueError, match="--scheduler: only the scheme minions uses it"):
+        cli_protocol(tmp_path, "--schemes", "nitro", "--scheduler", scheduler)
+    with pytest.raises(ValueError, match=r"scheduler \(--scheduler\): no file at"):
+        cli_protocol(tmp_path, "--schemes", "minions", "--scheduler", str(tmp_path / "none.npz"))
+    # without --schemes, --scheduler adds minions to the default schemes; the spec names the file
+    proto = cli_protocol(tmp_path, "--scheduler", scheduler)
+    assert proto.schemes == tuple(P.resolve_schemes(P.DEFAULT_SCHEMES, 1)) + ("minions",)
+    assert proto.run("minions", 0).spec()["scaler"]["scheduler"] == scheduler
+    assert proto.scheduler_sha256 == P.file_sha256(scheduler) and "scheduler" not in proto.scale()
+    # what the learner refuses, with the learner's own status and reason (nitro.spec.validate, refusal)
+    with pytest.raises(ValueError, match=r"scheme minions: .*FAILED_PRECONDITION: scaler.scheduler: .*i_max=4"):
+        cli_protocol(tmp_path, "--schemes", "minions", "--scheduler", other_scheduler(tmp_path / "i4.npz", 4))
+    with pytest.raises(ValueError, match=r"scheme minions: .*INVALID_ARGUMENT: reproducible: .*minions"):
+        cli_protocol(tmp_path, "--schemes", "minions", "--scheduler", scheduler, "--reproducible")
+    with pytest.raises(ValueError, match=r"scheme nitro: .*INVALID_ARGUMENT: reproducible: .*learner_mode"):
+        cli_protocol(tmp_path, "--learner-mode", "stellaris", "--reproducible")
+    with pytest.raises(SystemExit):  # argparse: the choices are nitro.spec.LEARNER_MODES
+        P.build_parser("protocol").parse_args(["--learner-mode", "async"])
+    st = cli_protocol(tmp_path, "--learner-mode", "stellaris", "--schemes", "nitro,fixed:imin,minions",
+                      "--scheduler", scheduler)
+    assert st.name == "protocol-cartpole-v1-ppo-fast-stellaris-smoke" and st.scale()["learner_mode"] == "stellaris"
+    assert {st.run(s, 0).spec()["learner_mode"] for s in st.schemes} == {"stellaris"}
+    assert "learner_mode" not in cli_protocol(tmp_path).run("nitro", 0).spec()  # central: the spec's default
+    # a grid written before learner_mode existed is a central grid
+    old, out = tiny(tmp_path), tmp_path / "old"
+    out.mkdir()
+    scale = {k: v for k, v in old.scale().items() if k != "learner_mode"}
+    (out / "grid.json").write_text(json.dumps({"name": "t", "scale": scale, "seeds": [0], "schemes": ["nitro"]}))
+    assert P.check_out_dir(old, out) == old
+    with pytest.raises(SystemExit, match="learner_mode: 'central' there, 'stellaris' now"):
+        P.check_out_dir(replace(old, learner_mode="stellaris"), out)
+
+
+def test_a_grid_pins_its_minions_scheduler_and_reports_its_pretraining_cost(scheduler, tmp_path):
+    from nitro.scaling.minions import pretraining_info
+
+    out = tmp_path / "grid"
+    proto = tiny(tmp_path, seeds=(0, 1), schemes=("nitro", "minions"), i_max=3, scheduler=scheduler)
+    P.execute(proto, out, runner=FakeRunner(), commit=False, log=lambda *_: None)
+    copy = out / P.SCHEDULER_FILE
+    sha = P.file_sha256(scheduler)
+    assert P.file_sha256(copy) == sha
+    grid = json.loads((out / "grid.json").read_text())
+    assert grid["scheduler"]["sha256"] == sha and grid["scheduler"]["source"] == scheduler
+    run = json.loads((out / "runs" / "cartpole-v1-ppo-minions-s0" / "run.json").read_text())
+    assert run["extra"]["scaler"]["scheduler"] == str(copy.resolve())  # the runs use the grid's own copy
+    assert run["meta"]["scheduler_sha256"] == sha and run["meta"]["scheduler"] == str(copy.resolve())
+
+    # A later command without --scheduler uses the grid's copy; another scheduler is refused.
+    args = ["--schemes", "nitro", "--name", "t", "--rounds", "4", "--steps-per-actor", "64", "--eval-every", "2",
+            "--eval-episodes", "2", "--final-evals", "2", "--i-min", "1"]
+    assert cli_protocol(tmp_path, *args).scheduler == str(copy.resolve())
+    other = other_scheduler(tmp_path / "other.npz")
+    with pytest.raises(SystemExit, match="one grid compares one scheduler"):
+        P.execute(replace(proto, scheduler=other, scheduler_sha256=""), out, runner=FakeRunner(),
+                  commit=False, log=lambda *_: None)
+    # the finished runs' records refuse it too, even if grid.json lost its pin
+    del grid["scheduler"]
+    (out / "grid.json").write_text(json.dumps(grid))
+    with pytest.raises(SystemExit, match="finished minions run cartpole-v1-ppo-minions-s0 used"):
+        P.execute(replace(proto, scheduler=other, scheduler_sha256=""), out, runner=FakeRunner(),
+                  commit=False, log=lambda *_: None)
+    P.execute(proto, out, runner=FakeRunner(), commit=False, log=lambda *_: None)  # the same file: pinned again
+    copy.write_bytes(copy.read_bytes() + b"x")
+    with pytest.raises(SystemExit, match="missing or changed"):
+        cli_protocol(tmp_path, *args)
+    P.execute(proto, out, runner=FakeRunner(), commit=False, log=lambda *_: None)  # --scheduler restores the copy
+    assert P.file_sha256(copy) == sha
+
+    # The pre-training cost: shown beside the minions row and added to it, from the checkpoint's metadata.
+    pre = pretraining_info(scheduler)["cost_usd"]
+    numbers = P.report(proto, out, "t", reps=50, log=lambda *_: None)
+    m = numbers["schemes"]["minions"]
+    assert m["usd_with_pretraining_iqm_ci"] == pytest.approx([v + pre for v in m["usd_iqm_ci"]])
+    assert numbers["scheduler"]["pretraining"]["cost_usd"] == pre
+    table = (out / "table.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| minions |"))
+    assert f"+ {pre:.4f} pre-training = {m['usd_with_pretraining_iqm_ci'][0]:.4f}" in row, row
+    assert f"sha256 {sha[:12]}" in table and f"${pre:.4f} modelled" in table and "$" + f"{pre / 2:.4f} per run" in table
+    assert "Pre-trained for other jobs" in table and "steps_per_actor 32 (grid 64)" in table
+
+
+def test_minions_and_stellaris_runs_through_the_local_system(scheduler, tmp_path, local_runner):
+    """One minions run with the tiny scheduler and one nitro run in learner mode stellaris."""
+    kw = dict(env_id="CartPole-v1", preset="fast", rounds=3, steps_per_actor=64, i_min=1, i_max=3, seeds=(0,),
+              eval_every=1, eval_episodes=1, final_evals=2)
+    minions = P.Protocol(name="m", schemes=("minions",), scheduler=scheduler, **kw)
+    stellaris = P.Protocol(name="s", schemes=("nitro",), learner_mode="stellaris", **kw)
+    lines: list[str] = []
+    for proto in (minions, stellaris):
+        res = P.execute(proto, tmp_path / proto.name, runner=local_runner, commit=False, log=lines.append)
+        assert res == {"done": 1, "total": 1, "ran": 1}, lines
+
+    def finished(out: Path, run_id: str) -> tuple[dict, list[dict]]:
+        d = out / "runs" / run_id
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["state"] == "SUCCEEDED", summary
+        return summary, [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines()]
+
+    summary, rounds = finished(tmp_path / "m", "cartpole-v1-ppo-minions-s0")
+    assert summary["spec"]["scaler"]["scheduler"] == str((tmp_path / "m" / P.SCHEDULER_FILE).resolve())
+    assert len(rounds) == 3 and all(r["scaler_reason"].startswith("minions:") for r in rounds[:-1]), rounds
+    table = P.report(minions, tmp_path / "m", "t", reps=50, log=lambda *_: None)
+    assert table["schemes"]["minions"]["usd_with_pretraining_iqm_ci"][0] > table["schemes"]["minions"]["usd_iqm_ci"][0]
+
+    summary, rounds = finished(tmp_path / "s", "cartpole-v1-ppo-nitro-s0")
+    assert summary["spec"]["learner_mode"] == "stellaris"
+    launched = sum(r.get("learner_functions_launched", 0) for r in rounds)
+    batches = sum(r["actors_launched"] for r in rounds)
+    assert launched >= batches > 0 and sum(r.get("gradients_applied", 0) for r in rounds) > 0, rounds
+    assert json.loads((tmp_path / "s" / "grid.json").read_text())["scale"]["learner_mode"] == "stellaris"
