@@ -10,6 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CLONE=${CLONE:-/work/grid-clone}
+CLONE2=${CLONE2:-/work/grid-clone2}  # grids-more.sh's later grids
 LOGS=results/protocol-logs
 
 delete_partial_runs() {
@@ -29,7 +30,7 @@ case "${1:-status}" in
     COMMIT=${COMMIT:?set COMMIT to the commit the grids run}
     if running; then echo "grids already running:"; pgrep -af "experiments/grids"; exit 1; fi
     delete_partial_runs
-    rm -f "$CLONE/.nitro-protocol.lock"
+    rm -f "$CLONE/.nitro-protocol.lock" "$CLONE2/.nitro-protocol.lock"
     mkdir -p "$LOGS"
     # grids-more.sh waits for the clone's lock only, which is free between two grids: chain it instead.
     COMMIT=$COMMIT nohup bash -c 'experiments/grids.sh; experiments/grids-more.sh' >> "$LOGS/grids.log" 2>&1 &
@@ -40,12 +41,14 @@ case "${1:-status}" in
     pkill -f "experiments/grids(-more)?\.sh"
     pkill -f "python -m experiments protocol"
     pkill -f "$CLONE/.venv/bin/python"
+    pkill -f "$CLONE2/.venv/bin/python"  # its grids, and the minions pre-training
     sleep 3
     pkill -9 -f "python -m experiments protocol"
     pkill -9 -f "$CLONE/.venv/bin/python"
+    pkill -9 -f "$CLONE2/.venv/bin/python"
     sleep 1
     delete_partial_runs
-    rm -f "$CLONE/.nitro-protocol.lock"
+    rm -f "$CLONE/.nitro-protocol.lock" "$CLONE2/.nitro-protocol.lock" results/minions/*.part.npz
     git checkout -- docs/results/grids/*/grid.json 2>/dev/null  # a grid.json its run had not committed yet
     echo "grids stopped"
     ;;

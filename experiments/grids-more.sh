@@ -7,12 +7,28 @@ COMMIT=${COMMIT:?set COMMIT to the commit the grids run}
 CLONE=${CLONE:-/work/grid-clone}
 P=(.venv/bin/python -m experiments)
 grid() { "${P[@]}" "$@" --clone "$CLONE" --commit "$COMMIT" || echo "grid failed: $*"; }
+# Grids that need the protocol's later options (--scheduler, --learner-mode) run from a second clone at a later
+# commit; the runs of one grid record their code version, and the report lists every version it mixes.
+CLONE2=${CLONE2:-/work/grid-clone2}
+COMMIT2=${COMMIT2:-ad17e9b}
+grid2() { "${P[@]}" "$@" --clone "$CLONE2" --commit "$COMMIT2" || echo "grid failed: $*"; }
+SCHEDULER=$PWD/results/minions/hopper-v5-i64.npz
 
 while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-protocol.lock")" 2>/dev/null; do sleep 30; done
 
 # Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
-# (its nitro and fixed runs are the comparison). MinionsRL needs a pre-trained scheduler: `experiments fig15`.
+# (its nitro and fixed runs are the comparison).
 grid protocol --env Hopper-v5 --schemes hydrozoa,kungfu --seeds 5
+# MinionsRL: a scheduler pre-trained for that grid's jobs (about 22-43 CPU minutes; docs/results.md), once.
+if [ ! -f "$SCHEDULER" ]; then
+  mkdir -p "$(dirname "$SCHEDULER")"
+  (cd "$CLONE2" && .venv/bin/nitro pretrain-minions --env Hopper-v5 --i-max 64 --steps-per-actor 512 --preset tuned \
+     --rounds-per-episode 4 --episodes 20 --budget 1000 --budget-min 0 --out "$SCHEDULER.part.npz") \
+    && mv "$SCHEDULER.part.npz" "$SCHEDULER" || echo "grid failed: minions pre-training"
+fi
+[ -f "$SCHEDULER" ] && grid2 protocol --env Hopper-v5 --schemes minions --scheduler "$SCHEDULER" --seeds 5
+# Stellaris: on-policy learning in serverless learner functions, against the central learner's runs above.
+grid2 protocol --env Hopper-v5 --learner-mode stellaris --schemes nitro,fixed:imin --seeds 5
 grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar,schedule,shuffled --seeds 3
 # Atari: CNN inference on 2 CPU cores makes every run long; the three schemes that answer "timing or samples?".
 grid protocol --env ALE/Qbert-v5 --preset paper-atari --schemes nitro,fixed:imin,fixed:nbar --seeds 3
