@@ -38,3 +38,15 @@ def client(system):
     """An SDK client of the module's `system` (tests.system.module_system)."""
     with NitroClient(system.learner_address) as c:
         yield c
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread, as a learner function runs it: on a shared 2-core machine more threads only
+    contend (an in-process PPO update ran ~10x slower with torch's default two beside the experiment grid)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

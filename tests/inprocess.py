@@ -46,6 +46,8 @@ class InProcessResult:
 def train_ppo(env_id: str, config: PPOConfig, *, actors: int, steps_per_actor: int, max_env_steps: int,
               seed: int = 0, eval_episodes: int = 5,
               stop: Callable[[RoundRecord], bool] | None = None, envs_per_actor: int = 1) -> InProcessResult:
+    """PPO rounds until max_env_steps or `stop`. eval_episodes=0 skips the deterministic evaluation
+    (eval_return is NaN); it draws on its own env and rng, so training is the same either way."""
     obs_space, act_space = env_spaces(env_id)
     spec = spec_for_spaces(obs_space, act_space, hidden_sizes=config.hidden_sizes, activation=config.activation,
                            obs_norm=config.obs_norm, init_log_std=config.init_log_std)
@@ -65,8 +67,10 @@ def train_ppo(env_id: str, config: PPOConfig, *, actors: int, steps_per_actor: i
         stats = learner.update(batches)
         learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in batches]))
         rnd += 1
-        eval_runner = PolicyRunner(spec, learner.policy.numpy_state(), rnd)
-        eval_ret = float(np.mean(evaluate(eval_runner, env_id, eval_episodes, seed=10_000 + rnd)))
+        eval_ret = float("nan")
+        if eval_episodes > 0:
+            eval_runner = PolicyRunner(spec, learner.policy.numpy_state(), rnd)
+            eval_ret = float(np.mean(evaluate(eval_runner, env_id, eval_episodes, seed=10_000 + rnd)))
         rec = RoundRecord(rnd, env_steps, float(np.mean(recent)) if recent else float("nan"), eval_ret, stats)
         result.rounds.append(rec)
         if stop is not None and stop(rec):

@@ -160,8 +160,10 @@ def test_a_resumed_round_does_not_wait_out_the_deadline_for_actors_that_died_wit
     it after LOST_BATCH_GRACE_S, not at the end of the (CLI default) 120 s round deadline."""
     job, deadline_s = "dead-wave", 120.0
     with client_of(system_dir) as client:
+        # One SGD epoch: the resumed round's sampling is what is checked, and the preset's ten epochs over
+        # each round's 4,000 samples were most of the job's time.
         client.start_training({**SPEC, "rounds": 3, "steps_per_actor": 2000, "job_id": job,
-                               "round_deadline_s": deadline_s})
+                               "round_deadline_s": deadline_s, "hyperparameters": {"epochs": 1}})
         wait_for_round(client, job, 0)
     lease = wave_live_key(job, 1, 0)
     with redis_of(system_dir) as r:

@@ -486,11 +486,13 @@ def test_handler_rejects_a_bad_envs_per_actor(fresh_handler, redis_server, bad):
 
 
 @pytest.mark.slow
-def test_ppo_with_eight_envs_per_actor_still_solves_cartpole():
+def test_ppo_with_eight_envs_per_actor_still_solves_cartpole(one_thread):
     from nitro.config import ppo_config
     from tests.inprocess import train_ppo
 
+    # Judged on training returns only: the deterministic evaluation (a third of the time) is skipped, and
+    # skipping it leaves training unchanged (it has its own env and rng).
     result = train_ppo("CartPole-v1", ppo_config("fast"), actors=4, steps_per_actor=512, max_env_steps=100_000,
-                       seed=0, eval_episodes=2, stop=lambda rec: rec.train_return >= 195, envs_per_actor=8)
+                       seed=0, eval_episodes=0, stop=lambda rec: rec.train_return >= 195, envs_per_actor=8)
     best = max(r.train_return for r in result.rounds)
     assert best >= 195, [(r.env_steps, round(r.train_return, 1)) for r in result.rounds]

@@ -18,7 +18,6 @@ from collections import deque
 
 import numpy as np
 import pytest
-import torch
 
 from nitro.algos.stellaris import (
     ParameterServer,
@@ -85,15 +84,6 @@ def train_stellaris(seed: int = 0, target: float = 150.0) -> tuple[list[tuple[in
             s.close()
     acct["version"] = version
     return history, acct
-
-
-@pytest.fixture
-def one_thread():
-    # A learner function runs on one thread; on a shared 2-core machine more threads only contend (20x slower).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.slow

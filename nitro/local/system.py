@@ -94,6 +94,11 @@ STOP_GRACE_S = {"learner": 60.0}
 DEFAULT_STOP_GRACE_S = 20.0
 
 
+# Startup polls a starting component's health this often at most: a probe costs a few milliseconds, and a
+# longer wait only delays the next component (every start waits for three in turn).
+HEALTH_POLL_MAX_S = 0.25
+
+
 @dataclass
 class Component:
     name: str
@@ -402,7 +407,7 @@ class LocalSystem:
 
     def _wait_healthy(self, names: list[str]) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
-        pending, delay = list(names), 0.2
+        pending, delay = list(names), min(0.2, HEALTH_POLL_MAX_S)
         while pending:
             self._check_abort()
             for name in list(pending):
@@ -425,7 +430,7 @@ class LocalSystem:
                                        f"last lines of {comp.log}:\n{log_tail(comp.log)}")
             if pending:
                 time.sleep(delay)
-                delay = min(delay * 1.5, 1.0)
+                delay = min(delay * 1.5, HEALTH_POLL_MAX_S)
 
     def request_stop(self) -> None:
         """Thread- and signal-safe: ends start() or supervise(); a second request hurries stop()."""
