@@ -69,7 +69,7 @@ def test_url_from_env():
     assert url_from_env(environ=env(URL="redis://r:1/0")) == "redis://r:1/0"
 
 
-def test_connect_packs_every_kind_of_value_and_sends_large_ones_uncopied(redis_client):
+def test_connect_round_trips_every_kind_of_value(redis_client):
     import numpy as np
 
     big = np.arange(100_000, dtype=np.float32)
@@ -82,6 +82,3 @@ def test_connect_packs_every_kind_of_value_and_sends_large_ones_uncopied(redis_c
     assert np.array_equal(np.frombuffer(redis_client.get("nitro:t:mv"), np.float32), big)
     [(_, fields)] = redis_client.xrange("nitro:t:x")
     assert fields == {b"n": b"3", b"big": big.tobytes(), b"ba": b"\x00\x01"}
-    packer = redis_client.connection_pool.get_connection()._command_packer
-    chunks = packer.pack("SET", "k", big.tobytes())
-    assert any(len(c) == big.nbytes for c in chunks)  # the value is its own chunk, not joined into a copy
