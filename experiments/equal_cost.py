@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from experiments.protocol import (
     title,
 )
 from nitro.cost import Prices, ReferenceRates, calibrate_reference_rates, reference_job
+from nitro.errors import ConfigError
 
 REACHED_OK = 0.95  # a run whose whole bill stays below this share of the budget ended short of it: flagged
 
@@ -183,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rates:
         rates = ReferenceRates(**json.loads(Path(args.rates).read_text()))
     else:
-        rates = calibrate_reference_rates([x for r in runs for x in r.rounds], runs[0].steps_per_actor, prices)
+        try:
+            rates = calibrate_reference_rates([x for r in runs for x in r.rounds], runs[0].steps_per_actor, prices)
+        except ConfigError as exc:
+            print(f"protocol-equal-cost: {exc} (or pass --rates FILE)", file=sys.stderr)
+            return 2
     price(runs, rates, prices)
     try:
         budget = auto_budget(runs) if args.budget == "auto" else float(args.budget)

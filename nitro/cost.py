@@ -433,13 +433,19 @@ def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
         if not ph or actors <= 0:
             continue
         samples = float(r.get("env_steps") or actors * steps_per_actor)
-        if actors <= warm.get(job, 0) and steps_per_actor > 0:
+        # A round whose sample phase is 0 did not wait for its actors (an asynchronous learner such as IMPACT
+        # overlaps sampling with its update): it says nothing about actor speed.
+        if actors <= warm.get(job, 0) and steps_per_actor > 0 and ph.get("sample", 0.0) > 0:
             step.append(max(0.0, ph.get("sample", 0.0) - prices.lambda_invoke_overhead_s) / steps_per_actor)
         warm[job] = max(warm.get(job, 0), actors)
         if samples > 0:
             sample.append((ph.get("ingest", 0.0) + ph.get("update", 0.0)) / samples)
         if not r.get("evaluated"):  # an evaluation overlaps the detector, which then looks free
             fixed.append(ph.get("publish", 0.0) + ph.get("detect", 0.0))
+    if not step and sample and fixed:
+        raise ConfigError("calibrate_reference_rates: no round measured its actors' sampling (sample phase 0 in "
+                          "every round: an asynchronous learner such as IMPACT overlaps it with the update), so "
+                          "these runs cannot set an actor rate; reference pricing models synchronous rounds")
     if not step or not sample or not fixed:
         raise ConfigError("calibrate_reference_rates: no round report with cloud_phases after a warm launch "
                           "(needs runs of at least two rounds with the cloud clock)")

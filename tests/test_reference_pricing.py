@@ -66,6 +66,14 @@ def test_calibration_takes_the_quiet_rounds_and_ignores_cold_starts_and_loaded_o
         calibrate_reference_rates([{"actors_launched": 8}], 512, P)
 
 
+def test_calibration_refuses_rounds_that_never_waited_for_their_actors():
+    overlapped = _rounds("a", [8] * 10, RATES)
+    for r in overlapped:
+        r["cloud_phases"]["sample"] = 0.0  # IMPACT: the update overlaps sampling, the round reports no sample phase
+    with pytest.raises(ConfigError, match="asynchronous learner"):
+        calibrate_reference_rates(overlapped, 512, P)
+
+
 def _write_run(grid, scheme: str, seed: int, actors: list[int], returns: dict[int, float]) -> None:
     d = grid / "runs" / f"{scheme.replace(':', '-')}-s{seed}"
     d.mkdir(parents=True)
