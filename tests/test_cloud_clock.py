@@ -27,16 +27,14 @@ SPEC = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 4, "steps_per_actor
         "scaler": {"policy": "fixed", "fixed_actors": 4, "i_min": 1, "i_max": 4}}
 
 
-def run(client, **kw) -> list:
-    return list(client.watch(client.start_training({**SPEC, **kw}).job_id))
+def run(client) -> list:
+    return list(client.watch(client.start_training(SPEC).job_id))
 
 
 def test_modelled_cloud_cost_is_the_same_quiet_and_beside_a_cpu_hog(client):
     import psutil
 
-    # Warm-up: first-call costs (torch kernels, the detector's first Score) out of the comparison. They all
-    # fall in a job's first round (its actors' workers start, the learner's first update and evaluation).
-    run(client, rounds=1)
+    run(client)  # warm-up: first-call costs (torch kernels, the detector's first Score) out of the comparison
     quiet = run(client)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     t0 = time.monotonic()
