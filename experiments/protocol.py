@@ -417,17 +417,28 @@ def _adopt_scheduler(proto: Protocol, out: Path, record: dict | None) -> tuple[P
         shutil.copyfile(proto.scheduler, tmp)
         os.replace(tmp, copy)
     if record is None:
-        from nitro.scaling.minions import pretraining_info
-
-        record = {"file": SCHEDULER_FILE, "sha256": sha, "source": proto.scheduler,
-                  "pretraining": {k: v for k, v in pretraining_info(copy).items() if k != "jobs"}}
+        record = _new_scheduler_record(copy, sha, proto.scheduler)
     return dataclasses.replace(proto, scheduler=str(copy)), record
+
+
+def _new_scheduler_record(path: Path, sha256: str, source: str) -> dict:
+    """grid.json's record of a minions scheduler: its file, sha256, origin and pre-training metadata."""
+    from nitro.scaling.minions import pretraining_info
+
+    return {"file": Path(path).name, "sha256": sha256, "source": source,
+            "pretraining": {k: v for k, v in pretraining_info(path).items() if k != "jobs"}}
+
+
+def _pinned_scheduler(out: Path) -> dict | None:
+    """The scheduler record grid.json pins, if any."""
+    path = Path(out) / "grid.json"
+    return json.loads(path.read_text()).get("scheduler") if path.exists() else None
 
 
 def grid_scheduler(out: Path) -> str:
     """The grid's copy of its minions scheduler ("" when it has none); refuses a copy that is not the pinned file."""
     path = Path(out) / "grid.json"
-    record = json.loads(path.read_text()).get("scheduler") if path.exists() else None
+    record = _pinned_scheduler(out)
     if not record:
         return ""
     copy = Path(out) / record["file"]
@@ -973,14 +984,10 @@ def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_RE
 def scheduler_record(proto: Protocol, out: Path) -> dict | None:
     """The minions scheduler as grid.json pins it (file, sha256, source, pre-training metadata), else as
     proto names it."""
-    path = Path(out) / "grid.json"
-    record = json.loads(path.read_text()).get("scheduler") if path.exists() else None
+    record = _pinned_scheduler(out)
     if record or not proto.scheduler:
         return record
-    from nitro.scaling.minions import pretraining_info
-
-    return {"file": Path(proto.scheduler).name, "sha256": proto.scheduler_sha256, "source": proto.scheduler,
-            "pretraining": {k: v for k, v in pretraining_info(proto.scheduler).items() if k != "jobs"}}
+    return _new_scheduler_record(Path(proto.scheduler), proto.scheduler_sha256, proto.scheduler)
 
 
 def minions_note(proto: Protocol, sched: dict, runs: int) -> str:
