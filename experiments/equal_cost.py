@@ -16,6 +16,7 @@ The default budget is the smallest reference bill of a whole nitro run, so that 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -38,6 +39,7 @@ from experiments.protocol import (
 )
 from nitro.cost import Prices, ReferenceRates, calibrate_reference_rates, reference_job
 from nitro.errors import ConfigError
+from nitro.spec import ASYNCHRONOUS_ALGOS
 
 REACHED_OK = 0.95  # a run whose whole bill stays below this share of the budget ended short of it: flagged
 
@@ -52,6 +54,7 @@ class PricedRun:
     i_max: int
     eval_every: int
     source: str
+    asynchronous: bool = False  # IMPACT: the update overlaps sampling (nitro.cost.reference_round)
     cum_usd: list[float] = field(default_factory=list)
 
 
@@ -72,22 +75,42 @@ def load_runs(grids: list[Path]) -> list[PricedRun]:
             if json.loads(summ.read_text()).get("state") != "SUCCEEDED":
                 continue
             run = json.loads(spec.read_text())
+            if run.get("extra", {}).get("learner_mode", "central") != "central":
+                raise SystemExit(f"--grids {g}: learner mode {run['extra']['learner_mode']!r} is not modelled by "
+                                 "reference pricing (it bills learner functions); compare central-learner grids")
             rounds = [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines() if x.strip()]
             pr = PricedRun(scheme=run.get("meta", {}).get("scheme") or run.get("scaler", "?"), seed=int(run["seed"]),
                            rounds=rounds, steps_per_actor=int(run.get("steps_per_actor", scale.get("steps_per_actor"))),
                            i_min=int(run.get("i_min", scale.get("i_min", 1))),
                            i_max=int(run.get("i_max", scale.get("i_max", 1))),
                            eval_every=int(run.get("extra", {}).get("eval_every", scale.get("eval_every", EVAL_EVERY))),
-                           source=str(d))
+                           source=str(d), asynchronous=str(run.get("algo", scale.get("algo", "ppo"))) in ASYNCHRONOUS_ALGOS)
             key = (pr.scheme, pr.seed)
             if key not in best or len(rounds) > len(best[key].rounds):
                 best[key] = pr
     return sorted(best.values(), key=lambda r: (r.scheme, r.seed))
 
 
+def delivered_actors(report: dict) -> int:
+    """The actors a round ran: launched less failed (a failed actor here was throttled by the endpoint's
+    concurrency limit, which AWS does not bill and which I_max never reaches there)."""
+    return max(0, int(report.get("actors_launched") or 0) - int(report.get("actors_failed") or 0))
+
+
 def price(runs: list[PricedRun], rates: ReferenceRates, prices: Prices) -> None:
     for r in runs:
-        r.cum_usd = reference_job([x.get("actors_launched", 0) for x in r.rounds], r.steps_per_actor, rates, prices)
+        r.cum_usd = reference_job([delivered_actors(x) for x in r.rounds], r.steps_per_actor, rates, prices,
+                                  asynchronous=r.asynchronous)
+
+
+def calibrate(runs: list[PricedRun], prices: Prices) -> ReferenceRates:
+    """Reference rates from the runs' own rounds (one learner kind: all synchronous or all asynchronous)."""
+    kinds = {r.asynchronous for r in runs}
+    if len(kinds) > 1:
+        raise ConfigError("the grids mix synchronous (PPO) and asynchronous (IMPACT) runs; compare one algorithm "
+                          "at a time")
+    return calibrate_reference_rates([x for r in runs for x in r.rounds], runs[0].steps_per_actor, prices,
+                                     asynchronous=kinds.pop())
 
 
 def cut(run: PricedRun, budget: float, final_evals: int = FINAL_EVALS) -> dict:
@@ -173,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                    "a whole nitro run (default)")
     p.add_argument("--rates", help="a JSON file of nitro.cost.ReferenceRates fields (default: calibrated from the "
                    "grids' rounds, their quietest decile)")
+    p.add_argument("--actor-rate-from", nargs="+", metavar="DIR", help="take the actor's seconds per env step "
+                   "from these grids instead (same env, network and steps per actor): asynchronous runs measure "
+                   "their actors while the learner shares the cores, which inflates the actors' CPU time")
     p.add_argument("--reps", type=int, default=BOOTSTRAP_REPS, help="bootstrap resamples (default %(default)s)")
     p.add_argument("--out", help="write the table (.md) and its data (.json) here (default: equal-cost-<first "
                    "grid>.md beside the grids)")
@@ -186,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         rates = ReferenceRates(**json.loads(Path(args.rates).read_text()))
     else:
         try:
-            rates = calibrate_reference_rates([x for r in runs for x in r.rounds], runs[0].steps_per_actor, prices)
+            rates = calibrate(runs, prices)
+            if args.actor_rate_from:
+                donors = load_runs([Path(g) for g in args.actor_rate_from])
+                steps = {r.steps_per_actor for r in donors}
+                if not donors or steps != {runs[0].steps_per_actor}:
+                    raise ConfigError(f"--actor-rate-from: needs finished runs with {runs[0].steps_per_actor} steps "
+                                      f"per actor, got {sorted(steps) or 'none'}")
+                rates = dataclasses.replace(rates, actor_s_per_step=calibrate(donors, prices).actor_s_per_step)
         except ConfigError as exc:
             print(f"protocol-equal-cost: {exc} (or pass --rates FILE)", file=sys.stderr)
             return 2
@@ -199,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--budget: must be > 0, got {budget}")
     text, data = table(runs, budget, rates, args.reps)
     command = "python -m experiments protocol-equal-cost --grids " + " ".join(map(str, args.grids)) + \
-        ("" if args.budget == "auto" else f" --budget {args.budget}")
+        ("" if args.budget == "auto" else f" --budget {args.budget}") + \
+        ("" if not args.actor_rate_from else " --actor-rate-from " + " ".join(args.actor_rate_from))
     text = f"### Return at equal modelled dollars: {grids[0].name}\n\nCommand: `{command}`\n\n" + text
     print(text)
     out = Path(args.out) if args.out else grids[0].parent / f"equal-cost-{grids[0].name}.md"

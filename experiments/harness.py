@@ -92,7 +92,8 @@ def run_grid(runs: list[Run], out_dir: str | Path, *, state_dir: str | Path | No
     log(f"{len(runs)} runs, {done} already done, {len(todo)} to go (parallel {parallel})")
     if todo:
         state = Path(state_dir or out / ".nitro")
-        system = LocalSystem(state_dir=state, concurrency=concurrency).start()
+        # A run cut short by a restart is redone from scratch below: the learner must not resume it as well.
+        system = LocalSystem(state_dir=state, concurrency=concurrency, resume_jobs=False).start()
         try:
             with NitroClient(system.learner_address) as client:
                 def go(run: Run) -> None:

@@ -506,7 +506,10 @@ class LocalRunner:
                 from nitro.client.sdk import NitroClient
                 from nitro.local.system import LocalSystem
 
-                self.system = LocalSystem(state_dir=self.state_dir, concurrency=self.concurrency).start()
+                # A run cut short by a restart is redone from scratch (run_one): the learner must not resume it
+                # as well, or a twin would share the cores and the endpoint's actor concurrency with the rerun.
+                self.system = LocalSystem(state_dir=self.state_dir, concurrency=self.concurrency,
+                                          resume_jobs=False).start()
                 self.client = NitroClient(self.system.learner_address)
 
     def __call__(self, run: Run, out_dir: Path) -> dict:

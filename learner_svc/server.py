@@ -22,7 +22,7 @@ from nitro.errors import ConfigError
 from nitro.rpc import auth
 from nitro.rpc.grpc_util import Service, configure_logging, make_channel
 from nitro.rpc.metrics import serve_metrics
-from nitro.spec import ScalerSettings, TrainingSpec, from_proto, refusal, validate
+from nitro.spec import ASYNCHRONOUS_ALGOS, ScalerSettings, TrainingSpec, from_proto, refusal, validate
 from nitro.v1 import detector_pb2_grpc, scaler_pb2_grpc, training_pb2, training_pb2_grpc
 
 log = logging.getLogger("learner_svc")
@@ -40,7 +40,8 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         self.jobs = JobManager(self._run)
 
     def _run(self, job: Job, resume: bool = False) -> None:
-        loop = StellarisLoop if job.spec.learner_mode == "stellaris" else OffPolicyLoop if job.spec.algo == "impact" else OnPolicyLoop
+        loop = (StellarisLoop if job.spec.learner_mode == "stellaris"
+                else OffPolicyLoop if job.spec.algo in ASYNCHRONOUS_ALGOS else OnPolicyLoop)
         loop(job, self.deps).run(resume=resume)
 
     def _job(self, job_id: str, context) -> Job:

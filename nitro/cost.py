@@ -394,58 +394,83 @@ class ReferenceRates:
 
 
 def reference_round(actors: int, steps_per_actor: int, warm_sandboxes: int, rates: ReferenceRates,
-                    prices: Prices, actor_memory_mb: float = 1024.0) -> tuple[float, float]:
+                    prices: Prices, actor_memory_mb: float = 1024.0, *,
+                    asynchronous: bool = False) -> tuple[float, float]:
     """(seconds, USD) of one training round priced at the reference rates: `actors` equal invocations in
     parallel (those beyond the warm sandboxes start cold), then the learner's ingest, update, publish and
-    detect; the learner server is billed for the round. Evaluation is left out: it is the experimenter's
-    measurement, the same for every scaling policy."""
+    detect; the learner server is billed for the round. `asynchronous` (IMPACT): the update runs while the
+    actors sample, so the round takes the longer of the launch and the update, then publish and detect.
+    Evaluation is left out: it is the experimenter's measurement, the same for every scaling policy."""
     actors, steps = int(actors), int(steps_per_actor)
     if actors < 0 or steps < 0:
         raise ConfigError(f"invalid reference round: actors and steps_per_actor must be >= 0, got {actors}, {steps}")
     cold = cold_invocations(actors, warm_sandboxes)
     run_ms = rates.actor_s_per_step * steps * 1000.0
     launch_s, billed = cloud_launch([(run_ms, rates.actor_init_s * 1000.0, i < cold) for i in range(actors)], prices)
-    seconds = launch_s + rates.learner_s_per_sample * actors * steps + rates.learner_s_per_round
+    update_s = rates.learner_s_per_sample * actors * steps
+    seconds = (max(launch_s, update_s) if asynchronous else launch_s + update_s) + rates.learner_s_per_round
     return seconds, learner_cost(seconds, prices) + lambda_cost(sum(billed), actors, actor_memory_mb, prices)
 
 
 def reference_job(actors_by_round, steps_per_actor: int, rates: ReferenceRates, prices: Prices,
-                  actor_memory_mb: float = 1024.0) -> list[float]:
+                  actor_memory_mb: float = 1024.0, *, asynchronous: bool = False) -> list[float]:
     """The cumulative reference bill (USD) after each round of a job that launched `actors_by_round`."""
     total, warm, out = 0.0, 0, []
     for actors in actors_by_round:
-        total += reference_round(actors, steps_per_actor, warm, rates, prices, actor_memory_mb)[1]
+        total += reference_round(actors, steps_per_actor, warm, rates, prices, actor_memory_mb,
+                                 asynchronous=asynchronous)[1]
         warm = max(warm, int(actors))
         out.append(total)
     return out
 
 
+def round_actor_billed_seconds(report: Mapping, prices: Prices, actor_memory_mb: float = 1024.0) -> float:
+    """The actor invocations' modelled billed seconds in one round report, read back from its cloud bill: the
+    round's cloud cost less the learner server's share, less the request fees, over the GB-second rate."""
+    learner_usd = learner_cost(float(report.get("cloud_round_seconds") or 0.0), prices)
+    requests = int(report.get("actors_launched") or 0) - int(report.get("actors_failed") or 0)
+    fees = requests * prices.lambda_usd_per_million_requests / 1e6
+    lambda_usd = float(report.get("cloud_round_cost_usd") or 0.0) - learner_usd - fees
+    return max(0.0, lambda_usd) / (prices.lambda_usd_per_gb_second * _check("memory_mb", actor_memory_mb) / MB_PER_GB)
+
+
 def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
-                              quantile: float = REFERENCE_QUANTILE) -> ReferenceRates:
+                              quantile: float = REFERENCE_QUANTILE, *, asynchronous: bool = False,
+                              actor_memory_mb: float = 1024.0) -> ReferenceRates:
     """Reference rates from round reports that carry `cloud_phases` (any number of runs of one env and
     preset): per unit of work, the `quantile` of what the rounds measured, so rounds slowed by other load
-    on the machine do not set the price. Actor speed comes from warm launches only (no cold start)."""
+    on the machine do not set the price. Actor speed comes from warm launches only (no cold start) without
+    failed actors. Synchronous rounds (PPO) give it as the sample phase (the round waited for its actors);
+    `asynchronous` rounds (IMPACT, whose update overlaps sampling and which report no sample phase) give it
+    as the actors' billed seconds per env step, and their learner rate skips rounds that follow an
+    evaluation (IMPACT counts the previous round's evaluation in `update`)."""
     step, sample, fixed = [], [], []
-    warm = {}
+    warm, after_eval = {}, {}
     for r in rounds:
         ph, actors = r.get("cloud_phases") or {}, int(r.get("actors_launched") or 0)
         job = r.get("job_id")
         if not ph or actors <= 0:
             continue
         samples = float(r.get("env_steps") or actors * steps_per_actor)
-        # A round whose sample phase is 0 did not wait for its actors (an asynchronous learner such as IMPACT
-        # overlaps sampling with its update): it says nothing about actor speed.
-        if actors <= warm.get(job, 0) and steps_per_actor > 0 and ph.get("sample", 0.0) > 0:
+        clean_warm = actors <= warm.get(job, 0) and not r.get("actors_failed") and steps_per_actor > 0
+        if asynchronous:
+            if clean_warm and samples > 0:
+                step.append(round_actor_billed_seconds(r, prices, actor_memory_mb) / samples)
+        # A synchronous round whose sample phase is 0 did not wait for its actors (an asynchronous learner):
+        # it says nothing about actor speed.
+        elif clean_warm and ph.get("sample", 0.0) > 0:
             step.append(max(0.0, ph.get("sample", 0.0) - prices.lambda_invoke_overhead_s) / steps_per_actor)
         warm[job] = max(warm.get(job, 0), actors)
-        if samples > 0:
+        if samples > 0 and not (asynchronous and after_eval.get(job)):
             sample.append((ph.get("ingest", 0.0) + ph.get("update", 0.0)) / samples)
+        after_eval[job] = bool(r.get("evaluated"))
         if not r.get("evaluated"):  # an evaluation overlaps the detector, which then looks free
             fixed.append(ph.get("publish", 0.0) + ph.get("detect", 0.0))
-    if not step and sample and fixed:
+    if not step and sample and fixed and not asynchronous:
         raise ConfigError("calibrate_reference_rates: no round measured its actors' sampling (sample phase 0 in "
                           "every round: an asynchronous learner such as IMPACT overlaps it with the update), so "
-                          "these runs cannot set an actor rate; reference pricing models synchronous rounds")
+                          "these runs cannot set an actor rate synchronously; calibrate them with "
+                          "asynchronous=True (protocol-equal-cost does so for IMPACT grids)")
     if not step or not sample or not fixed:
         raise ConfigError("calibrate_reference_rates: no round report with cloud_phases after a warm launch "
                           "(needs runs of at least two rounds with the cloud clock)")

@@ -33,6 +33,7 @@ from nitro.cost import CLOCKS
 from nitro.errors import ConfigError, UnknownEnvironmentError
 
 ALGOS = ("ppo", "impact")
+ASYNCHRONOUS_ALGOS = ("impact",)  # the learner trains while the actors sample (off-policy loop, V-trace)
 DETECTOR_FALLBACKS = ("i_min", "last")
 LEARNER_MODES = ("central", "stellaris")
 STALENESS_WEIGHTS = ("inverse", "exp", "none")  # nitro.algos.stellaris.staleness_weight

@@ -24,6 +24,8 @@ from nitro.aws.lambda_report import parse_report
 
 log = logging.getLogger(__name__)
 
+# Refused before anything ran: AWS charges neither a request nor duration for a throttled invocation.
+UNBILLED_ERRORS = {"TooManyRequestsException"}
 RETRYABLE_ERRORS = {"TooManyRequestsException", "Sandbox.Timedout", "Runtime.ExitError", "ServiceException",
                     "RedisUnavailableError", "EndpointConnectionError", "ReadTimeoutError", "ConnectionError"}
 
@@ -45,7 +47,7 @@ class InvocationOutcome:
     init_ms: float = 0.0
     attempts: int = 1
     billed_attempts_ms: int = 0  # every attempt's billed time: what the platform charges
-    requests: int = 0
+    requests: int = 0  # attempts the platform billed as requests (a throttled one is not)
     # The cloud clock (docs/cost.md): from the function's own "clock" report; an attempt without one
     # (a function error, a timeout) is modelled by its billed wall time.
     modelled_ms: float = 0.0  # the last attempt's
@@ -95,8 +97,9 @@ class Invoker:
                 ok, etype, emsg, report, body = self._once(function_name, payload)
                 out.requests += 1
             except ClientError as exc:
-                out.requests += 1
                 ok, etype, emsg, report = False, exc.response["Error"].get("Code", "ClientError"), str(exc), {}
+                if etype not in UNBILLED_ERRORS:
+                    out.requests += 1
             except BotoCoreError as exc:
                 ok, etype, emsg, report = False, type(exc).__name__, str(exc), {}
             if report:

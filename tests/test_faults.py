@@ -173,7 +173,7 @@ def test_learner_killed_and_resumed(system):
     assert any(r.resumed or any("resumed" in n for n in r.notes) for r in reports)
 
 
-def test_learner_killed_then_resumed_with_the_cli(system, monkeypatch, tmp_path):
+def test_learner_killed_then_resumed_with_the_cli(system, tmp_path):
     import subprocess
     import sys
 
@@ -182,8 +182,11 @@ def test_learner_killed_then_resumed_with_the_cli(system, monkeypatch, tmp_path)
         wait_for_round(client, job.job_id, 0)
     os.kill(system.components["learner"].pid, signal.SIGKILL)
     system.components["learner"].proc.wait(10)
-    monkeypatch.setenv("NITRO_RESUME_JOBS", "0")  # this learner waits to be asked
-    system._launchers["learner"]()
+    system.resume_jobs = False  # this learner waits to be asked (LocalSystem passes --no-resume-jobs)
+    try:
+        system._launchers["learner"]()
+    finally:
+        system.resume_jobs = True  # the module's next learner restarts resume again
     system._wait_healthy(["learner"])
     with NitroClient(system.learner_address) as client:
         st = client.get(job.job_id)

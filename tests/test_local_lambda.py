@@ -163,6 +163,20 @@ def test_throttled_beyond_concurrency(endpoint):
     assert codes == [200, 200, 429]
 
 
+def test_a_throttled_invocation_is_retried_and_never_billed(endpoint):
+    from scaler_svc.invoker import Invocation, Invoker
+
+    c = make_client(endpoint.endpoint_url, pool=4)
+    with ThreadPoolExecutor(2) as ex:  # both of the function's slots busy for 1.5 s
+        busy = [ex.submit(invoke, c, "limited", {"seconds": 1.5}) for _ in range(2)]
+        time.sleep(0.4)
+        out = Invoker(c, max_attempts=2, backoff_s=0.01).invoke("limited", Invocation("t-1", {"seconds": 0}),
+                                                                 time.monotonic() + 30)
+        assert [f.result()["StatusCode"] for f in busy] == [200, 200]
+    assert not out.ok and out.error_type == "TooManyRequestsException" and out.attempts == 2
+    # AWS bills neither a request nor duration for a throttle (the scaler's ledger and warm count read this)
+    assert out.requests == 0 and out.billed_attempts_ms == 0 and out.modelled_attempts_ms == 0
+
 def test_queued_when_workers_below_concurrency(endpoint):
     c = make_client(endpoint.endpoint_url, pool=4)
     invoke(c, "queued", {"seconds": 0})  # warm the single worker

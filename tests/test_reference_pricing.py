@@ -8,7 +8,15 @@ import math
 import pytest
 
 from experiments import equal_cost
-from nitro.cost import Prices, ReferenceRates, calibrate_reference_rates, learner_cost, reference_job, reference_round
+from nitro.cost import (
+    Prices,
+    ReferenceRates,
+    calibrate_reference_rates,
+    learner_cost,
+    reference_job,
+    reference_round,
+    round_actor_billed_seconds,
+)
 from nitro.errors import ConfigError
 
 P = Prices()
@@ -74,11 +82,68 @@ def test_calibration_refuses_rounds_that_never_waited_for_their_actors():
         calibrate_reference_rates(overlapped, 512, P)
 
 
-def _write_run(grid, scheme: str, seed: int, actors: list[int], returns: dict[int, float]) -> None:
+
+def test_an_asynchronous_round_overlaps_the_update_with_the_launch():
+    # IMPACT: the learner trains while the actors sample; the round takes the longer of the two
+    for actors in (1, 8, 64):
+        sync_s, sync_usd = reference_round(actors, 512, actors, RATES, P)
+        async_s, async_usd = reference_round(actors, 512, actors, RATES, P, asynchronous=True)
+        launch_s = P.lambda_invoke_overhead_s + 512 * RATES.actor_s_per_step
+        update_s = actors * 512 * RATES.learner_s_per_sample
+        assert async_s == pytest.approx(max(launch_s, update_s) + RATES.learner_s_per_round)
+        assert sync_s - async_s == pytest.approx(min(launch_s, update_s))
+        assert sync_usd - async_usd == pytest.approx(learner_cost(sync_s - async_s, P))  # same Lambda bill
+    slow_actors = ReferenceRates(actor_s_per_step=1e-2, learner_s_per_sample=1e-6, learner_s_per_round=0.0)
+    s, _ = reference_round(8, 512, 8, slow_actors, P, asynchronous=True)
+    assert s == pytest.approx(P.lambda_invoke_overhead_s + 5.12)  # the launch is the longer one here
+    assert reference_job([8, 16], 512, RATES, P, asynchronous=True)[-1] < reference_job([8, 16], 512, RATES, P)[-1]
+
+
+def _async_rounds(job: str, actors: list[int], rates: ReferenceRates, slow: float = 1.0) -> list[dict]:
+    """IMPACT-like reports: no sample phase; the bill carries the actors' billed time; a round after an
+    evaluation counts that evaluation in its update."""
+    out, warm = [], 0
+    for k, a in enumerate(actors):
+        scaled = ReferenceRates(actor_s_per_step=slow * rates.actor_s_per_step,
+                                learner_s_per_sample=slow * rates.learner_s_per_sample,
+                                learner_s_per_round=slow * rates.learner_s_per_round)
+        seconds, usd = reference_round(a, 512, warm, scaled, P, asynchronous=True)
+        update = scaled.learner_s_per_sample * a * 512 + (3.0 if k % 5 == 0 and k else 0.0)
+        out.append({"job_id": job, "round": k, "actors_launched": a, "actors_failed": 0, "env_steps": a * 512,
+                    "evaluated": k % 5 == 4, "cloud_round_seconds": seconds, "cloud_round_cost_usd": usd,
+                    "cloud_phases": {"sample": 0.0, "update": update, "publish": scaled.learner_s_per_round,
+                                     "detect": 0.0}})
+        warm = max(warm, a)
+    return out
+
+
+def test_asynchronous_calibration_reads_actor_speed_from_the_bill_and_skips_evaluations_and_throttles():
+    r = _async_rounds("a", [8, 8], RATES)[1]  # warm
+    # Lambda bills whole milliseconds: 51.2 ms of sampling bill 52
+    assert round_actor_billed_seconds(r, P) == pytest.approx(8 * 0.052, rel=1e-6)
+    quiet = _async_rounds("a", [8] * 20, RATES)
+    loaded = [x for j in range(6) for x in _async_rounds(f"b{j}", [8, 16, 16] * 6, RATES, slow=2.5)]
+    throttled = _async_rounds("c", [8] * 6, RATES)
+    for x in throttled[1:]:
+        x["actors_failed"], x["cloud_round_cost_usd"] = 4, x["cloud_round_cost_usd"] / 4  # must not set the rate
+    got = calibrate_reference_rates(quiet + loaded + throttled, 512, P, asynchronous=True)
+    assert got.actor_s_per_step == pytest.approx(0.052 / 512, rel=1e-6)  # the billed (whole) milliseconds
+    assert got.learner_s_per_sample == pytest.approx(RATES.learner_s_per_sample, rel=1e-6)
+    assert got.learner_s_per_round == pytest.approx(RATES.learner_s_per_round, rel=1e-6)
+    # the same reports read as synchronous are refused: they never waited for their actors
+    with pytest.raises(ConfigError, match="asynchronous=True"):
+        calibrate_reference_rates(quiet, 512, P)
+    # with the evaluations left in, the learner rate would be the evaluated rounds' (a check the test can fail)
+    no_skip = calibrate_reference_rates(quiet, 512, P, asynchronous=True, quantile=1.0)
+    assert no_skip.learner_s_per_sample == pytest.approx(RATES.learner_s_per_sample, rel=1e-6)
+
+def _write_run(grid, scheme: str, seed: int, actors: list[int], returns: dict[int, float], algo: str = "ppo",
+               extra: dict | None = None) -> None:
     d = grid / "runs" / f"{scheme.replace(':', '-')}-s{seed}"
     d.mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"seed": seed, "steps_per_actor": 512, "i_min": 8, "i_max": 64,
-                                            "extra": {"eval_every": 5}, "meta": {"scheme": scheme}}))
+                                            "algo": algo, "extra": {"eval_every": 5, **(extra or {})},
+                                            "meta": {"scheme": scheme}}))
     rounds = _rounds(f"{scheme}-{seed}-{len(actors)}", actors, RATES)
     for r in rounds:
         r["eval_return"] = returns.get(r["round"], math.nan)
@@ -128,3 +193,23 @@ def test_equal_cost_cuts_each_run_at_the_budget_and_prefers_the_longer_run(tmp_p
     with pytest.raises(SystemExit, match="--budget"):
         equal_cost.main(["--grids", str(short), "--budget", "lots"])
 
+
+
+def test_equal_cost_prices_impact_runs_as_overlapped_rounds_for_the_actors_that_ran(tmp_path):
+    impact, ppo, stellaris = _grid(tmp_path, "impact", 10), _grid(tmp_path, "ppo", 10), _grid(tmp_path, "st", 10)
+    _write_run(impact, "nitro", 0, [16] * 10, {4: 1.0, 9: 2.0}, algo="impact")
+    _write_run(ppo, "nitro", 0, [16] * 10, {4: 1.0, 9: 2.0})
+    _write_run(stellaris, "nitro", 0, [16] * 10, {4: 1.0, 9: 2.0}, extra={"learner_mode": "stellaris"})
+    [a], [b] = equal_cost.load_runs([impact]), equal_cost.load_runs([ppo])
+    assert a.asynchronous and not b.asynchronous
+    a.rounds[3]["actors_failed"] = 6  # throttled: never ran, never billed
+    equal_cost.price([a, b], RATES, P)
+    assert a.cum_usd[2] == pytest.approx(reference_job([16] * 3, 512, RATES, P, asynchronous=True)[-1])
+    assert a.cum_usd[3] - a.cum_usd[2] == pytest.approx(
+        reference_job([16, 10], 512, RATES, P, asynchronous=True)[-1] - reference_job([16], 512, RATES, P,
+                                                                                     asynchronous=True)[-1])
+    assert b.cum_usd == reference_job([16] * 10, 512, RATES, P)
+    with pytest.raises(ConfigError, match="mix synchronous"):
+        equal_cost.calibrate([a, b], P)
+    with pytest.raises(SystemExit, match="stellaris"):
+        equal_cost.load_runs([stellaris])

@@ -135,12 +135,15 @@ class LocalSystem:
                  startup_timeout_s: float = 180.0, python: str = sys.executable,
                  lambda_backend: str = "local", actor_redis_url: str | None = None, aws_region: str | None = None,
                  hmac_key: str | None = None, redis_password: str | None = None, redis_bind: str = "127.0.0.1",
-                 restart_policy: RestartPolicy = RestartPolicy()):
+                 restart_policy: RestartPolicy = RestartPolicy(), resume_jobs: bool = True):
         """lambda_backend "aws": no local endpoint; the scaler invokes the deployed functions through
         boto3's standard endpoint and credentials. The functions reach Redis at actor_redis_url (no
         password in it) as the restricted actor user with redis_password (their NITRO_REDIS_PASSWORD),
         and sign with hmac_key (their NITRO_HMAC_KEY); redis_bind opens Redis beyond loopback.
-        restart_policy: what `supervise` does when a component exits on its own."""
+        restart_policy: what `supervise` does when a component exits on its own.
+        resume_jobs False: the learner never resumes the jobs a killed learner left running (they wait for
+        `nitro train --resume`); for a caller that redoes a cut-short job itself, such as the protocol's
+        grids, where a resumed twin would share the cores and the actor concurrency with the rerun."""
         if lambda_backend not in ("local", "aws"):
             raise LocalSystemError(f"lambda_backend must be 'local' or 'aws', got {lambda_backend!r}")
         if lambda_backend == "aws":
@@ -172,6 +175,7 @@ class LocalSystem:
         self._taken: set[int] = set()
         self._assigned: dict[str, int] = {}  # ports picked for this system: a restarted component keeps its own
         self.restart_policy = restart_policy
+        self.resume_jobs = resume_jobs
         self._restart_times: dict[str, list[float]] = {}  # monotonic
         self.restarts: dict[str, dict] = {}  # name -> {count, last_exit, last_restart_unix, restarting}
         self._launchers: dict[str, Callable[[], None]] = {}
@@ -310,10 +314,12 @@ class LocalSystem:
         self._launch("detector", lambda: self._spawn_service("detector", []))
         self._launch("scaler", lambda: self._spawn_service("scaler", lambda_args))
         self._wait_healthy(["detector", "scaler"])
-        self._launch("learner", lambda: self._spawn_service("learner", [
-            "--detector", self.components["detector"].address,
-            "--scaler", self.components["scaler"].address, "--data-dir", str(self.data_dir)]))
+        self._launch("learner", lambda: self._spawn_service("learner", self._learner_args()))
         self._wait_healthy(["learner"])
+
+    def _learner_args(self) -> list[str]:
+        return ["--detector", self.components["detector"].address, "--scaler", self.components["scaler"].address,
+                "--data-dir", str(self.data_dir), "--resume-jobs" if self.resume_jobs else "--no-resume-jobs"]
 
     def _launch(self, name: str, launcher: Callable[[], None]) -> None:
         self._launchers[name] = launcher
