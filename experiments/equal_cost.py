@@ -187,6 +187,50 @@ def table(runs: list[PricedRun], budget: float, rates: ReferenceRates, reps: int
     return "\n".join(lines), {"budget_usd": budget, "rates": rates.to_dict(), "schemes": rows}
 
 
+CURVE_POINTS = 10  # budgets from a tenth of the budget to all of it
+CURVE_REPS = 500  # bootstrap resamples per point (the table's CIs use --reps)
+
+
+def budget_curves(runs: list[PricedRun], budget: float, reps: int = CURVE_REPS) -> dict[str, dict[str, list]]:
+    """Per scheme, the final return at equal dollars as a function of the budget: {scheme: {"usd", "iqm", "low",
+    "high", "short"}} at CURVE_POINTS budgets up to `budget` (short: some runs ended below that budget)."""
+    out: dict[str, dict[str, list]] = {}
+    for s in dict.fromkeys(r.scheme for r in runs):
+        c = out.setdefault(s, {"usd": [], "iqm": [], "low": [], "high": [], "short": []})
+        for b in np.linspace(budget / CURVE_POINTS, budget, CURVE_POINTS):
+            cs = [cut(r, b) for r in runs if r.scheme == s]
+            vals = [x["final"] for x in cs if math.isfinite(x["final"])]
+            if not vals:
+                continue
+            q = iqm_interval({s: vals}, reps)[s]
+            for k, v in zip(("usd", "iqm", "low", "high", "short"), (float(b), *q, any(x["short"] for x in cs))):
+                c[k].append(v)
+    return out
+
+
+def plot_budget_curves(curves: dict[str, dict[str, list]], runs: list[PricedRun], path: Path, heading: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    r0 = runs[0]
+    order = ["nitro"] + sorted(s for s in curves if s != "nitro")
+    for i, s in enumerate(x for x in order if x in curves):
+        c, color = curves[s], f"C{i}"
+        n = sum(r.scheme == s for r in runs)
+        ax.plot(c["usd"], c["iqm"], color=color, marker="o", ms=3, label=f"{title(s, r0.i_min, r0.i_max)} ({n})")
+        ax.fill_between(c["usd"], c["low"], c["high"], color=color, alpha=0.12)
+        short = [k for k, v in enumerate(c["short"]) if v]
+        ax.scatter([c["usd"][k] for k in short], [c["iqm"][k] for k in short], color=color, marker="x", s=30)
+    ax.set_xlabel("budget per run, reference-priced USD (x: some runs ended below it)")
+    ax.set_ylabel("final return at the budget (IQM, 95% CI)")
+    ax.legend(fontsize=7)
+    fig.suptitle(heading, fontsize=8)
+    fig.savefig(path, dpi=80)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments protocol-equal-cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -238,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     out = Path(args.out) if args.out else grids[0].parent / f"equal-cost-{grids[0].name}.md"
     out.write_text(text + "\n")
+    data["curves"] = budget_curves(runs, budget, min(args.reps, CURVE_REPS))
     out.with_suffix(".json").write_text(json.dumps(data, indent=2, default=float) + "\n")
-    print(f"\ntable: {out}")
+    plot_budget_curves(data["curves"], runs, out.with_suffix(".png"),
+                       f"{grids[0].name}: final return at equal reference dollars (each run cut at the budget)")
+    print(f"\ntable: {out}\nplot: {out.with_suffix('.png')}")
     return 0

@@ -187,7 +187,14 @@ def test_equal_cost_cuts_each_run_at_the_budget_and_prefers_the_longer_run(tmp_p
     text = (tmp_path / "t.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| fixed:8"))
     assert "lower bound" not in row and "| 0/4 |" in row  # nitro loses every seed at equal dollars
-    assert json.loads((tmp_path / "t.json").read_text())["budget_usd"] == pytest.approx(budget)
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["budget_usd"] == pytest.approx(budget)
+    # the curve of return against the budget: its last point is the table's cut; budgets below a run's first
+    # evaluation (a tenth and a fifth of this one) have no point
+    curve = data["curves"]["fixed:8"]
+    assert curve["usd"][-1] == pytest.approx(budget) and curve["usd"][0] == pytest.approx(budget * 3 / 10)
+    assert curve["iqm"][-1] == pytest.approx(1001.5) and curve["iqm"] == sorted(curve["iqm"])
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="grid.json"):
         equal_cost.main(["--grids", str(tmp_path)])
     with pytest.raises(SystemExit, match="--budget"):
