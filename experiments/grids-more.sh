@@ -17,8 +17,9 @@ SCHEDULER=$PWD/results/minions/hopper-v5-i64.npz
 while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-protocol.lock")" 2>/dev/null; do sleep 30; done
 
 # Fig. 11 to 10 seeds: IMPACT at equal dollars favoured nitro over fixed:8 on 4 of 5 seeds, as did fixed:N-bar
-# (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9.
-grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled --seeds 10
+# (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9, and fixed:16 (about N-bar, a
+# candidate default for IMPACT if bigger rounds keep paying).
+grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled,fixed:16 --seeds 10
 grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-impact-tuned-r100
 # Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
 # (its nitro and fixed runs are the comparison).
