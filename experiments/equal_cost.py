@@ -37,7 +37,7 @@ from experiments.protocol import (
     probability_of_improvement,
     title,
 )
-from nitro.cost import Prices, ReferenceRates, calibrate_reference_rates, reference_job
+from nitro.cost import Prices, ReferenceRates, calibrate_reference_rates, delivered_actors, reference_job
 from nitro.errors import ConfigError
 from nitro.spec import ASYNCHRONOUS_ALGOS
 
@@ -89,12 +89,6 @@ def load_runs(grids: list[Path]) -> list[PricedRun]:
             if key not in best or len(rounds) > len(best[key].rounds):
                 best[key] = pr
     return sorted(best.values(), key=lambda r: (r.scheme, r.seed))
-
-
-def delivered_actors(report: dict) -> int:
-    """The actors a round ran: launched less failed (a failed actor here was throttled by the endpoint's
-    concurrency limit, which AWS does not bill and which I_max never reaches there)."""
-    return max(0, int(report.get("actors_launched") or 0) - int(report.get("actors_failed") or 0))
 
 
 def price(runs: list[PricedRun], rates: ReferenceRates, prices: Prices) -> None:

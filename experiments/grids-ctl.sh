@@ -35,7 +35,8 @@ case "${1:-status}" in
     # grids-more.sh waits for the clone's lock only, which is free between two grids: chain it instead.
     # The grid redoes a cut-short run itself (it deletes the partial run and starts it again): a learner that
     # also resumed the interrupted job would run a twin beside it, sharing the cores and the endpoint's 64
-    # concurrent actors (throttled actors, inflated clocks). LocalSystem passes this on to the learner.
+    # concurrent actors (throttled actors, inflated clocks). The harness now says so itself
+    # (LocalSystem(resume_jobs=False)); clones at earlier commits get it from the environment LocalSystem passes on.
     export NITRO_RESUME_JOBS=0
     COMMIT=$COMMIT nohup bash -c 'experiments/grids.sh; experiments/grids-more.sh' >> "$LOGS/grids.log" 2>&1 &
     echo "grids started (pid $!), commit $COMMIT; log: $LOGS/grids.log"

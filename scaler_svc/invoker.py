@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
 from nitro.aws.lambda_report import parse_report
 
 log = logging.getLogger(__name__)
 
-# Refused before anything ran: AWS charges neither a request nor duration for a throttled invocation.
-UNBILLED_ERRORS = {"TooManyRequestsException"}
 RETRYABLE_ERRORS = {"TooManyRequestsException", "Sandbox.Timedout", "Runtime.ExitError", "ServiceException",
                     "RedisUnavailableError", "EndpointConnectionError", "ReadTimeoutError", "ConnectionError"}
 
@@ -47,7 +45,9 @@ class InvocationOutcome:
     init_ms: float = 0.0
     attempts: int = 1
     billed_attempts_ms: int = 0  # every attempt's billed time: what the platform charges
-    requests: int = 0  # attempts the platform billed as requests (a throttled one is not)
+    # Attempts that ran the function: the requests Lambda bills. A ClientError (throttled, not found, invalid or
+    # too large) is the service refusing the request before it ran; AWS bills only requests that start executing.
+    requests: int = 0
     # The cloud clock (docs/cost.md): from the function's own "clock" report; an attempt without one
     # (a function error, a timeout) is modelled by its billed wall time.
     modelled_ms: float = 0.0  # the last attempt's
@@ -96,12 +96,12 @@ class Invoker:
             try:
                 ok, etype, emsg, report, body = self._once(function_name, payload)
                 out.requests += 1
-            except ClientError as exc:
+            except ClientError as exc:  # refused by the service before the function ran: not billed
                 ok, etype, emsg, report = False, exc.response["Error"].get("Code", "ClientError"), str(exc), {}
-                if etype not in UNBILLED_ERRORS:
-                    out.requests += 1
             except BotoCoreError as exc:
                 ok, etype, emsg, report = False, type(exc).__name__, str(exc), {}
+                if isinstance(exc, ReadTimeoutError):  # the function ran (and is billed); its answer was lost
+                    out.requests += 1
             if report:
                 out.duration_ms = report.get("duration_ms", 0.0)
                 out.billed_ms = int(report.get("billed_ms", 0))

@@ -332,7 +332,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         with metrics.SCALER_LAUNCH_SECONDS.labels(kind).time(), self._running(request, kind):
             outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
                                                           on_done=account)
-        # Only invocations the platform ran leave a sandbox behind (a throttled one never started).
+        # Only invocations that ran leave a sandbox behind (a throttled or refused one never started).
         self.redis.hset(key, f"warm_sandboxes:{kind}", max(warm, sum(o.requests > 0 for o in outcomes)))
         cloud_seconds = max(cloud.values(), default=0.0)
         return scaler_pb2.LaunchResponse(

@@ -186,7 +186,7 @@ def test_learner_killed_then_resumed_with_the_cli(system, tmp_path):
     try:
         system._launchers["learner"]()
     finally:
-        system.resume_jobs = True  # the module's next learner restarts resume again
+        system.resume_jobs = None  # the module's next learner restarts resume again (the learner's default)
     system._wait_healthy(["learner"])
     with NitroClient(system.learner_address) as client:
         st = client.get(job.job_id)

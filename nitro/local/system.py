@@ -135,7 +135,7 @@ class LocalSystem:
                  startup_timeout_s: float = 180.0, python: str = sys.executable,
                  lambda_backend: str = "local", actor_redis_url: str | None = None, aws_region: str | None = None,
                  hmac_key: str | None = None, redis_password: str | None = None, redis_bind: str = "127.0.0.1",
-                 restart_policy: RestartPolicy = RestartPolicy(), resume_jobs: bool = True):
+                 restart_policy: RestartPolicy = RestartPolicy(), resume_jobs: bool | None = None):
         """lambda_backend "aws": no local endpoint; the scaler invokes the deployed functions through
         boto3's standard endpoint and credentials. The functions reach Redis at actor_redis_url (no
         password in it) as the restricted actor user with redis_password (their NITRO_REDIS_PASSWORD),
@@ -143,7 +143,8 @@ class LocalSystem:
         restart_policy: what `supervise` does when a component exits on its own.
         resume_jobs False: the learner never resumes the jobs a killed learner left running (they wait for
         `nitro train --resume`); for a caller that redoes a cut-short job itself, such as the protocol's
-        grids, where a resumed twin would share the cores and the actor concurrency with the rerun."""
+        grids, where a resumed twin would share the cores and the actor concurrency with the rerun. None
+        (default): the learner's own default, `NITRO_RESUME_JOBS` (resume unless it is 0)."""
         if lambda_backend not in ("local", "aws"):
             raise LocalSystemError(f"lambda_backend must be 'local' or 'aws', got {lambda_backend!r}")
         if lambda_backend == "aws":
@@ -319,7 +320,8 @@ class LocalSystem:
 
     def _learner_args(self) -> list[str]:
         return ["--detector", self.components["detector"].address, "--scaler", self.components["scaler"].address,
-                "--data-dir", str(self.data_dir), "--resume-jobs" if self.resume_jobs else "--no-resume-jobs"]
+                "--data-dir", str(self.data_dir),
+                *([] if self.resume_jobs is None else ["--resume-jobs" if self.resume_jobs else "--no-resume-jobs"])]
 
     def _launch(self, name: str, launcher: Callable[[], None]) -> None:
         self._launchers[name] = launcher
