@@ -21,6 +21,8 @@ while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-prot
 # candidate default for IMPACT if bigger rounds keep paying).
 grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled,fixed:16 --seeds 10
 grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-impact-tuned-r100
+# The paper preset at equal dollars: fixed:8 over 100 rounds, cut at nitro's bill by protocol-equal-cost.
+grid protocol --env Hopper-v5 --preset paper --schemes fixed:imin --rounds 100 --seeds 5 --name protocol-hopper-v5-ppo-paper-r100
 # Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
 # (its nitro and fixed runs are the comparison).
 grid protocol --env Hopper-v5 --schemes hydrozoa,kungfu --seeds 5
