@@ -177,6 +177,35 @@ def test_a_throttled_invocation_is_retried_and_never_billed(endpoint):
     # AWS bills neither a request nor duration for a throttle (the scaler's ledger and warm count read this)
     assert out.requests == 0 and out.billed_attempts_ms == 0 and out.modelled_attempts_ms == 0
 
+def test_a_launch_whose_invocations_were_all_throttled_bills_nothing_and_warms_nothing(endpoint, redis_client):
+    from nitro.contracts import scaler_state_key
+    from nitro.cost import Prices
+    from nitro.v1 import scaler_pb2
+    from scaler_svc.invoker import Invoker
+    from scaler_svc.server import ScalerServicer
+
+    class Context:
+        def abort(self, code, details):
+            raise AssertionError(details)
+
+    c = make_client(endpoint.endpoint_url, pool=8)
+    svc = ScalerServicer(redis_client, Invoker(c, max_attempts=1), Prices(), "redis://127.0.0.1:1/0")
+    launch = scaler_pb2.LaunchRequest(job_id="thr", actors=2, steps_per_actor=8, env_id="CartPole-v1",
+                                      function_name="limited", deadline_s=20.0)
+    with ThreadPoolExecutor(2) as ex:  # both of the function's slots busy for 1.5 s
+        busy = [ex.submit(invoke, c, "limited", {"seconds": 1.5}) for _ in range(2)]
+        time.sleep(0.4)
+        resp = svc.Launch(launch, Context())
+        assert [f.result()["StatusCode"] for f in busy] == [200, 200]
+    assert (resp.launched, resp.failed, resp.cost_usd) == (2, 2, 0.0)
+    state = redis_client.hgetall(scaler_state_key("thr"))
+    assert int(state.get(b"warm_sandboxes:actor", 0)) == 0  # nothing ran, nothing stays warm
+    assert int(state.get(b"invocations", 0)) == 0 and float(state.get(b"cloud_actor_cost_usd", 0)) == 0.0
+    resp = svc.Launch(launch, Context())  # the slots are free again: both run (the handler ignores the event)
+    assert (resp.launched, resp.failed) == (2, 0) and resp.cost_usd > 0
+    state = redis_client.hgetall(scaler_state_key("thr"))
+    assert int(state[b"warm_sandboxes:actor"]) == 2 and int(state[b"invocations"]) == 2
+
 def test_queued_when_workers_below_concurrency(endpoint):
     c = make_client(endpoint.endpoint_url, pool=4)
     invoke(c, "queued", {"seconds": 0})  # warm the single worker
