@@ -196,3 +196,33 @@ def test_restart_budget_spent_stops_everything_and_secrets_outlive_the_system(tm
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+def test_a_detector_that_moved_port_at_start_takes_the_learner_along(tmp_path):
+    # The learner starts beside the detector and scaler (LocalSystem._start_services) with their addresses;
+    # a port clash moves the detector, and the learner must follow it.
+    import socket
+
+    from nitro.local.system import LocalSystem
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+
+    class Clashing(LocalSystem):
+        def _port(self, name: str) -> int:
+            if name == "detector" and not self._relaunches.get("detector"):
+                self._assigned["detector"] = taken
+                return taken
+            return super()._port(name)
+
+    system = Clashing(tmp_path / "state", concurrency=2).start()
+    try:
+        detector = system.components["detector"].address
+        assert system._relaunches.get("detector") == 1 and detector != f"127.0.0.1:{taken}"
+        argv = Path(f"/proc/{system.components['learner'].pid}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"--detector") + 1].decode() == detector
+    finally:
+        system.stop()
+        squatter.close()

@@ -311,12 +311,22 @@ class LocalSystem:
                                           "--actor-redis-url", actor_redis_url])
 
     def _start_services(self, lambda_args: list[str]) -> None:
-        # The detector and scaler do not depend on each other: start both, then wait.
+        # All three at once: the learner dials the detector and scaler only when a job calls them (retrying
+        # while they come up), so it imports torch while they start. One that had to move to another port (a
+        # port clash) takes the learner along: it starts again with the new address.
         self._launch("detector", lambda: self._spawn_service("detector", []))
         self._launch("scaler", lambda: self._spawn_service("scaler", lambda_args))
-        self._wait_healthy(["detector", "scaler"])
+        peers = self._learner_peers()
         self._launch("learner", lambda: self._spawn_service("learner", self._learner_args()))
-        self._wait_healthy(["learner"])
+        self._wait_healthy(["detector", "scaler", "learner"])
+        if self._learner_peers() != peers:
+            log.warning("the detector or scaler moved to another port; restarting the learner with its address")
+            self._terminate(self.components["learner"])
+            self._launchers["learner"]()
+            self._wait_healthy(["learner"])
+
+    def _learner_peers(self) -> tuple[str, str]:
+        return self.components["detector"].address, self.components["scaler"].address
 
     def _learner_args(self) -> list[str]:
         return ["--detector", self.components["detector"].address, "--scaler", self.components["scaler"].address,
