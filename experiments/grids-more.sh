@@ -21,6 +21,9 @@ while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-prot
 # candidate default for IMPACT if bigger rounds keep paying).
 grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled,fixed:16 --seeds 10
 grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-impact-tuned-r100
+# Is 8 the right fixed count for PPO? fixed:4 over 200 rounds (about fixed:8's samples over 100), for the
+# equal-dollar cut beside fixed:8 and fixed:N-bar (about 17).
+grid protocol --env Hopper-v5 --schemes fixed:4 --rounds 200 --seeds 10 --name protocol-hopper-v5-ppo-tuned-r200
 # The paper preset at equal dollars: fixed:8 over 100 rounds, cut at nitro's bill by protocol-equal-cost.
 grid protocol --env Hopper-v5 --preset paper --schemes fixed:imin --rounds 100 --seeds 5 --name protocol-hopper-v5-ppo-paper-r100
 # Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
