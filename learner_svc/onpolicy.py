@@ -62,6 +62,7 @@ class Collected:
     duplicates: int = 0
     waves: int = 0
     cloud_seconds: float = 0.0  # modelled sampling time: each wave's slowest invocation, waves in sequence
+    cloud_cost_usd: float = 0.0  # modelled Lambda bill of the round's waves (the report's cloud_actor_cost_usd)
     entries: list = field(default_factory=list)  # kept stream entries, acked after the checkpoint
     notes: list[str] = field(default_factory=list)
 
@@ -180,6 +181,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                     dispatch += resp.dispatch_seconds
                     out.retries += resp.retries
                     out.cloud_seconds += resp.cloud_seconds
+                    out.cloud_cost_usd += resp.cloud_cost_usd
                     out.notes += [note for note in map(retry_note, resp.invocations) if note]
                     for r in resp.invocations:
                         if not r.ok:
@@ -226,6 +228,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                     dispatch += resp.dispatch_seconds
                     out.retries += resp.retries
                     out.cloud_seconds += resp.cloud_seconds
+                    out.cloud_cost_usd += resp.cloud_cost_usd
                     out.notes += [note for note in map(retry_note, resp.invocations) if note]
                 except Exception:  # noqa: BLE001 - bookkeeping only; the data is already here
                     pass
@@ -357,7 +360,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             "actors_completed": got.completed, "actors_failed": got.failed, "actors_replaced": got.replaced,
             "env_steps": steps, "total_env_steps": self.total_steps, "invocation_retries": got.retries,
             "duplicates_dropped": rnd.duplicates + got.duplicates, "rejected_batches": rnd.rejected,
-            "stale_batches_dropped": got.stale,
+            "stale_batches_dropped": got.stale, "cloud_actor_cost_usd": got.cloud_cost_usd,
             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss, "entropy": stats.entropy,
             "kl": stats.kl, "gradient_noise_scale": stats.gradient_noise_scale, "notes": got.notes[:50],
             **{key: float(getattr(stats, name)) for key, name in DIAGNOSTICS.items()}, "kl_coeff": stats.kl_coeff,
@@ -412,8 +415,9 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "actors_replaced",
             "env_steps", "total_env_steps", "invocation_retries", "duplicates_dropped", "rejected_batches",
             "stale_batches_dropped", "policy_loss", "value_loss", "entropy", "kl", "gradient_noise_scale")}
-        # Absent from the pending round of a checkpoint written before the diagnostics were reported.
-        keep.update({key: pending.get(key, 0.0) for key in (*DIAGNOSTICS, "kl_coeff")})
+        # Absent from the pending round of a checkpoint written before the diagnostics (and the round's own
+        # actor bill) were reported.
+        keep.update({key: pending.get(key, 0.0) for key in (*DIAGNOSTICS, "kl_coeff", "cloud_actor_cost_usd")})
         report = training_pb2.RoundReport(
             **keep, resumed=resumed,
             **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,

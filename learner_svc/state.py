@@ -75,7 +75,8 @@ class LaunchedRound:
 
     def summary(self) -> LaunchSummary:
         return LaunchSummary(actors=self.actors, version=self.version, covered=set(self.covered),
-                             failed=set(self.failed), retries=self.resp.retries if self.resp is not None else 0)
+                             failed=set(self.failed), retries=self.resp.retries if self.resp is not None else 0,
+                             cloud_cost_usd=self.resp.cloud_cost_usd if self.resp is not None else 0.0)
 
 
 @dataclass
@@ -87,11 +88,12 @@ class LaunchSummary:
     covered: set[int]
     failed: set[int]
     retries: int = 0
+    cloud_cost_usd: float = 0.0  # the launch's modelled Lambda bill (LaunchResponse.cloud_cost_usd)
 
     def report_fields(self, k: int) -> dict:
         return dict(round=k, policy_version=self.version, actors_launched=self.actors,
                     actors_completed=len(self.covered), actors_failed=len(self.failed - self.covered),
-                    invocation_retries=self.retries)
+                    invocation_retries=self.retries, cloud_actor_cost_usd=self.cloud_cost_usd)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -431,12 +431,22 @@ def delivered_actors(report: Mapping) -> int:
     return max(0, int(report.get("actors_launched") or 0) - int(report.get("actors_failed") or 0))
 
 
+def exact_actor_bill(report: Mapping) -> bool:
+    """Whether the report carries its own launches' Lambda bill (`cloud_actor_cost_usd`, since 2026-11-26)."""
+    return float(report.get("cloud_actor_cost_usd") or 0.0) > 0.0
+
+
 def round_actor_billed_seconds(report: Mapping, prices: Prices, actor_memory_mb: float = 1024.0) -> float:
-    """The actor invocations' modelled billed seconds in one round report, read back from its cloud bill: the
-    round's cloud cost less the learner server's share, less the request fees, over the GB-second rate."""
-    learner_usd = learner_cost(float(report.get("cloud_round_seconds") or 0.0), prices)
+    """The actor invocations' modelled billed seconds in one round report, from the Lambda bill of its own
+    launches less the request fees, over the GB-second rate. Reports from before `cloud_actor_cost_usd` read
+    it back from the round's cloud bill less the learner server's share (the ledger's growth between two
+    reports, which can include invocations of the next round)."""
     fees = delivered_actors(report) * prices.lambda_usd_per_million_requests / 1e6
-    lambda_usd = float(report.get("cloud_round_cost_usd") or 0.0) - learner_usd - fees
+    if exact_actor_bill(report):
+        lambda_usd = float(report["cloud_actor_cost_usd"]) - fees
+    else:
+        learner_usd = learner_cost(float(report.get("cloud_round_seconds") or 0.0), prices)
+        lambda_usd = float(report.get("cloud_round_cost_usd") or 0.0) - learner_usd - fees
     return max(0.0, lambda_usd) / (prices.lambda_usd_per_gb_second * _check("memory_mb", actor_memory_mb) / MB_PER_GB)
 
 
@@ -448,10 +458,11 @@ def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
     on the machine do not set the price. Actor speed comes from warm launches only (no cold start) without
     failed actors. Synchronous rounds (PPO) give it as the sample phase (the round waited for its actors);
     `asynchronous` rounds (IMPACT, whose update overlaps sampling and which report no sample phase) give it
-    as the actors' billed seconds per step they were launched for. Their bill is the ledger's growth between
-    two reports, so an evaluated round also bills the next round's actors that finished during its
-    evaluation, and the round after it misses them: both are left out of the actor rate. Their learner rate
-    skips rounds that follow an evaluation too (IMPACT counts the previous round's evaluation in `update`)."""
+    as the actors' billed seconds per step they were launched for (`round_actor_billed_seconds`). Without the
+    report's own `cloud_actor_cost_usd` that bill is the ledger's growth between two reports, so an evaluated
+    round also bills the next round's actors that finished during its evaluation, and the round after it
+    misses them: both are then left out of the actor rate. Their learner rate skips rounds that follow an
+    evaluation too (IMPACT counts the previous round's evaluation in `update`)."""
     step, sample, fixed = [], [], []
     warm, after_eval = {}, {}
     for r in rounds:
@@ -462,7 +473,7 @@ def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
         samples = float(r.get("env_steps") or actors * steps_per_actor)
         clean_warm = actors <= warm.get(job, 0) and not r.get("actors_failed") and steps_per_actor > 0
         if asynchronous:
-            if clean_warm and not r.get("evaluated") and not after_eval.get(job):
+            if clean_warm and (exact_actor_bill(r) or not (r.get("evaluated") or after_eval.get(job))):
                 step.append(round_actor_billed_seconds(r, prices, actor_memory_mb) / (actors * steps_per_actor))
         # A synchronous round whose sample phase is 0 did not wait for its actors (an asynchronous learner):
         # it says nothing about actor speed.

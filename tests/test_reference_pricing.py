@@ -12,6 +12,7 @@ from nitro.cost import (
     Prices,
     ReferenceRates,
     calibrate_reference_rates,
+    lambda_cost,
     learner_cost,
     reference_job,
     reference_round,
@@ -143,6 +144,16 @@ def test_asynchronous_calibration_reads_actor_speed_from_the_bill_and_skips_eval
     # with the evaluations left in, the learner rate would be the evaluated rounds' (a check the test can fail)
     no_skip = calibrate_reference_rates(quiet, 512, P, asynchronous=True, quantile=1.0)
     assert no_skip.learner_s_per_sample == pytest.approx(RATES.learner_s_per_sample, rel=1e-6)
+
+
+def test_a_report_with_its_own_actor_bill_is_read_exactly_next_to_an_evaluation():
+    rounds = _async_rounds("a", [8] * 12, RATES)
+    for r in rounds:  # the launch's own bill, as reports carry it since cloud_actor_cost_usd: no leak
+        r["cloud_actor_cost_usd"] = 8 * lambda_cost(52, 1, 1024.0, P)
+        r["cloud_round_cost_usd"] = 0.0  # what the ledger's growth said no longer matters
+    assert round_actor_billed_seconds(rounds[4], P) == pytest.approx(8 * 0.052, rel=1e-6)  # an evaluated round
+    got = calibrate_reference_rates(rounds, 512, P, asynchronous=True, quantile=0.0)
+    assert got.actor_s_per_step == pytest.approx(0.052 / 512, rel=1e-6)
 
 def _write_run(grid, scheme: str, seed: int, actors: list[int], returns: dict[int, float], algo: str = "ppo",
                extra: dict | None = None) -> None:

@@ -35,8 +35,20 @@ def finished_job(client):
     return client.get(status.job_id), reports
 
 
-def test_three_rounds_streamed_with_complete_reports(finished_job):
+def actor_bill_of_the_rounds_is_the_ledgers(system, job_id: str, reports) -> None:
+    """Each round carries its own launches' Lambda bill on the cloud clock; together they are the job's."""
+    from nitro.contracts import scaler_state_key
+    from nitro.data.redis_client import connect
+
+    ledger = connect(system.redis_url).hgetall(scaler_state_key(job_id))
+    assert all(r.cloud_actor_cost_usd > 0 for r in reports), [r.cloud_actor_cost_usd for r in reports]
+    assert sum(r.cloud_actor_cost_usd for r in reports) == pytest.approx(float(ledger[b"cloud_actor_cost_usd"]),
+                                                                          rel=1e-6)
+
+
+def test_three_rounds_streamed_with_complete_reports(finished_job, system):
     status, reports = finished_job
+    actor_bill_of_the_rounds_is_the_ledgers(system, status.job_id, reports)
     assert status.state_name == "SUCCEEDED", status.message
     assert [r.round for r in reports] == [0, 1, 2]
     total = 0
@@ -225,6 +237,7 @@ def test_impact_asynchronous_three_rounds_through_the_services(client, system):
     assert all(math.isfinite(r.convexity_ratio) and 0.0 <= r.score <= 1.0 for r in reports)
     assert any(r.lambda_max != 0.0 for r in reports), "the detector scored IMPACT's surrogate"
     assert any("policy lag" in n for r in reports for n in r.notes)
+    actor_bill_of_the_rounds_is_the_ledgers(system, job.job_id, reports)
     learner = scrape(system.components["learner"].metrics_port)
     assert sample_value(learner["nitro_policy_lag"], "nitro_policy_lag_count") > 0
 
