@@ -18,7 +18,7 @@ def _done(resp) -> Future:
 
 
 def test_a_launch_names_its_failed_slots_and_closes_when_the_rest_arrived():
-    resp = scaler_pb2.LaunchResponse(retries=2, invocations=[
+    resp = scaler_pb2.LaunchResponse(retries=2, cloud_cost_usd=0.0125, invocations=[
         scaler_pb2.InvocationResult(invocation_id="j-r3-a0", ok=True, attempts=2, error_message="throttled"),
         scaler_pb2.InvocationResult(invocation_id="j-r3-a1-x1", ok=False, attempts=3, error_type="Timeout",
                                     error_message="took too long")])
@@ -35,7 +35,7 @@ def test_a_launch_names_its_failed_slots_and_closes_when_the_rest_arrived():
     assert rnd.closed(deadline_s=60.0)  # every slot's batch is in or failed
     summary = rnd.summary()
     assert summary.report_fields(3) == dict(round=3, policy_version=7, actors_launched=3, actors_completed=2,
-                                            actors_failed=1, invocation_retries=2)
+                                            actors_failed=1, invocation_retries=2, cloud_actor_cost_usd=0.0125)
     assert LaunchSummary.from_dict(summary.to_dict()) == summary
 
 
