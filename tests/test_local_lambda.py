@@ -163,16 +163,21 @@ def test_throttled_beyond_concurrency(endpoint):
     assert codes == [200, 200, 429]
 
 
+def while_limited_is_full(c, call):
+    """call() while both of the "limited" function's slots are busy (for 1.5 s): it is throttled."""
+    with ThreadPoolExecutor(2) as ex:
+        busy = [ex.submit(invoke, c, "limited", {"seconds": 1.5}) for _ in range(2)]
+        time.sleep(0.4)
+        out = call()
+        assert [f.result()["StatusCode"] for f in busy] == [200, 200]
+    return out
+
 def test_a_throttled_invocation_is_retried_and_never_billed(endpoint):
     from scaler_svc.invoker import Invocation, Invoker
 
     c = make_client(endpoint.endpoint_url, pool=4)
-    with ThreadPoolExecutor(2) as ex:  # both of the function's slots busy for 1.5 s
-        busy = [ex.submit(invoke, c, "limited", {"seconds": 1.5}) for _ in range(2)]
-        time.sleep(0.4)
-        out = Invoker(c, max_attempts=2, backoff_s=0.01).invoke("limited", Invocation("t-1", {"seconds": 0}),
-                                                                 time.monotonic() + 30)
-        assert [f.result()["StatusCode"] for f in busy] == [200, 200]
+    out = while_limited_is_full(c, lambda: Invoker(c, max_attempts=2, backoff_s=0.01).invoke(
+        "limited", Invocation("t-1", {"seconds": 0}), time.monotonic() + 30))
     assert not out.ok and out.error_type == "TooManyRequestsException" and out.attempts == 2
     # AWS bills neither a request nor duration for a throttle (the scaler's ledger and warm count read this)
     assert out.requests == 0 and out.billed_attempts_ms == 0 and out.modelled_attempts_ms == 0
@@ -192,11 +197,7 @@ def test_a_launch_whose_invocations_were_all_throttled_bills_nothing_and_warms_n
     svc = ScalerServicer(redis_client, Invoker(c, max_attempts=1), Prices(), "redis://127.0.0.1:1/0")
     launch = scaler_pb2.LaunchRequest(job_id="thr", actors=2, steps_per_actor=8, env_id="CartPole-v1",
                                       function_name="limited", deadline_s=20.0)
-    with ThreadPoolExecutor(2) as ex:  # both of the function's slots busy for 1.5 s
-        busy = [ex.submit(invoke, c, "limited", {"seconds": 1.5}) for _ in range(2)]
-        time.sleep(0.4)
-        resp = svc.Launch(launch, Context())
-        assert [f.result()["StatusCode"] for f in busy] == [200, 200]
+    resp = while_limited_is_full(c, lambda: svc.Launch(launch, Context()))
     assert (resp.launched, resp.failed, resp.cost_usd) == (2, 2, 0.0)
     state = redis_client.hgetall(scaler_state_key("thr"))
     assert int(state.get(b"warm_sandboxes:actor", 0)) == 0  # nothing ran, nothing stays warm
