@@ -16,19 +16,10 @@ SCHEDULER=$PWD/results/minions/hopper-v5-i64.npz
 
 while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-protocol.lock")" 2>/dev/null; do sleep 30; done
 
-# Fig. 11 to 10 seeds: IMPACT at equal dollars favoured nitro over fixed:8 on 4 of 5 seeds, as did fixed:N-bar
-# (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9, and fixed:16 (about N-bar, a
-# candidate default for IMPACT if bigger rounds keep paying).
-grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled,fixed:16 --seeds 10
-grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-impact-tuned-r100
-# Is 8 the right fixed count for PPO? fixed:4 over 200 rounds (about fixed:8's samples over 100), for the
-# equal-dollar cut beside fixed:8 and fixed:N-bar (about 17).
-grid protocol --env Hopper-v5 --schemes fixed:4 --rounds 200 --seeds 10 --name protocol-hopper-v5-ppo-tuned-r200
+# Order: what the issue requires and no run has touched yet (the paper preset's equal-dollar runs, MinionsRL,
+# Stellaris, Humanoid, Atari) before the extra seeds and side questions (IMPACT to 10 seeds, fixed:4, Fig. 15).
 # The paper preset at equal dollars: fixed:8 over 100 rounds, cut at nitro's bill by protocol-equal-cost.
 grid protocol --env Hopper-v5 --preset paper --schemes fixed:imin --rounds 100 --seeds 5 --name protocol-hopper-v5-ppo-paper-r100
-# Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
-# (its nitro and fixed runs are the comparison).
-grid protocol --env Hopper-v5 --schemes hydrozoa,kungfu --seeds 5
 # MinionsRL: a scheduler pre-trained for that grid's jobs (about 22-43 CPU minutes; docs/results.md), once.
 if [ ! -f "$SCHEDULER" ]; then
   mkdir -p "$(dirname "$SCHEDULER")"
@@ -39,6 +30,20 @@ fi
 [ -f "$SCHEDULER" ] && grid2 protocol --env Hopper-v5 --schemes minions --scheduler "$SCHEDULER" --seeds 5
 # Stellaris: on-policy learning in serverless learner functions, against the central learner's runs above.
 grid2 protocol --env Hopper-v5 --learner-mode stellaris --schemes nitro,fixed:imin --seeds 5
-grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar,schedule,shuffled --seeds 3
+# Humanoid-v5 (about 1.7x Hopper's cost per step here): first the three schemes that answer "timing or
+# samples?", so every scheme the issue needs reaches 3 seeds before the extra ones; the rest later, same dir.
+grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
 # Atari: CNN inference on 2 CPU cores makes every run long; the three schemes that answer "timing or samples?".
 grid protocol --env ALE/Qbert-v5 --preset paper-atari --schemes nitro,fixed:imin,fixed:nbar --seeds 3
+# Fig. 11 to 10 seeds: IMPACT at equal dollars favoured nitro over fixed:8 on 4 of 5 seeds, as did fixed:N-bar
+# (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9, and fixed:16 (about N-bar, a
+# candidate default for IMPACT if bigger rounds keep paying).
+grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled,fixed:16 --seeds 10
+grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-impact-tuned-r100
+# Is 8 the right fixed count for PPO? fixed:4 over 200 rounds (about fixed:8's samples over 100), for the
+# equal-dollar cut beside fixed:8 and fixed:N-bar (about 17).
+grid protocol --env Hopper-v5 --schemes fixed:4 --rounds 200 --seeds 10 --name protocol-hopper-v5-ppo-tuned-r200
+# Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
+# (its nitro and fixed runs are the comparison).
+grid protocol --env Hopper-v5 --schemes hydrozoa,kungfu --seeds 5
+grid protocol --env Humanoid-v5 --schemes schedule,shuffled --seeds 3
