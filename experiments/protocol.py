@@ -387,11 +387,43 @@ def check_out_dir(proto: Protocol, out: Path) -> Protocol:
     record = saved.get("scheduler")
     if proto.scheduler:
         proto, record = _adopt_scheduler(proto, out, record)
-    grid = {"name": proto.name, "scale": proto.scale(), "seeds": seeds, "schemes": schemes}
+    grid = {"name": proto.name, "scale": proto.scale(), "seeds": seeds, "schemes": schemes,
+            "planned": _planned_record(saved, proto)}
     if record:
         grid["scheduler"] = record
     path.write_text(json.dumps(grid, indent=2) + "\n")
     return proto
+
+
+def _planned_record(saved: dict, proto: Protocol) -> dict[str, list[int]]:
+    """grid.json's "planned": the seeds each scheme was asked for, over every command the out dir has seen. The
+    grid's seeds and schemes are unions, so a scheme added on fewer seeds (max, the floor: 5 of 10) would
+    otherwise count as unfinished on the seeds no command asked it for."""
+    planned = {s: set(v) for s, v in (saved.get("planned") or {}).items()}
+    for scheme in proto.schemes:
+        planned.setdefault(scheme, set()).update(proto.seeds)
+    return {s: sorted(v) for s, v in planned.items()}
+
+
+def record_planned(proto: Protocol, out: Path) -> None:
+    """Add this command's (scheme, seed) runs to grid.json's "planned" (a grid run from a clone whose code
+    predates the record rewrites grid.json without it)."""
+    path = Path(out) / "grid.json"
+    if not path.exists():
+        return
+    saved = json.loads(path.read_text())
+    saved["planned"] = _planned_record(saved, proto)
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+
+
+def planned_runs(proto: Protocol, out: Path) -> set[tuple[str, int]]:
+    """(scheme, seed) of every run the grid's commands asked for: grid.json's record, this command's runs, and
+    the runs the out dir holds (grids older than the record count those)."""
+    path = Path(out) / "grid.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    pairs = {(s, seed) for s, seeds in _planned_record(saved, proto).items() for seed in seeds}
+    return pairs | {(p.scheme, p.seed) for p in plan(whole_grid(proto, out), out)
+                    if p.run is not None and is_done(out, p.run)}
 
 
 def _adopt_scheduler(proto: Protocol, out: Path, record: dict | None) -> tuple[Protocol, dict]:
@@ -886,8 +918,11 @@ def _ci(t: tuple[float, float, float] | None, fmt: str) -> str:
     return f"{format(t[0], fmt)} [{format(t[1], fmt)}, {format(t[2], fmt)}]"
 
 
-def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_REPS, log=print) -> dict:
-    """Table (markdown), curves (PNG) and numbers (JSON) of whatever runs have finished; returns the numbers."""
+def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_REPS, log=print,
+           planned: set[tuple[str, int]] | None = None) -> dict:
+    """Table (markdown), curves (PNG) and numbers (JSON) of whatever runs have finished; returns the numbers.
+    `planned`: the (scheme, seed) runs the grid was asked for (`planned_runs`), when not every scheme of
+    `proto` was asked for on every seed of it."""
     out = Path(out)
     data = collect(proto, out)
     finals = iqm_interval({s: d.final for s, d in data.items() if d.final}, reps)
@@ -901,8 +936,8 @@ def report(proto: Protocol, out: Path, command: str, *, reps: int = BOOTSTRAP_RE
                 poi[s] = probability_of_improvement(nitro.final, d.final, reps)
     clocks = set().union(*(d.clocks for d in data.values())) if data else set()
     clock_name = "modelled cloud USD" if clocks <= {"cloud"} else "USD (this machine's clock: no cloud cost reported)"
-    n_total = len(plan(proto, out))
     n_done = sum(len(d.final) + len(d.failed) for d in data.values())
+    n_total = len(plan(proto, out) if planned is None else planned)
     sched = scheduler_record(proto, out) if "minions" in data else None
     pre_usd = (sched.get("pretraining") or {}).get("cost_usd") if sched else None
     with_pre = {}
@@ -1325,6 +1360,7 @@ def report_whole_grid(proto: Protocol, out: Path, command: str, *, reps: int, co
     """Table, curves and numbers of every scheme and seed the out dir holds (`whole_grid`), committed when asked
     and the out dir is in a repository. Runs in this tree's code, also after a grid ran from a clone: the runs
     are the clone's, the analysis is this one's."""
-    report(whole_grid(proto, out), out, command, reps=reps)
+    record_planned(proto, out)
+    report(whole_grid(proto, out), out, command, reps=reps, planned=planned_runs(proto, out))
     if commit and git_toplevel(out) is not None:
         commit_results(out, f"protocol {proto.name}: table and curves")

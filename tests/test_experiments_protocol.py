@@ -398,6 +398,27 @@ def test_the_table_covers_every_scheme_and_seed_the_grid_holds(tmp_path):
     assert P.whole_grid(second, tmp_path / "nowhere") == second
 
 
+def test_a_scheme_added_on_fewer_seeds_does_not_leave_the_grid_partial(tmp_path):
+    """grid.json keeps the union of seeds and schemes; the count of planned runs must not multiply them out."""
+    out = tmp_path / "grid"
+    first = tiny(tmp_path, schemes=("nitro", "fixed:imin"))
+    second = tiny(tmp_path, schemes=("max",), seeds=(0,))
+    for proto in (first, second):
+        P.execute(proto, out, runner=FakeRunner(), commit=False, log=lambda *_: None)
+    assert json.loads((out / "grid.json").read_text())["planned"] == {"nitro": [0, 1], "fixed:1": [0, 1], "max": [0]}
+    P.report_whole_grid(second, out, "t", reps=20, commit=False)
+    assert "5 of 5 runs finished." in (out / "table.md").read_text()
+    # A grid.json written by code older than the record (a grid run from a clone at an older commit).
+    grid = json.loads((out / "grid.json").read_text())
+    del grid["planned"]
+    (out / "grid.json").write_text(json.dumps(grid))
+    P.report_whole_grid(first, out, "t", reps=20, commit=False)
+    assert "5 of 5 runs finished." in (out / "table.md").read_text()
+    # A command asking for a seed not run yet leaves the grid partial.
+    P.report_whole_grid(tiny(tmp_path, schemes=("max",), seeds=(0, 1)), out, "t", reps=20, commit=False)
+    assert "5 of 6 runs finished (partial)." in (out / "table.md").read_text()
+
+
 def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_path, monkeypatch):
     """A grid runs from a clone at a fixed commit whose code may report only its own command's schemes; the
     command that started it then rebuilds the table over every scheme and seed the out dir holds."""
