@@ -13,6 +13,9 @@ grid() { "${P[@]}" "$@" --clone "$CLONE" --commit "$COMMIT" || echo "grid failed
 # Wait for a grid already running in the clone (its lock file names its pid).
 while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-protocol.lock")" 2>/dev/null; do sleep 30; done
 
+# IMPACT's default first (added 2026-11-26, about 30 minutes): fixed:N-bar beat fixed:8 at equal dollars on 5 of 5
+# seeds, so fixed:16 (about N-bar) on the same 5 seeds, to let the default follow a measured fixed count.
+grid protocol --env Hopper-v5 --algo impact --schemes fixed:16 --seeds 5
 grid protocol --env Hopper-v5 --schemes "$CORE" --seeds 10                       # PPO tuned, 10 seeds
 grid protocol --env Hopper-v5 --schemes max,nitro-floor --seeds 5                # the costly controls, 5 seeds
 # fixed:8 run on to 100 rounds, so that truncating every run at one modelled-dollar budget (the equal-cost
