@@ -33,8 +33,12 @@ grid2 protocol --env Hopper-v5 --learner-mode stellaris --schemes nitro,fixed:im
 # Humanoid-v5 (about 1.7x Hopper's cost per step here): first the three schemes that answer "timing or
 # samples?", so every scheme the issue needs reaches 3 seeds before the extra ones; the rest later, same dir.
 grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
-# Atari: CNN inference on 2 CPU cores makes every run long; the three schemes that answer "timing or samples?".
-grid protocol --env ALE/Qbert-v5 --preset paper-atari --schemes nitro,fixed:imin,fixed:nbar --seeds 3
+# Atari: the paper-atari preset's 30 epochs of minibatch 128 through the CNN take about 0.28 s per minibatch on
+# one core here (2026-11-26, beside a grid): at the protocol's 512 steps per actor a fixed:8 round would update
+# for about 270 s (a 50-round run 3.7 h, nitro twice that: ~40 h for this grid). 32 steps per actor (the qbert
+# preset's, Table 1's Atari batch of 256 at I_min 8): about 17 s (fixed:8) to 40 s (nitro) a round, ~4 h in all;
+# the three schemes that answer "timing or samples?".
+grid protocol --env ALE/Qbert-v5 --preset paper-atari --steps-per-actor 32 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
 # Fig. 11 to 10 seeds: IMPACT at equal dollars favoured nitro over fixed:8 on 4 of 5 seeds, as did fixed:N-bar
 # (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9, and fixed:16 (about N-bar, a
 # candidate default for IMPACT if bigger rounds keep paying).
