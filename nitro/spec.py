@@ -18,7 +18,7 @@ from nitro.contracts import (
     DEFAULT_I_MAX,
     DEFAULT_I_MIN,
     DEFAULT_SCALING_POLICY,
-    FIXED_ACTORS,
+    FIXED_ACTORS_BY_ALGO,
     FLOOR_ACTORS,
     FLOOR_DECAY,
     HYDROZOA_PERIOD,
@@ -27,6 +27,7 @@ from nitro.contracts import (
     SCALING_POLICIES,
     SCORE_DECAY,
     SCORE_WINDOW,
+    default_fixed_actors,
     is_job_id,
 )
 from nitro.cost import CLOCKS
@@ -59,7 +60,7 @@ class ScalerSettings:
     policy: str = DEFAULT_SCALING_POLICY
     i_min: int = DEFAULT_I_MIN
     i_max: int = DEFAULT_I_MAX
-    fixed_actors: int = FIXED_ACTORS
+    fixed_actors: int = 0  # 0: the algorithm's count (nitro.contracts.default_fixed_actors), filled in by validate
     decay: float = SCORE_DECAY
     window: int = SCORE_WINDOW
     period: int = HYDROZOA_PERIOD
@@ -196,8 +197,11 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
         raise InvalidSpec("scaler.i_max", f"must be in [1, {MAX_ACTORS}], got {sc.i_max}")
     if sc.i_min > sc.i_max:
         raise InvalidSpec("scaler.i_min", f"must be <= scaler.i_max ({sc.i_max}), got {sc.i_min}")
+    if sc.fixed_actors == 0:
+        sc.fixed_actors = default_fixed_actors(spec.algo)
     if not 1 <= sc.fixed_actors <= MAX_ACTORS:
-        raise InvalidSpec("scaler.fixed_actors", f"must be in [1, {MAX_ACTORS}], got {sc.fixed_actors}")
+        raise InvalidSpec("scaler.fixed_actors", f"must be in [1, {MAX_ACTORS}] (0: the algorithm's default, "
+                          f"{FIXED_ACTORS_BY_ALGO}), got {sc.fixed_actors}")
     _finite("scaler.decay", sc.decay)
     if not 0.0 < sc.decay <= 1.0:
         raise InvalidSpec("scaler.decay", f"must be in (0, 1], got {sc.decay}")

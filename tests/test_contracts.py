@@ -100,8 +100,8 @@ def test_actor_slot_of_this_job_and_round_only():
 
 def test_defaults_have_one_home():
     sc = ScalerSettings()
-    assert (sc.fixed_actors, sc.decay, sc.window, sc.period) == (c.FIXED_ACTORS, c.SCORE_DECAY, c.SCORE_WINDOW,
-                                                                 c.HYDROZOA_PERIOD)
+    assert (sc.fixed_actors, sc.decay, sc.window, sc.period) == (0, c.SCORE_DECAY, c.SCORE_WINDOW,
+                                                                 c.HYDROZOA_PERIOD)  # 0: the algorithm's count
     assert (sc.floor_actors, sc.floor_decay) == (c.FLOOR_ACTORS, c.FLOOR_DECAY)
     assert (sc.i_min, sc.i_max) == (RoundInputs(0).i_min, RoundInputs(0).i_max) == (c.DEFAULT_I_MIN, c.DEFAULT_I_MAX)
     assert FixedPolicy().actors == c.FIXED_ACTORS and SchedulePolicy().decay == c.SCORE_DECAY
@@ -111,9 +111,10 @@ def test_defaults_have_one_home():
     assert c.SCALING_POLICIES[0] == "nitro" and len(set(c.SCALING_POLICIES)) == len(c.SCALING_POLICIES)
 
 
-def test_default_scaler_is_fixed_8_everywhere():
-    """The default scaling policy (issue 14: fixed:8 won on return at equal modelled dollars, docs/results.md)
-    lives in nitro.contracts only: the spec, the scaler service's empty policy and the CLI all resolve to it."""
+def test_default_scaler_is_the_algorithms_fixed_count_everywhere():
+    """The default scaling policy (issue 14: a fixed count won on return at equal modelled dollars, docs/results.md:
+    8 actors for PPO, 16 for IMPACT) lives in nitro.contracts only: the spec, the scaler service's empty policy and
+    the CLI all resolve to it."""
     from learner_svc.clients import scaler_spec
     from nitro.client import cli, sdk
     from nitro.client.commands import train
@@ -122,28 +123,50 @@ def test_default_scaler_is_fixed_8_everywhere():
     from nitro.v1 import common_pb2
     from scaler_svc.server import policy_params
 
-    assert (c.DEFAULT_SCALING_POLICY, c.FIXED_ACTORS) == ("fixed", 8)  # the decision itself; change it on purpose
+    # The decision itself; change it on purpose.
+    assert (c.DEFAULT_SCALING_POLICY, c.FIXED_ACTORS, c.FIXED_ACTORS_BY_ALGO) == ("fixed", 8, {"ppo": 8, "impact": 16})
     assert c.DEFAULT_SCALING_POLICY in c.SCALING_POLICIES
+    assert [c.default_fixed_actors(a) for a in ("ppo", "impact", "other")] == [8, 16, c.FIXED_ACTORS]
     inputs = RoundInputs(0, score=1.0, i_min=8, i_max=64)  # a full score: a score-driven policy would say 64
 
     def actors(name: str, params: dict) -> int:
         return make_policy(name, params).decide({}, inputs)[0]
 
-    # The spec: a job that names no scaler.
-    sc = validate(TrainingSpec(env_id="CartPole-v1")).scaler
-    assert (sc.policy, sc.fixed_actors) == (c.DEFAULT_SCALING_POLICY, c.FIXED_ACTORS)
-    # The scaler service: a ScalerSpec with no policy and no count (the wire's unset values).
+    for algo, count in c.FIXED_ACTORS_BY_ALGO.items():
+        # The spec: a job that names no scaler, as a dataclass, through the CLI and the SDK's dict.
+        sc = validate(TrainingSpec(env_id="CartPole-v1", algo=algo)).scaler
+        assert (sc.policy, sc.fixed_actors) == (c.DEFAULT_SCALING_POLICY, count), algo
+        flags = cli.build_parser().parse_args(["train", "--env", "CartPole-v1", "--algo", algo])
+        spec = train.build_spec(flags)
+        assert "scaler" not in spec and not sdk.spec_to_proto(spec).HasField("scaler")
+        sent = scaler_spec(validate(from_proto(sdk.spec_to_proto(spec))))  # what the learner asks the scaler for
+        assert (sent.policy, sent.fixed_actors) == (c.DEFAULT_SCALING_POLICY, count), algo
+        assert actors(*policy_params(sent)) == count
+        # The dataclass's own wire round trip (it sends fixed_actors 0), and "fixed" with no count.
+        again = validate(from_proto(sdk.spec_to_proto(TrainingSpec(env_id="CartPole-v1", algo=algo)))).scaler
+        assert again.fixed_actors == count
+        bare = validate(from_proto(sdk.spec_to_proto({"env_id": "CartPole-v1", "algo": algo, "scaler": "fixed"})))
+        assert bare.scaler.fixed_actors == count
+    # A count the user gives wins over the algorithm's.
+    explicit = validate(from_proto(sdk.spec_to_proto({"env_id": "CartPole-v1", "algo": "impact", "scaler": "fixed:8"})))
+    assert explicit.scaler.fixed_actors == 8
+    assert validate(TrainingSpec(env_id="CartPole-v1", algo="impact",
+                                 scaler=ScalerSettings(fixed_actors=8))).scaler.fixed_actors == 8
+    # The scaler service: a ScalerSpec with no policy and no count (the wire's unset values; the learner always
+    # sends the validated count, so only a direct caller gets this).
     assert policy_params(common_pb2.ScalerSpec()) == (c.DEFAULT_SCALING_POLICY, {"actors": c.FIXED_ACTORS})
     assert actors(*policy_params(common_pb2.ScalerSpec())) == c.FIXED_ACTORS
     assert actors(c.DEFAULT_SCALING_POLICY, {}) == c.FIXED_ACTORS  # "fixed" with no count
-    # The CLI: without --scaler nothing is sent, so the server's default applies, and --help names it.
-    flags = cli.build_parser().parse_args(["train", "--env", "CartPole-v1"])
-    spec = train.build_spec(flags)
-    assert "scaler" not in spec and not sdk.spec_to_proto(spec).HasField("scaler")
-    sent = scaler_spec(validate(from_proto(sdk.spec_to_proto(spec))))  # what the learner asks the scaler for
-    assert (sent.policy, sent.fixed_actors) == (c.DEFAULT_SCALING_POLICY, c.FIXED_ACTORS)
-    assert actors(*policy_params(sent)) == c.FIXED_ACTORS
-    assert train.default_scaler() == f"{c.DEFAULT_SCALING_POLICY}:{c.FIXED_ACTORS}"
+    # The CLI's --help names the default per algorithm.
+    expected = ", ".join(f"{c.DEFAULT_SCALING_POLICY}:{n} for {a}" for a, n in c.FIXED_ACTORS_BY_ALGO.items())
+    assert train.default_scaler() == expected
     train_help = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["train"]._actions
                       if "--scaler" in a.option_strings).help
-    assert train_help.endswith(f"[{c.DEFAULT_SCALING_POLICY}:{c.FIXED_ACTORS}]")
+    assert train_help.endswith(f"[{expected}]")
+
+
+def test_fixed_actors_out_of_range_names_the_field():
+    from nitro.spec import InvalidSpec, TrainingSpec, validate
+
+    with pytest.raises(InvalidSpec, match=r"scaler.fixed_actors: must be in \[1, 1000\] \(0: the algorithm's default"):
+        validate(TrainingSpec(env_id="CartPole-v1", scaler=ScalerSettings(fixed_actors=-1)))

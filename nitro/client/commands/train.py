@@ -23,7 +23,7 @@ from nitro.client.commands.common import (
 )
 from nitro.client.commands.follow import FollowOptions, add_outputs, open_job_trackers, run_job
 from nitro.client.commands.system import LocalSystemOptions, aws_backend, local_system_for_job
-from nitro.contracts import SCALING_POLICIES
+from nitro.contracts import FIXED_ACTORS_BY_ALGO, SCALING_POLICIES
 from nitro.local import system_state
 from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
 
@@ -100,12 +100,16 @@ def _dest(field: str) -> str:
 
 
 def default_scaler() -> str:
-    """The server's scaling policy when --scaler is not given, as --scaler would name it (fixed:N for fixed)."""
+    """The server's scaling policy when --scaler is not given, as --scaler would name it (fixed:N per algorithm)."""
     sc = _SCALER_DEFAULTS
-    return f"{sc.policy}:{sc.fixed_actors}" if sc.policy == "fixed" else sc.policy
+    if sc.policy != "fixed":
+        return sc.policy
+    return ", ".join(f"{sc.policy}:{n} for {algo}" for algo, n in FIXED_ACTORS_BY_ALGO.items())
 
 
 def _default_of(field: str):
+    if field == "scaler.fixed_actors":  # 0 in the spec: the algorithm's count
+        return ", ".join(f"{n} for {algo}" for algo, n in FIXED_ACTORS_BY_ALGO.items())
     if field.startswith("scaler."):
         return getattr(_SCALER_DEFAULTS, field.removeprefix("scaler."))
     if field.startswith("stellaris."):
