@@ -16,10 +16,12 @@ SCHEDULER=$PWD/results/minions/hopper-v5-i64.npz
 
 while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-protocol.lock")" 2>/dev/null; do sleep 30; done
 
-# Order: what the issue requires and no run has touched yet (the paper preset's equal-dollar runs, MinionsRL,
-# Stellaris, Humanoid, Atari) before the extra seeds and side questions (IMPACT to 10 seeds, fixed:4, Fig. 15).
-# The paper preset at equal dollars: fixed:8 over 100 rounds, cut at nitro's bill by protocol-equal-cost.
-grid protocol --env Hopper-v5 --preset paper --schemes fixed:imin --rounds 100 --seeds 5 --name protocol-hopper-v5-ppo-paper-r100
+# Order: what the issue requires and no run has touched yet, cheapest first (Humanoid-v5, MinionsRL, Stellaris:
+# about an hour each), then the rest of the paper preset (about 5 h) and its equal-dollar runs, Atari (about
+# 4 h), then the extra seeds and side questions (IMPACT to 10 seeds, fixed:4, Fig. 15).
+# Humanoid-v5 (about 1.7x Hopper's cost per step here): first the three schemes that answer "timing or
+# samples?", so every scheme the issue needs reaches 3 seeds before the extra ones; the rest later, same dir.
+grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
 # MinionsRL: a scheduler pre-trained for that grid's jobs (about 22-43 CPU minutes; docs/results.md), once.
 if [ ! -f "$SCHEDULER" ]; then
   mkdir -p "$(dirname "$SCHEDULER")"
@@ -30,18 +32,20 @@ fi
 [ -f "$SCHEDULER" ] && grid2 protocol --env Hopper-v5 --schemes minions --scheduler "$SCHEDULER" --seeds 5
 # Stellaris: on-policy learning in serverless learner functions, against the central learner's runs above.
 grid2 protocol --env Hopper-v5 --learner-mode stellaris --schemes nitro,fixed:imin --seeds 5
-# Humanoid-v5 (about 1.7x Hopper's cost per step here): first the three schemes that answer "timing or
-# samples?", so every scheme the issue needs reaches 3 seeds before the extra ones; the rest later, same dir.
-grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
+# The paper's Table 1 settings (PPO `paper`: 30 epochs of minibatch 128, so each run takes 8-24 minutes).
+CORE=nitro,fixed:imin,fixed:nbar,schedule,shuffled
+grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5
+# The paper preset at equal dollars: fixed:8 over 100 rounds, cut at nitro's bill by protocol-equal-cost.
+grid protocol --env Hopper-v5 --preset paper --schemes fixed:imin --rounds 100 --seeds 5 --name protocol-hopper-v5-ppo-paper-r100
 # Atari: the paper-atari preset's 30 epochs of minibatch 128 through the CNN take about 0.28 s per minibatch on
 # one core here (2026-11-26, beside a grid): at the protocol's 512 steps per actor a fixed:8 round would update
 # for about 270 s (a 50-round run 3.7 h, nitro twice that: ~40 h for this grid). 32 steps per actor (the qbert
 # preset's, Table 1's Atari batch of 256 at I_min 8): about 17 s (fixed:8) to 40 s (nitro) a round, ~4 h in all;
 # the three schemes that answer "timing or samples?".
 grid protocol --env ALE/Qbert-v5 --preset paper-atari --steps-per-actor 32 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
-# Fig. 11 to 10 seeds: IMPACT at equal dollars favoured nitro over fixed:8 on 4 of 5 seeds, as did fixed:N-bar
-# (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9, and fixed:16 (about N-bar, a
-# candidate default for IMPACT if bigger rounds keep paying).
+# Fig. 11 to 10 seeds: IMPACT at equal dollars favoured nitro over fixed:8 on 4 of 5 seeds, as did fixed:N-bar and
+# fixed:16 (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9 (fixed:16 is IMPACT's
+# default since 2026-11-26 on 5 seeds; these check it).
 grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled,fixed:16 --seeds 10
 grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-impact-tuned-r100
 # Is 8 the right fixed count for PPO? fixed:4 over 200 rounds (about fixed:8's samples over 100), for the

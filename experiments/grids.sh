@@ -26,6 +26,6 @@ grid protocol --env Walker2d-v5 --schemes fixed:imin --rounds 100 --seeds 10 --n
 grid protocol --env Walker2d-v5 --schemes max,nitro-floor --seeds 5
 grid protocol --env Hopper-v5 --algo impact --schemes "$CORE" --seeds 5                 # Fig. 11: IMPACT (cheaper, so first)
 grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 5 --name protocol-hopper-v5-impact-tuned-r100  # equal dollars
-grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5         # the paper's Table 1 settings
+# The paper preset (5 seeds) continues in experiments/grids-more.sh, after the cheaper grids the issue asks for.
 # The budget-matched comparison is not run here: budgets on the measured cloud clock bind at load-dependent
 # points (the clock's CPU time more than doubled beside test load), see experiments/grids-budget.sh.
