@@ -88,6 +88,7 @@ EVAL_EPISODES = 10
 BOOTSTRAP_REPS = 2000
 LOCK_NAME = ".nitro-protocol.lock"
 SCHEDULER_FILE = "minions-scheduler.npz"  # the grid's own copy of the minions scheduler
+PLANNED_FILE = "planned.json"  # scheme -> the seeds the grid's commands asked for (record_planned)
 
 
 # -- configuration ---------------------------------------------------------------------------------------
@@ -387,43 +388,37 @@ def check_out_dir(proto: Protocol, out: Path) -> Protocol:
     record = saved.get("scheduler")
     if proto.scheduler:
         proto, record = _adopt_scheduler(proto, out, record)
-    grid = {"name": proto.name, "scale": proto.scale(), "seeds": seeds, "schemes": schemes,
-            "planned": _planned_record(saved, proto)}
+    grid = {"name": proto.name, "scale": proto.scale(), "seeds": seeds, "schemes": schemes}
     if record:
         grid["scheduler"] = record
     path.write_text(json.dumps(grid, indent=2) + "\n")
     return proto
 
 
-def _planned_record(saved: dict, proto: Protocol) -> dict[str, list[int]]:
-    """grid.json's "planned": the seeds each scheme was asked for, over every command the out dir has seen. The
-    grid's seeds and schemes are unions, so a scheme added on fewer seeds (max, the floor: 5 of 10) would
-    otherwise count as unfinished on the seeds no command asked it for."""
-    planned = {s: set(v) for s, v in (saved.get("planned") or {}).items()}
+def record_planned(proto: Protocol, out: Path) -> None:
+    """Add the runs this command asked for (its schemes x its seeds) to the grid's PLANNED_FILE. Only a command
+    that runs its grid records (not --report-only), and the file is this tree's own: grid.json is rewritten by
+    every command, also by a clone's older code. grid.json's seeds and schemes are unions, so without this
+    record a scheme added on fewer seeds (max, the floor: 5 of 10) would count as unfinished on the others."""
+    path = Path(out) / PLANNED_FILE
+    planned = {s: set(v) for s, v in (json.loads(path.read_text()) if path.exists() else {}).items()}
     for scheme in proto.schemes:
         planned.setdefault(scheme, set()).update(proto.seeds)
-    return {s: sorted(v) for s, v in planned.items()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({s: sorted(v) for s, v in planned.items()}, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
-def record_planned(proto: Protocol, out: Path) -> None:
-    """Add this command's (scheme, seed) runs to grid.json's "planned" (a grid run from a clone whose code
-    predates the record rewrites grid.json without it)."""
-    path = Path(out) / "grid.json"
+def planned_runs(proto: Protocol, out: Path) -> set[tuple[str, int]] | None:
+    """(scheme, seed) of every run the grid's commands asked for (PLANNED_FILE), and every run the out dir
+    holds, finished or started; None for a grid without the record (its table counts every scheme on every
+    seed, as before the record existed)."""
+    path = Path(out) / PLANNED_FILE
     if not path.exists():
-        return
-    saved = json.loads(path.read_text())
-    saved["planned"] = _planned_record(saved, proto)
-    path.write_text(json.dumps(saved, indent=2) + "\n")
-
-
-def planned_runs(proto: Protocol, out: Path) -> set[tuple[str, int]]:
-    """(scheme, seed) of every run the grid's commands asked for: grid.json's record, this command's runs, and
-    the runs the out dir holds (grids older than the record count those)."""
-    path = Path(out) / "grid.json"
-    saved = json.loads(path.read_text()) if path.exists() else {}
-    pairs = {(s, seed) for s, seeds in _planned_record(saved, proto).items() for seed in seeds}
+        return None
+    pairs = {(s, seed) for s, seeds in json.loads(path.read_text()).items() for seed in seeds}
     return pairs | {(p.scheme, p.seed) for p in plan(whole_grid(proto, out), out)
-                    if p.run is not None and is_done(out, p.run)}
+                    if p.run is not None and (runs_dir(out) / p.run.run_id / "run.json").exists()}
 
 
 def _adopt_scheduler(proto: Protocol, out: Path, record: dict | None) -> tuple[Protocol, dict]:
@@ -616,6 +611,7 @@ def execute(proto: Protocol, out: Path, *, runner: Callable[[Run, Path], dict] |
     out = Path(out)
     check_specs(proto)
     proto = check_out_dir(proto, out)
+    record_planned(proto, out)
     runs_dir(out).mkdir(parents=True, exist_ok=True)
     own_runner = runner is None
     if runner is None:
@@ -1343,6 +1339,7 @@ def main(figure: str, argv: list[str] | None = None) -> int:
         finally:
             (clone / LOCK_NAME).unlink(missing_ok=True)
         if rc == 0:  # the clone's code may predate whole_grid: its table covers only this command's schemes
+            record_planned(proto, out)
             report_whole_grid(proto, out, command, reps=args.reps, commit=args.commit_results)
         return rc
 
@@ -1360,7 +1357,6 @@ def report_whole_grid(proto: Protocol, out: Path, command: str, *, reps: int, co
     """Table, curves and numbers of every scheme and seed the out dir holds (`whole_grid`), committed when asked
     and the out dir is in a repository. Runs in this tree's code, also after a grid ran from a clone: the runs
     are the clone's, the analysis is this one's."""
-    record_planned(proto, out)
     report(whole_grid(proto, out), out, command, reps=reps, planned=planned_runs(proto, out))
     if commit and git_toplevel(out) is not None:
         commit_results(out, f"protocol {proto.name}: table and curves")

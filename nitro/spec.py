@@ -552,7 +552,9 @@ def to_proto(spec: TrainingSpec):
     return training_pb2.TrainingSpec(
         env_id=spec.env_id, algo=spec.algo, preset=spec.preset, hyperparameters=spec.hyperparameters,
         scaler=common_pb2.ScalerSpec(policy=sc.policy, scheduler=sc.scheduler, actors_by_round=sc.actors_by_round,
-                                     **{n: getattr(sc, n) for n in _SCALER_FIELDS}),
+                                     # fixed_actors 0 (the algorithm's count) stays unset: a learner older than the
+                                     # per-algorithm default would refuse 0, and one with it reads unset as 0
+                                     **{n: getattr(sc, n) for n in _SCALER_FIELDS if n != "fixed_actors" or sc.fixed_actors}),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
         learner_mode=spec.learner_mode, budget_clock=spec.budget_clock,
         hidden_sizes=spec.hidden_sizes, activation=spec.activation,

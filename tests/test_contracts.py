@@ -142,9 +142,10 @@ def test_default_scaler_is_the_algorithms_fixed_count_everywhere():
         sent = scaler_spec(validate(from_proto(sdk.spec_to_proto(spec))))  # what the learner asks the scaler for
         assert (sent.policy, sent.fixed_actors) == (c.DEFAULT_SCALING_POLICY, count), algo
         assert actors(*policy_params(sent)) == count
-        # The dataclass's own wire round trip (it sends fixed_actors 0), and "fixed" with no count.
-        again = validate(from_proto(sdk.spec_to_proto(TrainingSpec(env_id="CartPole-v1", algo=algo)))).scaler
-        assert again.fixed_actors == count
+        # The dataclass's own wire round trip, and "fixed" with no count.
+        wire = sdk.spec_to_proto(TrainingSpec(env_id="CartPole-v1", algo=algo))
+        assert not wire.scaler.HasField("fixed_actors")  # unset, not 0: what a learner of any version reads right
+        assert validate(from_proto(wire)).scaler.fixed_actors == count
         bare = validate(from_proto(sdk.spec_to_proto({"env_id": "CartPole-v1", "algo": algo, "scaler": "fixed"})))
         assert bare.scaler.fixed_actors == count
     # A count the user gives wins over the algorithm's.

@@ -405,17 +405,20 @@ def test_a_scheme_added_on_fewer_seeds_does_not_leave_the_grid_partial(tmp_path)
     second = tiny(tmp_path, schemes=("max",), seeds=(0,))
     for proto in (first, second):
         P.execute(proto, out, runner=FakeRunner(), commit=False, log=lambda *_: None)
-    assert json.loads((out / "grid.json").read_text())["planned"] == {"nitro": [0, 1], "fixed:1": [0, 1], "max": [0]}
+    record = out / P.PLANNED_FILE
+    assert json.loads(record.read_text()) == {"nitro": [0, 1], "fixed:1": [0, 1], "max": [0]}
     P.report_whole_grid(second, out, "t", reps=20, commit=False)
     assert "5 of 5 runs finished." in (out / "table.md").read_text()
-    # A grid.json written by code older than the record (a grid run from a clone at an older commit).
-    grid = json.loads((out / "grid.json").read_text())
-    del grid["planned"]
-    (out / "grid.json").write_text(json.dumps(grid))
-    P.report_whole_grid(first, out, "t", reps=20, commit=False)
-    assert "5 of 5 runs finished." in (out / "table.md").read_text()
-    # A command asking for a seed not run yet leaves the grid partial.
+    # Reporting (--report-only) records nothing, whatever schemes and seeds it is given.
     P.report_whole_grid(tiny(tmp_path, schemes=("max",), seeds=(0, 1)), out, "t", reps=20, commit=False)
+    assert json.loads(record.read_text())["max"] == [0] and "5 of 5 runs finished." in (out / "table.md").read_text()
+    # A command that asked for a run not finished yet leaves the grid partial.
+    P.record_planned(tiny(tmp_path, schemes=("max",), seeds=(0, 1)), out)
+    P.report_whole_grid(second, out, "t", reps=20, commit=False)
+    assert "5 of 6 runs finished (partial)." in (out / "table.md").read_text()
+    # A grid without the record (older code ran it) counts every scheme on every seed, as before.
+    record.unlink()
+    P.report_whole_grid(second, out, "t", reps=20, commit=False)
     assert "5 of 6 runs finished (partial)." in (out / "table.md").read_text()
 
 
