@@ -554,7 +554,8 @@ def to_proto(spec: TrainingSpec):
         scaler=common_pb2.ScalerSpec(policy=sc.policy, scheduler=sc.scheduler, actors_by_round=sc.actors_by_round,
                                      # fixed_actors 0 (the algorithm's count) stays unset: a learner older than the
                                      # per-algorithm default would refuse 0, and one with it reads unset as 0
-                                     **{n: getattr(sc, n) for n in _SCALER_FIELDS if n != "fixed_actors" or sc.fixed_actors}),
+                                     **{n: getattr(sc, n) for n in _SCALER_FIELDS
+                                        if n != "fixed_actors" or sc.fixed_actors}),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
         learner_mode=spec.learner_mode, budget_clock=spec.budget_clock,
         hidden_sizes=spec.hidden_sizes, activation=spec.activation,
