@@ -300,6 +300,19 @@ def is_done(out: Path, run: Run) -> bool:
     return (runs_dir(out) / run.run_id / "summary.json").exists()
 
 
+def command_finished(proto: Protocol, out: Path) -> bool:
+    """Every run this command asks for has finished in `out`, at the scale grid.json pins (another scale is
+    left to the run, which refuses it), and its table exists."""
+    path = Path(out) / "grid.json"
+    if not path.exists() or not (Path(out) / "table.md").exists():
+        return False
+    had = json.loads(path.read_text()).get("scale", {})
+    defaults = {f.name: f.default for f in dataclasses.fields(Protocol)}
+    if any(had.get(k, defaults.get(k)) != v for k, v in json.loads(json.dumps(proto.scale())).items()):
+        return False
+    return all(p.run is not None and is_done(out, p.run) for p in plan(proto, out))
+
+
 def _summary(out: Path, run: Run) -> dict | None:
     path = runs_dir(out) / run.run_id / "summary.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -1316,6 +1329,13 @@ def main(figure: str, argv: list[str] | None = None) -> int:
                                     start_new_session=True)
         print(f"{proto.name}: running in the background, pid {proc.pid}\n  log: {log_path}\n  follow: tail -f "
               f"{log_path}\n  stop: kill {proc.pid}   (resume with the same command)", flush=True)
+        return 0
+
+    if args.clone and not args.report_only and command_finished(proto, out):
+        # A restarted queue passes every finished command again: no clone run, no rebuilt table (minutes each).
+        record_planned(proto, out)
+        print(f"{proto.name}: every run of this command has finished; nothing to run "
+              "(--report-only rebuilds the table)", flush=True)
         return 0
 
     if args.clone:

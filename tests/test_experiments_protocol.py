@@ -422,7 +422,7 @@ def test_a_scheme_added_on_fewer_seeds_does_not_leave_the_grid_partial(tmp_path)
     assert "5 of 6 runs finished (partial)." in (out / "table.md").read_text()
 
 
-def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_path, monkeypatch):
+def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_path, monkeypatch, capsys):
     """A grid runs from a clone at a fixed commit whose code may report only its own command's schemes; the
     command that started it then rebuilds the table over every scheme and seed the out dir holds."""
 
@@ -439,14 +439,21 @@ def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_
     git("commit", "-q", "-m", "experiments", cwd=repo)
     python = repo / ".venv" / "bin" / "python"  # the clone's interpreter: runs nothing, writes no table
     python.parent.mkdir(parents=True)
-    python.write_text("#!/bin/sh\nexit 0\n")
+    python.write_text('#!/bin/sh\ntouch "$0.ran"\nexit 0\n')
     python.chmod(0o755)
     monkeypatch.setenv("NITRO_PROTOCOL_MAIN_REPO", str(repo))
     rc = P.main("protocol", [*cli, "--schemes", "max", "--seed-list", "0", "--clone", str(tmp_path / "clone"),
                              "--commit", "HEAD", "--out", str(out), "--no-commit-results", "--reps", "20"])
-    assert rc == 0
+    assert rc == 0 and Path(f"{python}.ran").exists()
     table = (out / "table.md").read_text()
     assert "| nitro |" in table and "| fixed:1" in table and "| max (4)" in table, table
+    # A restarted queue passes the finished command again: the clone is not run and the table stays.
+    Path(f"{python}.ran").unlink()
+    capsys.readouterr()
+    assert P.main("protocol", [*cli, "--schemes", "max", "--seed-list", "0", "--clone", str(tmp_path / "clone"),
+                               "--commit", "HEAD", "--out", str(out), "--no-commit-results", "--reps", "20"]) == 0
+    assert not Path(f"{python}.ran").exists() and "nothing to run" in capsys.readouterr().out
+    assert (out / "table.md").read_text() == table
 
 
 # -- minions (a pre-trained scheduler) and learner mode stellaris -------------------------------------------------
