@@ -1334,6 +1334,8 @@ def main(figure: str, argv: list[str] | None = None) -> int:
     if args.clone and not args.report_only and command_finished(proto, out):
         # A restarted queue passes every finished command again: no clone run, no rebuilt table (minutes each).
         record_planned(proto, out)
+        if args.commit_results and git_toplevel(out) is not None:
+            commit_results(out / PLANNED_FILE, f"protocol {proto.name}: planned runs")
         print(f"{proto.name}: every run of this command has finished; nothing to run "
               "(--report-only rebuilds the table)", flush=True)
         return 0
