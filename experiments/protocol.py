@@ -300,15 +300,20 @@ def is_done(out: Path, run: Run) -> bool:
     return (runs_dir(out) / run.run_id / "summary.json").exists()
 
 
+def same_scale(proto: Protocol, out: Path) -> bool:
+    """`out` holds no grid yet, or one of this protocol's scale (check_out_dir refuses another)."""
+    path = Path(out) / "grid.json"
+    if not path.exists():
+        return True
+    had = json.loads(path.read_text()).get("scale", {})
+    defaults = {f.name: f.default for f in dataclasses.fields(Protocol)}
+    return all(had.get(k, defaults.get(k)) == v for k, v in json.loads(json.dumps(proto.scale())).items())
+
+
 def command_finished(proto: Protocol, out: Path) -> bool:
     """Every run this command asks for has finished in `out`, at the scale grid.json pins (another scale is
     left to the run, which refuses it), and its table exists."""
-    path = Path(out) / "grid.json"
-    if not path.exists() or not (Path(out) / "table.md").exists():
-        return False
-    had = json.loads(path.read_text()).get("scale", {})
-    defaults = {f.name: f.default for f in dataclasses.fields(Protocol)}
-    if any(had.get(k, defaults.get(k)) != v for k, v in json.loads(json.dumps(proto.scale())).items()):
+    if not (Path(out) / "grid.json").exists() or not (Path(out) / "table.md").exists() or not same_scale(proto, out):
         return False
     return all(p.run is not None and is_done(out, p.run) for p in plan(proto, out))
 
@@ -1348,6 +1353,9 @@ def main(figure: str, argv: list[str] | None = None) -> int:
         inner = _strip(argv, {"--clone": True, "--commit": True, "--out": True}) + ["--out", str(out)]
         env = dict(os.environ, NITRO_PROTOCOL_COMMAND=command, NITRO_PROTOCOL_MAIN_REPO=str(main_repo),
                    PYTHONPATH=str(clone))
+        if same_scale(proto, out):  # before the run: a grid cut short still knows what it was asked for
+            out.mkdir(parents=True, exist_ok=True)
+            record_planned(proto, out)
         (clone / LOCK_NAME).write_text(f"{os.getpid()}\n")
         print(f"{proto.name}: running from {clone} at {sha[:12]}; results in {out}", flush=True)
         try:
@@ -1361,7 +1369,6 @@ def main(figure: str, argv: list[str] | None = None) -> int:
         finally:
             (clone / LOCK_NAME).unlink(missing_ok=True)
         if rc == 0:  # the clone's code may predate whole_grid: its table covers only this command's schemes
-            record_planned(proto, out)
             report_whole_grid(proto, out, command, reps=args.reps, commit=args.commit_results)
         return rc
 
