@@ -22,6 +22,8 @@ while [ -f "$CLONE/.nitro-protocol.lock" ] && kill -0 "$(cat "$CLONE/.nitro-prot
 # Humanoid-v5 (about 1.7x Hopper's cost per step here): first the three schemes that answer "timing or
 # samples?", so every scheme the issue needs reaches 3 seeds before the extra ones; the rest later, same dir.
 grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
+# Humanoid at equal dollars: fixed:8 over 100 rounds (about 4 minutes a run), cut at nitro's bill by protocol-equal-cost.
+grid protocol --env Humanoid-v5 --schemes fixed:imin --rounds 100 --seeds 3 --name protocol-humanoid-v5-ppo-tuned-r100
 # MinionsRL: a scheduler pre-trained for that grid's jobs (about 22-43 CPU minutes; docs/results.md), once.
 if [ ! -f "$SCHEDULER" ]; then
   mkdir -p "$(dirname "$SCHEDULER")"
