@@ -186,14 +186,15 @@ FIXED_ACTORS = 8  # "fixed" with no count and no algorithm (a bare FixedPolicy, 
 # (Hopper-v5 and Walker2d-v5, 10 seeds: above nitro, fixed:N-bar and the rest); IMPACT: fixed:16 (Hopper-v5, 5 seeds:
 # above fixed:8, P 0.84 [0.52, 1.00], level with nitro and fixed:N-bar).
 FIXED_ACTORS_BY_ALGO = {"ppo": 8, "impact": 16}
+HYDROZOA_PERIOD = 10  # "hydrozoa": rounds between changes
+FLOOR_ACTORS = 64  # "nitro-floor": F of the floor round(F * d_f^(k^2)) (the authors' artifact)
+FLOOR_DECAY = 0.96  # "nitro-floor": d_f
 
 
 def default_fixed_actors(algo: str) -> int:
     """Actors per round of "fixed" when the spec gives no count: the algorithm's, else FIXED_ACTORS."""
     return FIXED_ACTORS_BY_ALGO.get(algo, FIXED_ACTORS)
-HYDROZOA_PERIOD = 10  # "hydrozoa": rounds between changes
-FLOOR_ACTORS = 64  # "nitro-floor": F of the floor round(F * d_f^(k^2)) (the authors' artifact)
-FLOOR_DECAY = 0.96  # "nitro-floor": d_f
+
 
 # The boosting detector and score (paper 5.1): the subset scored, the window of ratios, the decay.
 DETECTOR_SUBSET = 512
