@@ -300,14 +300,19 @@ def is_done(out: Path, run: Run) -> bool:
     return (runs_dir(out) / run.run_id / "summary.json").exists()
 
 
+def scale_diff(proto: Protocol, saved: dict) -> dict[str, tuple]:
+    """{field: (grid.json's value, this protocol's)} where the scale differs; grids older than a field have its
+    default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Protocol)}
+    had = saved.get("scale", {})
+    mine = json.loads(json.dumps(proto.scale()))
+    return {k: (had.get(k, defaults.get(k)), v) for k, v in mine.items() if had.get(k, defaults.get(k)) != v}
+
+
 def same_scale(proto: Protocol, out: Path) -> bool:
     """`out` holds no grid yet, or one of this protocol's scale (check_out_dir refuses another)."""
     path = Path(out) / "grid.json"
-    if not path.exists():
-        return True
-    had = json.loads(path.read_text()).get("scale", {})
-    defaults = {f.name: f.default for f in dataclasses.fields(Protocol)}
-    return all(had.get(k, defaults.get(k)) == v for k, v in json.loads(json.dumps(proto.scale())).items())
+    return not path.exists() or not scale_diff(proto, json.loads(path.read_text()))
 
 
 def command_finished(proto: Protocol, out: Path) -> bool:
@@ -392,10 +397,7 @@ def check_out_dir(proto: Protocol, out: Path) -> Protocol:
     path = out / "grid.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
     if saved:
-        defaults = {f.name: f.default for f in dataclasses.fields(Protocol)}  # grids older than a field have its default
-        mine = json.loads(json.dumps(proto.scale()))
-        had = saved.get("scale", {})
-        diff = {k: (had.get(k, defaults.get(k)), v) for k, v in mine.items() if had.get(k, defaults.get(k)) != v}
+        diff = scale_diff(proto, saved)
         if diff:
             what = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
             raise SystemExit(f"{out} holds a grid of another scale ({what}); pass --name or --out for a new grid")
