@@ -99,17 +99,22 @@ def _dest(field: str) -> str:
     return "spec__" + field.replace(".", "__")
 
 
+def _fixed_counts(prefix: str = "") -> str:
+    """The fixed actor count of each algorithm, e.g. '8 for ppo, 16 for impact' (prefix 'fixed:' for --scaler)."""
+    return ", ".join(f"{prefix}{n} for {algo}" for algo, n in FIXED_ACTORS_BY_ALGO.items())
+
+
 def default_scaler() -> str:
     """The server's scaling policy when --scaler is not given, as --scaler would name it (fixed:N per algorithm)."""
     sc = _SCALER_DEFAULTS
     if sc.policy != "fixed":
         return sc.policy
-    return ", ".join(f"{sc.policy}:{n} for {algo}" for algo, n in FIXED_ACTORS_BY_ALGO.items())
+    return _fixed_counts(f"{sc.policy}:")
 
 
 def _default_of(field: str):
     if field == "scaler.fixed_actors":  # 0 in the spec: the algorithm's count
-        return ", ".join(f"{n} for {algo}" for algo, n in FIXED_ACTORS_BY_ALGO.items())
+        return _fixed_counts()
     if field.startswith("scaler."):
         return getattr(_SCALER_DEFAULTS, field.removeprefix("scaler."))
     if field.startswith("stellaris."):
