@@ -1,0 +1,132 @@
+"""Two protocol grids that differ in one setting, scheme against the same scheme, at equal samples:
+
+    python -m experiments protocol-versus docs/results/grids/protocol-hopper-v5-ppo-tuned-stellaris \\
+        docs/results/grids/protocol-hopper-v5-ppo-tuned [--out F.md]
+
+For each scheme both grids hold (e.g. nitro and fixed:8 with the Stellaris learner against the central one),
+the final-return IQM of each with its 95% CI, P(A > B), the seed-paired difference A - B and its CI, and the
+means of env steps, measured cloud dollars and wall time. The grids must train the same env and algorithm;
+every other setting in which they differ is named in the report (that is the comparison). Dollars here are
+the measured cloud clock, which moves with the machine's load between days: compare them only for runs made
+side by side (the equal-cost comparison's reference pricing does not model learner functions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from experiments.protocol import (
+    BOOTSTRAP_REPS,
+    Protocol,
+    SchemeData,
+    _ci,
+    collect,
+    grid_scheduler,
+    iqm_interval,
+    paired_difference,
+    probability_of_improvement,
+    title,
+)
+
+MUST_MATCH = ("env_id", "algo")  # beyond these, a difference between the grids is what is being compared
+
+
+def load_grid(out: Path) -> Protocol:
+    """The protocol a grid directory records (grid.json: its scale, and the union of its seeds and schemes)."""
+    path = Path(out) / "grid.json"
+    if not path.is_file():
+        raise SystemExit(f"{out}: no grid.json (not a protocol grid directory)")
+    saved = json.loads(path.read_text())
+    fields = {f.name for f in dataclasses.fields(Protocol)}
+    scale = {k: v for k, v in saved.get("scale", {}).items() if k in fields}
+    scheduler = grid_scheduler(out) if "minions" in saved.get("schemes", []) else ""
+    return Protocol(name=saved.get("name", Path(out).name), seeds=tuple(saved.get("seeds", ())),
+                    schemes=tuple(saved.get("schemes", ())), scheduler=scheduler, **scale)
+
+
+def differences(a: Protocol, b: Protocol) -> dict[str, tuple]:
+    """The scale settings in which the two grids differ: {field: (a's, b's)}; SystemExit if MUST_MATCH differ."""
+    sa, sb = a.scale(), b.scale()
+    diff = {k: (sa.get(k), sb.get(k)) for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)}
+    bad = [k for k in MUST_MATCH if k in diff]
+    if bad:
+        raise SystemExit("the grids train different jobs (" + ", ".join(f"{k}: {diff[k][0]} vs {diff[k][1]}"
+                         for k in bad) + "); protocol-versus compares one job under two settings")
+    return diff
+
+
+def _mean(xs) -> float:
+    return float(np.mean(xs)) if len(xs) else math.nan
+
+
+def compare(a_dir: Path, b_dir: Path, reps: int = BOOTSTRAP_REPS) -> tuple[str, dict]:
+    """The markdown report and its numbers: {scheme: {...}} for every scheme with finished runs in both grids."""
+    a, b = load_grid(a_dir), load_grid(b_dir)
+    diff = differences(a, b)
+    common = [s for s in a.schemes if s in b.schemes]
+    if not common:
+        raise SystemExit(f"the grids share no scheme ({', '.join(a.schemes)} vs {', '.join(b.schemes)})")
+    da: dict[str, SchemeData] = collect(dataclasses.replace(a, schemes=tuple(common)), Path(a_dir))
+    db: dict[str, SchemeData] = collect(dataclasses.replace(b, schemes=tuple(common)), Path(b_dir))
+    what = "; ".join(f"{k}: {va} (A) vs {vb} (B)" for k, (va, vb) in diff.items()) or "no setting (same scale)"
+    lines = [f"### {a.name} (A) against {b.name} (B)", "",
+             f"Job: {a.env_id}, {a.algo}. The grids differ in {what}.", "",
+             "| scheme | runs A / B | A: final return, IQM [95% CI] | B: final return, IQM [95% CI] | "
+             "P(A > B) [95% CI] | A − B, seed-paired [95% CI] | A wins | env steps A / B (mean) | "
+             "measured $ A / B (mean) | wall s A / B (mean) |",
+             "|---|---|---|---|---|---|---|---:|---:|---:|"]
+    numbers: dict[str, dict] = {}
+    for s in common:
+        x, y = da[s], db[s]
+        if not x.final or not y.final:
+            continue
+        ci = iqm_interval({"a": x.final, "b": y.final}, reps)
+        p = probability_of_improvement(x.final, y.final, reps)
+        pd = paired_difference(dict(zip(x.seeds, x.final)), dict(zip(y.seeds, y.final)), reps)
+        paired = (f"{pd['mean']:+.0f} [{pd['low']:+.0f}, {pd['high']:+.0f}]", f"{pd['wins']}/{pd['seeds']}") \
+            if pd else ("n/a", "n/a")
+        numbers[s] = {"a": {"seeds": x.seeds, "final": x.final, "iqm": ci["a"], "usd": x.usd, "steps": x.steps,
+                            "wall_s": x.wall_s},
+                      "b": {"seeds": y.seeds, "final": y.final, "iqm": ci["b"], "usd": y.usd, "steps": y.steps,
+                            "wall_s": y.wall_s},
+                      "p_a_beats_b": p, "paired": pd}
+        lines.append(f"| {title(s, a.i_min, a.i_max)} | {len(x.final)} / {len(y.final)} | {_ci(ci['a'], '.0f')} | "
+                     f"{_ci(ci['b'], '.0f')} | {_ci(p, '.2f')} | {paired[0]} | {paired[1]} | "
+                     f"{_mean(x.steps):,.0f} / {_mean(y.steps):,.0f} | {_mean(x.usd):.4f} / {_mean(y.usd):.4f} | "
+                     f"{_mean(x.wall_s):.0f} / {_mean(y.wall_s):.0f} |")
+    if not numbers:
+        raise SystemExit(f"no scheme has finished runs in both grids (shared: {', '.join(common)})")
+    lines += ["", "Final return: the mean of each run's last evaluations (the grids' own protocol). IQM CIs: 95% "
+              "stratified bootstrap over runs (rliable); P(A > B): the probability that a random run of A beats a "
+              "random run of B; seed-paired: A's final minus B's on the seeds both hold, bootstrap over seeds. "
+              "Measured dollars and wall time follow the machine's load on the day each run was made."]
+    return "\n".join(lines) + "\n", {"a": a.name, "b": b.name, "differences": {k: list(v) for k, v in diff.items()},
+                                     "schemes": numbers}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments protocol-versus", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", type=Path, help="grid directory A (e.g. the one with the setting under test)")
+    p.add_argument("b", type=Path, help="grid directory B (the reference)")
+    p.add_argument("--out", type=Path, default=None, help="also write the report here (and its numbers beside "
+                   "it, .json)")
+    p.add_argument("--reps", type=int, default=BOOTSTRAP_REPS, help="bootstrap resamples (default %(default)s)")
+    args = p.parse_args(argv)
+    if args.reps < 100:
+        p.error(f"--reps: at least 100, got {args.reps}")
+    text, numbers = compare(args.a, args.b, args.reps)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(numbers, indent=1, default=float) + "\n")
+        print(f"report: {args.out}", file=sys.stderr)
+    return 0
