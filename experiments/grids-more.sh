@@ -37,6 +37,10 @@ fi
 [ -f "$SCHEDULER" ] && grid2 protocol --env Hopper-v5 --schemes minions --scheduler "$SCHEDULER" --seeds 5
 # Stellaris: on-policy learning in serverless learner functions, against the central learner's runs above.
 grid2 protocol --env Hopper-v5 --learner-mode stellaris --schemes nitro,fixed:imin --seeds 5
+# The central learner's nitro and fixed:8 again, from the same clone and on the same day as the stellaris grid:
+# reference pricing does not model learner functions, and the measured clock moves by up to 3x between days,
+# so only runs made side by side compare in measured dollars (python -m experiments protocol-versus --cut-usd).
+grid2 protocol --env Hopper-v5 --schemes nitro,fixed:imin --seeds 5 --name protocol-hopper-v5-ppo-tuned-beside-stellaris
 # The paper's Table 1 settings (PPO `paper`: 30 epochs of minibatch 128, so each run takes 8-24 minutes).
 CORE=nitro,fixed:imin,fixed:nbar,schedule,shuffled
 grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5
