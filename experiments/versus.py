@@ -8,7 +8,10 @@ the final-return IQM of each with its 95% CI, P(A > B), the seed-paired differen
 means of env steps, measured cloud dollars and wall time. The grids must train the same env and algorithm;
 every other setting in which they differ is named in the report (that is the comparison). Dollars here are
 the measured cloud clock, which moves with the machine's load between days: compare them only for runs made
-side by side (the equal-cost comparison's reference pricing does not model learner functions).
+side by side (the equal-cost comparison's reference pricing does not model learner functions). With
+--cut-usd X, every scheme of both grids is also cut at X measured dollars: its final return is the mean of its
+last evaluations made before its bill passed X (a run whose whole bill stays below X keeps all of them and is
+counted as ending below).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from experiments.protocol import (
     SchemeData,
     _ci,
     collect,
+    final_return,
     grid_scheduler,
     iqm_interval,
     paired_difference,
@@ -66,15 +70,48 @@ def _mean(xs) -> float:
     return float(np.mean(xs)) if len(xs) else math.nan
 
 
-def compare(a_dir: Path, b_dir: Path, reps: int = BOOTSTRAP_REPS) -> tuple[str, dict]:
-    """The markdown report and its numbers: {scheme: {...}} for every scheme with finished runs in both grids."""
+def cut_at(curves_usd: list, usd: float, final_evals: int) -> tuple[list[float], int]:
+    """Each run's final return at `usd` measured dollars (its evaluations up to that bill) and how many runs
+    end below it (their whole bill is smaller)."""
+    finals, below = [], 0
+    for curve in curves_usd:
+        inside = [{"return": r} for u, r in curve if u <= usd * (1 + 1e-9)]
+        finals.append(final_return(inside, final_evals))
+        below += bool(curve) and curve[-1][0] < usd
+    return finals, below
+
+
+def cut_table(grids: list[tuple[str, Protocol, dict[str, SchemeData]]], usd: float, reps: int) -> tuple[list[str], dict]:
+    lines = [f"At equal measured dollars: every run cut at ${usd:.4f} (measured cloud clock)", "",
+             "| grid | scheme | runs | final return at the cut, IQM [95% CI] | runs that end below the cut |",
+             "|---|---|---|---|---:|"]
+    numbers: dict = {}
+    for label, proto, data in grids:
+        for s, d in data.items():
+            if not d.final:
+                continue
+            finals, below = cut_at(d.curves_usd, usd, proto.final_evals)
+            ok = [f for f in finals if math.isfinite(f)]
+            ci = iqm_interval({"x": ok}, reps).get("x") if ok else None
+            numbers.setdefault(label, {})[s] = {"final": finals, "iqm": ci, "below": below}
+            lines.append(f"| {label} | {title(s, proto.i_min, proto.i_max)} | {len(ok)} of {len(finals)} | "
+                         f"{_ci(ci, '.0f')} | {below} |")
+    lines += ["", "A run with no evaluation inside the cut is not counted (\"k of n\"). Its return at the cut of "
+              "a run that ends below it is a lower bound of what the cut's dollars would have bought."]
+    return lines, numbers
+
+
+def compare(a_dir: Path, b_dir: Path, reps: int = BOOTSTRAP_REPS,
+            cut_usd: float | None = None) -> tuple[str, dict]:
+    """The markdown report and its numbers: {scheme: {...}} for every scheme with finished runs in both grids;
+    with cut_usd, also every scheme of both grids cut at that measured bill ({"cut": {...}})."""
     a, b = load_grid(a_dir), load_grid(b_dir)
     diff = differences(a, b)
     common = [s for s in a.schemes if s in b.schemes]
     if not common:
         raise SystemExit(f"the grids share no scheme ({', '.join(a.schemes)} vs {', '.join(b.schemes)})")
-    da: dict[str, SchemeData] = collect(dataclasses.replace(a, schemes=tuple(common)), Path(a_dir))
-    db: dict[str, SchemeData] = collect(dataclasses.replace(b, schemes=tuple(common)), Path(b_dir))
+    da: dict[str, SchemeData] = collect(a, Path(a_dir))
+    db: dict[str, SchemeData] = collect(b, Path(b_dir))
     what = "; ".join(f"{k}: {va} (A) vs {vb} (B)" for k, (va, vb) in diff.items()) or "no setting (same scale)"
     lines = [f"### {a.name} (A) against {b.name} (B)", "",
              f"Job: {a.env_id}, {a.algo}. The grids differ in {what}.", "",
@@ -107,8 +144,12 @@ def compare(a_dir: Path, b_dir: Path, reps: int = BOOTSTRAP_REPS) -> tuple[str, 
               "stratified bootstrap over runs (rliable); P(A > B): the probability that a random run of A beats a "
               "random run of B; seed-paired: A's final minus B's on the seeds both hold, bootstrap over seeds. "
               "Measured dollars and wall time follow the machine's load on the day each run was made."]
-    return "\n".join(lines) + "\n", {"a": a.name, "b": b.name, "differences": {k: list(v) for k, v in diff.items()},
-                                     "schemes": numbers}
+    result = {"a": a.name, "b": b.name, "differences": {k: list(v) for k, v in diff.items()}, "schemes": numbers}
+    if cut_usd is not None:
+        more, result["cut"] = cut_table([("A", a, da), ("B", b, db)], cut_usd, reps)
+        result["cut_usd"] = cut_usd
+        lines += [""] + more
+    return "\n".join(lines) + "\n", result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,11 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("b", type=Path, help="grid directory B (the reference)")
     p.add_argument("--out", type=Path, default=None, help="also write the report here (and its numbers beside "
                    "it, .json)")
+    p.add_argument("--cut-usd", type=float, default=None, metavar="USD",
+                   help="also cut every run of both grids at this measured bill (runs made side by side only)")
     p.add_argument("--reps", type=int, default=BOOTSTRAP_REPS, help="bootstrap resamples (default %(default)s)")
     args = p.parse_args(argv)
     if args.reps < 100:
         p.error(f"--reps: at least 100, got {args.reps}")
-    text, numbers = compare(args.a, args.b, args.reps)
+    if args.cut_usd is not None and not (args.cut_usd > 0 and math.isfinite(args.cut_usd)):
+        p.error(f"--cut-usd: a positive number of dollars, got {args.cut_usd}")
+    text, numbers = compare(args.a, args.b, args.reps, args.cut_usd)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,19 @@ def test_grids_of_different_jobs_or_without_shared_runs_are_refused(tmp_path, ca
     with pytest.raises(SystemExit):
         versus.main([str(a), str(b), "--reps", "5"])
     assert "--reps: at least 100, got 5" in capsys.readouterr().err
+
+
+def test_every_scheme_of_both_grids_cut_at_one_measured_bill(tmp_path, capsys):
+    """FakeRunner bills 0.001 x actors x (k + 1) by round k and evaluates rounds 1 and 3 (return actors x 10 + k)."""
+    a, b = grids(tmp_path, bonus=5.0)
+    text, numbers = versus.compare(a, b, reps=100, cut_usd=0.003)
+    cut = numbers["cut"]
+    assert cut["B"]["fixed:1"]["final"] == [11.0, 11.0] and cut["A"]["fixed:1"]["final"] == [16.0, 16.0]
+    assert cut["B"]["fixed:1"]["below"] == 0  # bills of 0.004: the cut binds
+    assert all(math.isnan(f) for f in cut["B"]["nitro"]["final"])  # its first evaluation cost 0.004
+    assert "| B | nitro | 0 of 2 | n/a | 0 |" in text and "| B | max (4) | 0 of 2 |" in text  # B's own schemes too
+    _, wide = versus.compare(a, b, reps=100, cut_usd=0.01)
+    assert wide["cut"]["B"]["fixed:1"]["final"] == [12.0, 12.0] and wide["cut"]["B"]["fixed:1"]["below"] == 2
+    with pytest.raises(SystemExit):
+        versus.main([str(a), str(b), "--cut-usd", "-1"])
+    assert "--cut-usd: a positive number of dollars, got -1.0" in capsys.readouterr().err
