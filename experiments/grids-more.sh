@@ -25,10 +25,11 @@ grid protocol --env Humanoid-v5 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
 # Humanoid at equal dollars: fixed:8 over 100 rounds (about 4 minutes a run), cut at nitro's bill by protocol-equal-cost.
 grid protocol --env Humanoid-v5 --schemes fixed:imin --rounds 100 --seeds 3 --name protocol-humanoid-v5-ppo-tuned-r100
 # MinionsRL: a scheduler pre-trained for that grid's jobs (about 22-43 CPU minutes; docs/results.md), once.
-# Not when the minions runs have all finished: a fresh machine lacks the (ignored) scheduler file, and the
-# pre-training would be redone for nothing.
-MINIONS_DONE=$(ls docs/results/grids/protocol-hopper-v5-ppo-tuned/runs/hopper-v5-ppo-minions-s*/summary.json 2>/dev/null | wc -l)
-if [ ! -f "$SCHEDULER" ] && [ "$MINIONS_DONE" -lt 5 ]; then
+# A fresh machine lacks that (ignored) file: the copy the grid pinned (same sha256) serves instead, so the
+# pre-training runs only where no grid holds a scheduler yet (a new one would not be the grid's: refused).
+PINNED=$PWD/docs/results/grids/protocol-hopper-v5-ppo-tuned/minions-scheduler.npz
+[ ! -f "$SCHEDULER" ] && [ -f "$PINNED" ] && SCHEDULER=$PINNED
+if [ ! -f "$SCHEDULER" ]; then
   mkdir -p "$(dirname "$SCHEDULER")"
   (cd "$CLONE2" && .venv/bin/nitro pretrain-minions --env Hopper-v5 --i-max 64 --steps-per-actor 512 --preset tuned \
      --rounds-per-episode 4 --episodes 20 --budget 1000 --budget-min 0 --out "$SCHEDULER.part.npz") \

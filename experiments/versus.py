@@ -1,4 +1,5 @@
-"""Two protocol grids that differ in one setting, scheme against the same scheme, at equal samples:
+"""Two protocol grids that differ in one setting, scheme against the same scheme, over the same rounds (equal
+samples for fixed counts; nitro picks its own in each grid):
 
     python -m experiments protocol-versus docs/results/grids/protocol-hopper-v5-ppo-tuned-stellaris \\
         docs/results/grids/protocol-hopper-v5-ppo-tuned [--out F.md]
@@ -11,7 +12,7 @@ the measured cloud clock, which moves with the machine's load between days: comp
 side by side (the equal-cost comparison's reference pricing does not model learner functions). With
 --cut-usd X, every scheme of both grids is also cut at X measured dollars: its final return is the mean of its
 last evaluations made before its bill passed X (a run whose whole bill stays below X keeps all of them and is
-counted as ending below).
+counted as ending below, however close to X it came).
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ def load_grid(out: Path) -> Protocol:
     fields = {f.name for f in dataclasses.fields(Protocol)}
     scale = {k: v for k, v in saved.get("scale", {}).items() if k in fields}
     scheduler = grid_scheduler(out) if "minions" in saved.get("schemes", []) else ""
-    return Protocol(name=saved.get("name", Path(out).name), seeds=tuple(saved.get("seeds", ())),
-                    schemes=tuple(saved.get("schemes", ())), scheduler=scheduler, **scale)
+    try:
+        return Protocol(name=saved.get("name", Path(out).name), seeds=tuple(saved.get("seeds", ())),
+                        schemes=tuple(saved.get("schemes", ())), scheduler=scheduler, **scale)
+    except ValueError as e:  # the grid's record, not a flag of this command, is what is wrong
+        raise SystemExit(f"{path}: not a grid this code can read ({e})") from None
 
 
 def differences(a: Protocol, b: Protocol) -> dict[str, tuple]:
@@ -96,8 +100,9 @@ def cut_table(grids: list[tuple[str, Protocol, dict[str, SchemeData]]], usd: flo
             numbers.setdefault(label, {})[s] = {"final": finals, "iqm": ci, "below": below}
             lines.append(f"| {label} | {title(s, proto.i_min, proto.i_max)} | {len(ok)} of {len(finals)} | "
                          f"{_ci(ci, '.0f')} | {below} |")
-    lines += ["", "A run with no evaluation inside the cut is not counted (\"k of n\"). Its return at the cut of "
-              "a run that ends below it is a lower bound of what the cut's dollars would have bought."]
+    lines += ["", "A run with no evaluation inside the cut is not counted (\"k of n\"). A run ends below the cut when "
+              "its whole bill is smaller, however close it came: its return there is a lower bound of what the cut's "
+              "dollars would have bought."]
     return lines, numbers
 
 
@@ -120,13 +125,17 @@ def compare(a_dir: Path, b_dir: Path, reps: int = BOOTSTRAP_REPS,
              "measured $ A / B (mean) | wall s A / B (mean) |",
              "|---|---|---|---|---|---|---|---:|---:|---:|"]
     numbers: dict[str, dict] = {}
+    unfinished = []
     for s in common:
         x, y = da[s], db[s]
-        if not x.final or not y.final:
+        fx = {k: v for k, v in zip(x.seeds, x.final) if math.isfinite(v)}
+        fy = {k: v for k, v in zip(y.seeds, y.final) if math.isfinite(v)}
+        if not fx or not fy:
+            unfinished.append(title(s, a.i_min, a.i_max))
             continue
-        ci = iqm_interval({"a": x.final, "b": y.final}, reps)
-        p = probability_of_improvement(x.final, y.final, reps)
-        pd = paired_difference(dict(zip(x.seeds, x.final)), dict(zip(y.seeds, y.final)), reps)
+        ci = iqm_interval({"a": list(fx.values()), "b": list(fy.values())}, reps)
+        p = probability_of_improvement(list(fx.values()), list(fy.values()), reps)
+        pd = paired_difference(fx, fy, reps)
         paired = (f"{pd['mean']:+.0f} [{pd['low']:+.0f}, {pd['high']:+.0f}]", f"{pd['wins']}/{pd['seeds']}") \
             if pd else ("n/a", "n/a")
         numbers[s] = {"a": {"seeds": x.seeds, "final": x.final, "iqm": ci["a"], "usd": x.usd, "steps": x.steps,
@@ -134,7 +143,7 @@ def compare(a_dir: Path, b_dir: Path, reps: int = BOOTSTRAP_REPS,
                       "b": {"seeds": y.seeds, "final": y.final, "iqm": ci["b"], "usd": y.usd, "steps": y.steps,
                             "wall_s": y.wall_s},
                       "p_a_beats_b": p, "paired": pd}
-        lines.append(f"| {title(s, a.i_min, a.i_max)} | {len(x.final)} / {len(y.final)} | {_ci(ci['a'], '.0f')} | "
+        lines.append(f"| {title(s, a.i_min, a.i_max)} | {len(fx)} / {len(fy)} | {_ci(ci['a'], '.0f')} | "
                      f"{_ci(ci['b'], '.0f')} | {_ci(p, '.2f')} | {paired[0]} | {paired[1]} | "
                      f"{_mean(x.steps):,.0f} / {_mean(y.steps):,.0f} | {_mean(x.usd):.4f} / {_mean(y.usd):.4f} | "
                      f"{_mean(x.wall_s):.0f} / {_mean(y.wall_s):.0f} |")
@@ -144,6 +153,8 @@ def compare(a_dir: Path, b_dir: Path, reps: int = BOOTSTRAP_REPS,
               "stratified bootstrap over runs (rliable); P(A > B): the probability that a random run of A beats a "
               "random run of B; seed-paired: A's final minus B's on the seeds both hold, bootstrap over seeds. "
               "Measured dollars and wall time follow the machine's load on the day each run was made."]
+    if unfinished:
+        lines += ["", "Shared but without a finished, evaluated run in both grids: " + ", ".join(unfinished) + "."]
     result = {"a": a.name, "b": b.name, "differences": {k: list(v) for k, v in diff.items()}, "schemes": numbers}
     if cut_usd is not None:
         more, result["cut"] = cut_table([("A", a, da), ("B", b, db)], cut_usd, reps)

@@ -34,9 +34,10 @@ class BetterRunner(FakeRunner):
 def grids(tmp_path: Path, bonus: float) -> tuple[Path, Path]:
     a, b = tmp_path / "a", tmp_path / "b"
     quiet = dict(commit=False, log=lambda *_: None)
-    P.execute(tiny(tmp_path, name="a", learner_mode="stellaris", schemes=("nitro", "fixed:imin")), a,
+    P.execute(tiny(tmp_path, name="a", learner_mode="stellaris", schemes=("nitro", "fixed:imin", "fixed:nbar")), a,
               runner=BetterRunner(bonus), **quiet)
-    P.execute(tiny(tmp_path, name="b", schemes=("nitro", "fixed:imin", "max")), b, runner=FakeRunner(), **quiet)
+    P.execute(tiny(tmp_path, name="b", schemes=("nitro", "fixed:imin", "fixed:nbar", "max")), b, runner=FakeRunner(),
+              **quiet)
     return a, b
 
 
@@ -44,13 +45,12 @@ def test_each_shared_scheme_is_compared_seed_by_seed_and_the_setting_is_named(tm
     a, b = grids(tmp_path, bonus=5.0)
     text, numbers = versus.compare(a, b, reps=100)
     assert "The grids differ in learner_mode: stellaris (A) vs central (B)." in text
-    assert set(numbers["schemes"]) == {"nitro", "fixed:1"}  # max is in B only
+    assert set(numbers["schemes"]) == {"nitro", "fixed:1", "fixed-nbar"}  # max is in B only; N-bar derived in each
     for s, n in numbers["schemes"].items():
         assert n["a"]["seeds"] == n["b"]["seeds"] == [0, 1]
         assert [x - y for x, y in zip(n["a"]["final"], n["b"]["final"])] == pytest.approx([5.0, 5.0])
         assert n["paired"]["mean"] == pytest.approx(5.0) and n["paired"]["wins"] == 2
         assert n["p_a_beats_b"][0] == pytest.approx(1.0)
-        assert n["a"]["steps"] == n["b"]["steps"] and len(n["a"]["wall_s"]) == 2
     assert "| fixed:1 (I_min) | 2 / 2 |" in text and "| +5 [+5, +5] | 2/2 |" in text
 
     # The other way round, B is behind: no seed won, P = 0.
@@ -73,6 +73,9 @@ def test_grids_of_different_jobs_or_without_shared_runs_are_refused(tmp_path, ca
         versus.differences(tiny(tmp_path), tiny(tmp_path, env_id="Acrobot-v1"))
     with pytest.raises(SystemExit, match="no grid.json"):
         versus.load_grid(tmp_path)
+    (tmp_path / "grid.json").write_text(json.dumps({"name": "g", "scale": {}, "seeds": [], "schemes": ["nitro"]}))
+    with pytest.raises(SystemExit, match="grid.json: not a grid this code can read .seeds: at least one"):
+        versus.load_grid(tmp_path)
     a, b = tmp_path / "a", tmp_path / "b"
     quiet = dict(commit=False, log=lambda *_: None)
     P.execute(tiny(tmp_path, name="a", schemes=("max",)), a, runner=FakeRunner(), **quiet)
@@ -93,6 +96,8 @@ def test_every_scheme_of_both_grids_cut_at_one_measured_bill(tmp_path, capsys):
     assert cut["B"]["fixed:1"]["below"] == 0  # bills of 0.004: the cut binds
     assert all(math.isnan(f) for f in cut["B"]["nitro"]["final"])  # its first evaluation cost 0.004
     assert "| B | nitro | 0 of 2 | n/a | 0 |" in text and "| B | max (4) | 0 of 2 |" in text  # B's own schemes too
+    _, edge = versus.compare(a, b, reps=100, cut_usd=0.004)  # exactly the last evaluation's bill: kept, not below
+    assert edge["cut"]["B"]["fixed:1"]["final"] == [12.0, 12.0] and edge["cut"]["B"]["fixed:1"]["below"] == 0
     _, wide = versus.compare(a, b, reps=100, cut_usd=0.01)
     assert wide["cut"]["B"]["fixed:1"]["final"] == [12.0, 12.0] and wide["cut"]["B"]["fixed:1"]["below"] == 2
     with pytest.raises(SystemExit):
