@@ -11,6 +11,13 @@ its last 3 evaluations made before its bill passed the budget. No scaling policy
 the measured clock's dependence on machine load (docs/cost.md). A run that ends below the budget keeps
 all its evaluations and is flagged: its return is then a lower bound of what the budget buys.
 The default budget is the smallest reference bill of a whole nitro run, so that every nitro run reaches it.
+
+    python -m experiments protocol-equal-cost --pool A.json B.json ... [--out F.md]
+
+pools the tables of several tasks (the .json each command above writes, e.g. Hopper, Walker2d, Humanoid): per
+scheme, P(nitro > scheme) at each task's budget averaged over the tasks (rliable's definition for several
+tasks), with a 95% CI from a bootstrap that resamples each task's runs on their own (tasks may hold different
+numbers of seeds), and the seeds nitro wins summed over the tasks.
 """
 
 from __future__ import annotations
@@ -181,6 +188,67 @@ def table(runs: list[PricedRun], budget: float, rates: ReferenceRates, reps: int
     return "\n".join(lines), {"budget_usd": budget, "rates": rates.to_dict(), "schemes": rows}
 
 
+def p_greater(x, y) -> float:
+    """P(X > Y) for one task: the share of (x, y) pairs with x > y, ties counted half."""
+    x, y = np.asarray(x, dtype=float)[:, None], np.asarray(y, dtype=float)[None, :]
+    return float(np.mean((x > y) + 0.5 * (x == y)))
+
+
+def pooled_probability(xs: list, ys: list, reps: int = BOOTSTRAP_REPS, seed: int = 0) -> tuple[float, float, float]:
+    """P(X > Y) averaged over tasks (xs[t], ys[t]: the runs of task t) and its 95% percentile CI from a
+    bootstrap that resamples every task's x and y runs independently (stratified by task and scheme)."""
+    if not xs or len(xs) != len(ys) or any(len(x) == 0 or len(y) == 0 for x, y in zip(xs, ys)):
+        raise ValueError("pooled_probability: every task needs runs of both schemes")
+    xs = [np.asarray(x, dtype=float) for x in xs]
+    ys = [np.asarray(y, dtype=float) for y in ys]
+    point = float(np.mean([p_greater(x, y) for x, y in zip(xs, ys)]))
+    rng = np.random.default_rng(seed)
+    boots = np.empty(reps)
+    for i in range(reps):
+        boots[i] = np.mean([p_greater(x[rng.integers(0, len(x), len(x))], y[rng.integers(0, len(y), len(y))])
+                            for x, y in zip(xs, ys)])
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return point, float(lo), float(hi)
+
+
+def pool(tables: dict[str, dict], reps: int = BOOTSTRAP_REPS) -> tuple[str, dict]:
+    """{task: an equal-cost .json} -> the pooled markdown and its numbers, for each scheme every task holds."""
+    finals = {t: {s: {int(k): c["final"] for k, c in row["cuts"].items() if math.isfinite(c["final"])}
+                  for s, row in d["schemes"].items()} for t, d in tables.items()}
+    for t, f in finals.items():
+        if not f.get("nitro"):
+            raise SystemExit(f"--pool {t}: no nitro run at the budget; every task needs nitro to compare against")
+    schemes = [s for s in next(iter(finals.values())) if s != "nitro" and all(s in f and f[s] for f in finals.values())]
+    if not schemes:
+        raise SystemExit("--pool: no scheme besides nitro is in every task's table")
+    tasks = list(tables)
+    lines = ["### Return at equal modelled dollars, pooled over " + ", ".join(tasks), "",
+             "Budgets (reference USD per run): " + ", ".join(f"{t} ${tables[t]['budget_usd']:.4f}" for t in tasks) + ".",
+             "", "| scheme | " + " | ".join(f"P(nitro > scheme), {t}" for t in tasks)
+             + " | pooled P(nitro > scheme) [95% CI] | nitro wins, same seed |",
+             "|---|" + "---|" * len(tasks) + "---|---|"]
+    numbers: dict[str, dict] = {}
+    for s in schemes:
+        xs = [list(finals[t]["nitro"].values()) for t in tasks]
+        ys = [list(finals[t][s].values()) for t in tasks]
+        per_task = [p_greater(x, y) for x, y in zip(xs, ys)]
+        p = pooled_probability(xs, ys, reps)
+        wins = seeds = 0
+        for t in tasks:
+            common = set(finals[t]["nitro"]) & set(finals[t][s])
+            wins += sum(finals[t]["nitro"][k] > finals[t][s][k] for k in common)
+            seeds += len(common)
+        numbers[s] = {"per_task": dict(zip(tasks, per_task)), "pooled": p, "wins": wins, "seeds": seeds,
+                      "runs": {t: [len(x), len(y)] for t, x, y in zip(tasks, xs, ys)}}
+        lines.append(f"| {title(s)} | " + " | ".join(f"{v:.2f} ({len(x)} vs {len(y)} runs)" for v, x, y in
+                                            zip(per_task, xs, ys))
+                     + f" | {p[0]:.2f} [{p[1]:.2f}, {p[2]:.2f}] | {wins}/{seeds} |")
+    lines += ["", "Each task's runs are cut at its own budget (its table); P(nitro > scheme) per task: the share of "
+              "(nitro run, scheme run) pairs that nitro wins, ties half; pooled: their mean over tasks, 95% CI from "
+              "a bootstrap resampling each task's runs of each scheme on their own."]
+    return "\n".join(lines) + "\n", {"tasks": tasks, "schemes": numbers}
+
+
 CURVE_POINTS = 10  # budgets from a tenth of the budget to all of it
 CURVE_REPS = 500  # bootstrap resamples per point (the table's CIs use --reps)
 
@@ -228,8 +296,11 @@ def plot_budget_curves(curves: dict[str, dict[str, list]], runs: list[PricedRun]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments protocol-equal-cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--grids", nargs="+", required=True, metavar="DIR", help="protocol grid directories (one env "
-                   "and preset); a scheme and seed in several is taken from the longest run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--grids", nargs="+", metavar="DIR", help="protocol grid directories (one env "
+                     "and preset); a scheme and seed in several is taken from the longest run")
+    src.add_argument("--pool", nargs="+", metavar="JSON", help="pool the .json tables of several tasks (written by "
+                     "--grids commands): P(nitro > scheme) averaged over tasks, with a CI")
     p.add_argument("--budget", default="auto", help="reference USD per run, or 'auto': the smallest reference bill of "
                    "a whole nitro run (default)")
     p.add_argument("--rates", help="a JSON file of nitro.cost.ReferenceRates fields (default: calibrated from the "
@@ -241,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the table (.md) and its data (.json) here (default: equal-cost-<first "
                    "grid>.md beside the grids)")
     args = p.parse_args(argv)
+    if args.pool:
+        return main_pool(args)
     grids = [Path(g) for g in args.grids]
     runs = load_runs(grids)
     if not runs:
@@ -281,4 +354,30 @@ def main(argv: list[str] | None = None) -> int:
     plot_budget_curves(data["curves"], runs, out.with_suffix(".png"),
                        f"{grids[0].name}: final return at equal reference dollars (each run cut at the budget)")
     print(f"\ntable: {out}\nplot: {out.with_suffix('.png')}")
+    return 0
+
+
+def main_pool(args) -> int:
+    tables = {}
+    for f in args.pool:
+        path = Path(f)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--pool {f}: not a readable equal-cost table ({exc})") from None
+        if not isinstance(data, dict) or "schemes" not in data or "budget_usd" not in data:
+            raise SystemExit(f"--pool {f}: not an equal-cost table (no 'schemes' and 'budget_usd'); pass the .json "
+                             "that protocol-equal-cost --grids writes")
+        tables[path.stem.removeprefix("equal-cost-").removeprefix("protocol-").removesuffix("-equal-cost")] = data
+    if len(tables) < 2:
+        raise SystemExit(f"--pool: at least two tasks' tables, got {len(tables)}")
+    text, numbers = pool(tables, args.reps)
+    command = "python -m experiments protocol-equal-cost --pool " + " ".join(args.pool)
+    text = f"Command: `{command}`\n\n" + text
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.write_text(text)
+        out.with_suffix(".json").write_text(json.dumps(numbers, indent=2, default=float) + "\n")
+        print(f"table: {out}")
     return 0

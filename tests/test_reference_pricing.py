@@ -238,3 +238,48 @@ def test_equal_cost_prices_impact_runs_as_overlapped_rounds_for_the_actors_that_
         equal_cost.calibrate([a, b], P)
     with pytest.raises(SystemExit, match="stellaris"):
         equal_cost.load_runs([stellaris])
+
+
+def test_pooled_probability_averages_tasks_and_resamples_each_on_its_own():
+    assert equal_cost.p_greater([2, 3], [1, 1]) == 1.0 and equal_cost.p_greater([1], [1]) == 0.5
+    assert equal_cost.p_greater([1, 3], [2]) == 0.5
+    # task 1: nitro always ahead; task 2: always behind, with a different number of runs: mean 0.5
+    p, lo, hi = equal_cost.pooled_probability([[5, 6, 7], [1, 2]], [[1, 2], [5, 6, 7, 8]], reps=200)
+    assert (p, lo, hi) == (0.5, 0.5, 0.5)  # no resample of these runs changes either task's P
+    p, lo, hi = equal_cost.pooled_probability([[1, 3, 5], [4, 6]], [[2, 4], [5]], reps=400)
+    assert p == pytest.approx((equal_cost.p_greater([1, 3, 5], [2, 4]) + 0.5) / 2) and lo < p < hi
+    with pytest.raises(ValueError, match="every task needs runs of both"):
+        equal_cost.pooled_probability([[1], []], [[1], [2]])
+
+
+def _table(budget: float, nitro: dict, fixed: dict) -> dict:
+    cuts = lambda d: {str(k): {"final": v} for k, v in d.items()}  # noqa: E731
+    return {"budget_usd": budget, "schemes": {"nitro": {"cuts": cuts(nitro)}, "fixed:8": {"cuts": cuts(fixed)},
+                                              "max": {"cuts": cuts(fixed)}}}
+
+
+def test_pool_of_several_tasks_tables(tmp_path, capsys):
+    a = tmp_path / "equal-cost-protocol-hopper.json"
+    b = tmp_path / "walker-equal-cost.json"
+    a.write_text(json.dumps(_table(0.06, {0: 10.0, 1: 30.0}, {0: 20.0, 1: 20.0})))
+    b.write_text(json.dumps({**_table(0.14, {0: 1.0, 1: 2.0, 2: math.nan}, {0: 5.0, 1: 6.0, 2: 7.0}),
+                             "curves": {}}))
+    out = tmp_path / "pooled.md"
+    assert equal_cost.main(["--pool", str(a), str(b), "--reps", "200", "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["tasks"] == ["hopper", "walker"]
+    f = data["schemes"]["fixed:8"]
+    assert f["per_task"] == {"hopper": 0.5, "walker": 0.0} and f["pooled"][0] == 0.25
+    assert f["wins"] == 1 and f["seeds"] == 4  # seed 1 of hopper; walker's NaN seed 2 is no seed
+    assert f["runs"] == {"hopper": [2, 2], "walker": [2, 3]}
+    assert "| fixed:8 | 0.50 (2 vs 2 runs) | 0.00 (2 vs 3 runs) |" in out.read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit, match="bad.json: not an equal-cost table"):
+        equal_cost.main(["--pool", str(a), str(bad)])
+    with pytest.raises(SystemExit, match="at least two tasks"):
+        equal_cost.main(["--pool", str(a)])
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps({"budget_usd": 1.0, "schemes": {"fixed:8": {"cuts": {"0": {"final": 1.0}}}}}))
+    with pytest.raises(SystemExit, match="--pool c: no nitro run"):
+        equal_cost.main(["--pool", str(a), str(c)])
