@@ -42,6 +42,9 @@ grid2 protocol --env Hopper-v5 --learner-mode stellaris --schemes nitro,fixed:im
 # reference pricing does not model learner functions, and the measured clock moves by up to 3x between days,
 # so only runs made side by side compare in measured dollars (python -m experiments protocol-versus --cut-usd).
 grid2 protocol --env Hopper-v5 --schemes nitro,fixed:imin --seeds 5 --name protocol-hopper-v5-ppo-tuned-beside-stellaris
+# Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
+# (its nitro and fixed runs are the comparison); about 30 minutes, so before the paper preset's hours.
+grid protocol --env Hopper-v5 --schemes hydrozoa,kungfu --seeds 5
 # The paper's Table 1 settings (PPO `paper`: 30 epochs of minibatch 128, so each run takes 8-24 minutes).
 CORE=nitro,fixed:imin,fixed:nbar,schedule,shuffled
 grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5
@@ -61,7 +64,4 @@ grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --
 # Is 8 the right fixed count for PPO? fixed:4 over 200 rounds (about fixed:8's samples over 100), for the
 # equal-dollar cut beside fixed:8 and fixed:N-bar (about 17).
 grid protocol --env Hopper-v5 --schemes fixed:4 --rounds 200 --seeds 10 --name protocol-hopper-v5-ppo-tuned-r200
-# Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
-# (its nitro and fixed runs are the comparison).
-grid protocol --env Hopper-v5 --schemes hydrozoa,kungfu --seeds 5
 grid protocol --env Humanoid-v5 --schemes schedule,shuffled --seeds 3
