@@ -43,8 +43,10 @@ grid2 protocol --env Hopper-v5 --learner-mode stellaris --schemes nitro,fixed:im
 # so only runs made side by side compare in measured dollars (python -m experiments protocol-versus --cut-usd).
 grid2 protocol --env Hopper-v5 --schemes nitro,fixed:imin --seeds 5 --name protocol-hopper-v5-ppo-tuned-beside-stellaris
 # Fig. 15 at the paper's scale: the other scaling schemes on the Hopper grid's settings, into its out dir
-# (its nitro and fixed runs are the comparison); about 30 minutes, so before the paper preset's hours.
-grid protocol --env Hopper-v5 --schemes hydrozoa,kungfu --seeds 5
+# (its nitro and fixed runs are the comparison); about 30 minutes, so before the paper preset's hours. From
+# clone2: that grid pins the minions scheduler in its grid.json, which the first clone's older code would
+# rewrite without the record.
+grid2 protocol --env Hopper-v5 --schemes hydrozoa,kungfu --seeds 5
 # The paper's Table 1 settings (PPO `paper`: 30 epochs of minibatch 128, so each run takes 8-24 minutes).
 CORE=nitro,fixed:imin,fixed:nbar,schedule,shuffled
 grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5
