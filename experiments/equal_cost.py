@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     text, data = table(runs, budget, rates, args.reps)
     command = "python -m experiments protocol-equal-cost --grids " + " ".join(map(str, args.grids)) + \
         ("" if args.budget == "auto" else f" --budget {args.budget}") + \
+        ("" if not args.rates else f" --rates {args.rates}") + \
         ("" if not args.actor_rate_from else " --actor-rate-from " + " ".join(args.actor_rate_from))
     text = f"### Return at equal modelled dollars: {grids[0].name}\n\nCommand: `{command}`\n\n" + text
     print(text)
