@@ -213,6 +213,14 @@ def test_equal_cost_cuts_each_run_at_the_budget_and_prefers_the_longer_run(tmp_p
     assert curve["usd"][-1] == pytest.approx(budget) and curve["usd"][0] == pytest.approx(budget * 3 / 10)
     assert curve["iqm"][-1] == pytest.approx(1001.5) and curve["iqm"] == sorted(curve["iqm"])
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Pinned rates: the report's command names the file, so it reproduces the same cut.
+    rates_file = tmp_path / "rates.json"
+    rates_file.write_text(json.dumps(RATES.to_dict()))
+    assert equal_cost.main(["--grids", str(short), str(long), "--reps", "50", "--rates", str(rates_file),
+                            "--out", str(tmp_path / "pinned.md")]) == 0
+    pinned = (tmp_path / "pinned.md").read_text()
+    assert f"--rates {rates_file}`" in pinned
+    assert json.loads((tmp_path / "pinned.json").read_text())["budget_usd"] == pytest.approx(budget)
     with pytest.raises(SystemExit, match="grid.json"):
         equal_cost.main(["--grids", str(tmp_path)])
     with pytest.raises(SystemExit, match="--budget"):
