@@ -369,7 +369,10 @@ def main_pool(args) -> int:
         if not isinstance(data, dict) or "schemes" not in data or "budget_usd" not in data:
             raise SystemExit(f"--pool {f}: not an equal-cost table (no 'schemes' and 'budget_usd'); pass the .json "
                              "that protocol-equal-cost --grids writes")
-        tables[path.stem.removeprefix("equal-cost-").removeprefix("protocol-").removesuffix("-equal-cost")] = data
+        task = path.stem.removeprefix("equal-cost-").removeprefix("protocol-").removesuffix("-equal-cost")
+        if task in tables:
+            raise SystemExit(f"--pool {f}: a second table for the task {task!r}; pool each task once")
+        tables[task] = data
     if len(tables) < 2:
         raise SystemExit(f"--pool: at least two tasks' tables, got {len(tables)}")
     text, numbers = pool(tables, args.reps)

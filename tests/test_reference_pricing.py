@@ -287,6 +287,8 @@ def test_pool_of_several_tasks_tables(tmp_path, capsys):
         equal_cost.main(["--pool", str(a), str(bad)])
     with pytest.raises(SystemExit, match="at least two tasks"):
         equal_cost.main(["--pool", str(a)])
+    with pytest.raises(SystemExit, match="a second table for the task 'hopper'"):
+        equal_cost.main(["--pool", str(a), str(a)])
     c = tmp_path / "c.json"
     c.write_text(json.dumps({"budget_usd": 1.0, "schemes": {"fixed:8": {"cuts": {"0": {"final": 1.0}}}}}))
     with pytest.raises(SystemExit, match="--pool c: no nitro run"):
