@@ -109,8 +109,10 @@ def test_train_follows_the_job_across_a_learner_restart(system_dir, tmp_path):
 
 def test_resume_attaches_to_the_job_a_restarted_learner_runs(system_dir, tmp_path):
     job = "attach-to-resumed"
+    rounds = 30  # long enough that the resumed job still runs when the CLI attaches (5 short rounds did not)
     with client_of(system_dir) as client:
-        client.start_training({**SPEC, "rounds": 5, "job_id": job, "round_deadline_s": ROUND_DEADLINE_S})
+        client.start_training({**SPEC, "rounds": rounds, "steps_per_actor": 1024, "job_id": job,
+                               "round_deadline_s": ROUND_DEADLINE_S})
         wait_for_round(client, job, 0)
     pid = kill(system_dir, "learner")
     wait_until(lambda: serving_again(system_dir, "learner", pid), 90, "the learner back")
@@ -120,7 +122,7 @@ def test_resume_attaches_to_the_job_a_restarted_learner_runs(system_dir, tmp_pat
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     assert "ALREADY_EXISTS" not in out and f"job {job} SUCCEEDED" in out
-    assert rounds_in_csv(tmp_path, job) == list(range(5))
+    assert rounds_in_csv(tmp_path, job) == list(range(rounds))
 
 
 def test_train_exits_nonzero_with_the_commands_when_the_system_is_gone(system_dir, tmp_path):
