@@ -37,6 +37,7 @@ from experiments.protocol import (
     iqm_interval,
     paired_difference,
     probability_of_improvement,
+    scale_diff,
     title,
 )
 
@@ -61,8 +62,7 @@ def load_grid(out: Path) -> Protocol:
 
 def differences(a: Protocol, b: Protocol) -> dict[str, tuple]:
     """The scale settings in which the two grids differ: {field: (a's, b's)}; SystemExit if MUST_MATCH differ."""
-    sa, sb = a.scale(), b.scale()
-    diff = {k: (sa.get(k), sb.get(k)) for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)}
+    diff = {k: (va, vb) for k, (vb, va) in sorted(scale_diff(a, {"scale": b.scale()}).items())}
     bad = [k for k in MUST_MATCH if k in diff]
     if bad:
         raise SystemExit("the grids train different jobs (" + ", ".join(f"{k}: {diff[k][0]} vs {diff[k][1]}"
