@@ -239,7 +239,9 @@ def inject(state_dir: Path, fault: str, ref_gap: float) -> dict:
         det = psutil.Process(component(state_dir, "detector")["pid"])
         seen_busy = False
         try:
-            wait_until(lambda: busy(det), 1.5 * ref_gap + 5, "the detector scoring", poll_s=0)
+            # At most 1.5 rounds (1 s on a machine whose rounds are shorter): a longer wait could outlast a
+            # short job, and the kill would land after it ended.
+            wait_until(lambda: busy(det), max(1.5 * ref_gap, 1.0), "the detector scoring", poll_s=0)
             seen_busy = True
         except AssertionError:
             pass

@@ -22,7 +22,7 @@ CELL_KEYS = {"completed", "batches_produced", "batches_acked", "batches_trained"
 
 
 def test_one_cell_of_the_faults_bench(tmp_path):
-    rounds, actors = 4, 2
+    rounds, actors = 8, 2  # the fault lands after round 1; six more rounds outlast the bench's wait for it
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "faults_recovery.py"), "--loops", "ppo",
                            "--faults", "detector", "--rounds", str(rounds), "--actors", str(actors), "--steps", "500",
                            "--state-dir", str(tmp_path / "state")],

@@ -33,7 +33,7 @@ from tests.system import scrape, start_system
 pytestmark = pytest.mark.timeout(420)
 
 JOB = "hostile-stream"
-ROUNDS, ACTORS, STEPS = 4, 2, 64
+ROUNDS, ACTORS, STEPS = 8, 2, 64  # the hostile entries land after round 0; 7 short rounds read them
 LEARNER_MAX_PAYLOAD = 256 << 20  # TrajectoryReader's default max_payload_bytes
 
 

@@ -111,16 +111,19 @@ def test_crashed_redis_endpoint_and_detector_are_restarted_and_the_job_completes
     supervisor_log = system_dir / "logs" / system_state.SUPERVISOR_LOG
     before = {n: c["address"] for n, c in state_of(system_dir)["components"].items()}
     with client_of(system_dir) as client:
-        job = client.start_training({**SPEC, "rounds": 6, "job_id": "survives-crashes"}).job_id
+        # 100 rounds (~0.1-0.3 s each): the three kills, one after the other, take ~2-5 s to land and recover,
+        # and 6 rounds, or 30 on a quiet fast machine, could end before the last one.
+        job = client.start_training({**SPEC, "rounds": 100, "eval_every": 25, "job_id": "survives-crashes"}).job_id
         wait_for_round(client, job, 0)
         recovered = {}
         for name in ("redis", "lambda", "detector"):  # one after the other, each mid-job
+            assert not client.get(job).finished, f"the job ended before {name} was killed: make it longer"
             t0, pid = time.monotonic(), kill(system_dir, name)
             wait_until(lambda name=name, pid=pid: serving_again(system_dir, name, pid), 60, f"{name} back")
             recovered[name] = time.monotonic() - t0
         print(f"serving again after SIGKILL: {', '.join(f'{n} {s:.1f} s' for n, s in recovered.items())}")
         wait_until(lambda: client.get(job).finished, 240, "the job to end", poll_s=1.0)
-        check_job(system_dir, client, job, 6)
+        check_job(system_dir, client, job, 100)
     after = state_of(system_dir)["components"]
     assert {n: c["address"] for n, c in after.items()} == before, "a restarted component keeps its address"
     for name in ("redis", "lambda", "detector"):
@@ -137,9 +140,11 @@ def test_a_killed_actor_worker_leaves_a_trace(system_dir):
     """The endpoint logs the worker's death, the scaler its retry, the round report says what happened."""
     import psutil
 
-    long = 12000  # 1-3 s per invocation (machines differ by 3x): the kill lands mid-invocation
+    long = 30000  # 1-3 s per invocation (machines differ by 3x), as in test_faults: the kill lands mid-invocation
     with client_of(system_dir) as client:
-        job = client.start_training({**SPEC, "rounds": 3, "steps_per_actor": long, "job_id": "worker-killed"}).job_id
+        # One SGD epoch: the preset's ten over each round's 60,000 samples would be most of the job's time.
+        job = client.start_training({**SPEC, "rounds": 3, "steps_per_actor": long, "job_id": "worker-killed",
+                                     "hyperparameters": {"epochs": 1}}).job_id
         wait_for_round(client, job, 0)
         endpoint = psutil.Process(component(system_dir, "lambda")["pid"])
         victim = wait_until(lambda: busy_worker(endpoint), 60, "a worker running an invocation", poll_s=0)
