@@ -52,17 +52,18 @@ CORE=nitro,fixed:imin,fixed:nbar,schedule,shuffled
 grid protocol --env Hopper-v5 --preset paper --schemes "$CORE" --seeds 5
 # The paper preset at equal dollars: fixed:8 over 100 rounds, cut at nitro's bill by protocol-equal-cost.
 grid protocol --env Hopper-v5 --preset paper --schemes fixed:imin --rounds 100 --seeds 5 --name protocol-hopper-v5-ppo-paper-r100
+# Fig. 11 to 10 seeds: IMPACT at equal dollars favoured nitro over fixed:8 on 4 of 5 seeds, as did fixed:N-bar and
+# fixed:16 (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9 (fixed:16 is IMPACT's
+# default since 2026-11-26 on 5 seeds; these check it). Ahead of Qbert since 2026-11-27: about 1.5 h, so it
+# finishes within a session, where Qbert's 4 h would not.
+grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled,fixed:16 --seeds 10
+grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-impact-tuned-r100
 # Atari: the paper-atari preset's 30 epochs of minibatch 128 through the CNN take about 0.28 s per minibatch on
 # one core here (2026-11-26, beside a grid): at the protocol's 512 steps per actor a fixed:8 round would update
 # for about 270 s (a 50-round run 3.7 h, nitro twice that: ~40 h for this grid). 32 steps per actor (the qbert
 # preset's, Table 1's Atari batch of 256 at I_min 8): about 17 s (fixed:8) to 40 s (nitro) a round, ~4 h in all;
 # the three schemes that answer "timing or samples?".
 grid protocol --env ALE/Qbert-v5 --preset paper-atari --steps-per-actor 32 --schemes nitro,fixed:imin,fixed:nbar --seeds 3
-# Fig. 11 to 10 seeds: IMPACT at equal dollars favoured nitro over fixed:8 on 4 of 5 seeds, as did fixed:N-bar and
-# fixed:16 (bigger rounds, not the timing); the schemes that comparison needs, seeds 5-9 (fixed:16 is IMPACT's
-# default since 2026-11-26 on 5 seeds; these check it).
-grid protocol --env Hopper-v5 --algo impact --schemes nitro,fixed:nbar,shuffled,fixed:16 --seeds 10
-grid protocol --env Hopper-v5 --algo impact --schemes fixed:imin --rounds 100 --seeds 10 --name protocol-hopper-v5-impact-tuned-r100
 # Is 8 the right fixed count for PPO? fixed:4 over 200 rounds (about fixed:8's samples over 100), for the
 # equal-dollar cut beside fixed:8 and fixed:N-bar (about 17).
 grid protocol --env Hopper-v5 --schemes fixed:4 --rounds 200 --seeds 10 --name protocol-hopper-v5-ppo-tuned-r200
