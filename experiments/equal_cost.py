@@ -314,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.pool:
         return main_pool(args)
+    if args.rates and args.actor_rate_from:  # the file's rates are used as they are: say so, do not ignore one
+        p.error("--actor-rate-from calibrates the actor's rate, --rates pins every rate: give one of them "
+                "(write the actor rate you want into the --rates file)")
     grids = [Path(g) for g in args.grids]
     runs = load_runs(grids)
     if not runs:

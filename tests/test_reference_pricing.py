@@ -221,6 +221,9 @@ def test_equal_cost_cuts_each_run_at_the_budget_and_prefers_the_longer_run(tmp_p
     pinned = (tmp_path / "pinned.md").read_text()
     assert f"--rates {rates_file}`" in pinned
     assert json.loads((tmp_path / "pinned.json").read_text())["budget_usd"] == pytest.approx(budget)
+    with pytest.raises(SystemExit):  # pinned rates and a calibrated actor rate: refused, not one silently ignored
+        equal_cost.main(["--grids", str(short), "--rates", str(rates_file), "--actor-rate-from", str(long)])
+    assert "give one of them" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="grid.json"):
         equal_cost.main(["--grids", str(tmp_path)])
     with pytest.raises(SystemExit, match="--budget"):
