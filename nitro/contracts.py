@@ -182,9 +182,10 @@ SCALING_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "s
 DEFAULT_SCALING_POLICY = "fixed"  # a fixed count beat nitro on return at equal modelled dollars (docs/results.md)
 DEFAULT_I_MIN, DEFAULT_I_MAX = 8, 64  # every policy's actor range but fixed's (the paper's Table 1)
 FIXED_ACTORS = 8  # "fixed" with no count and no algorithm (a bare FixedPolicy, a ScalerSpec without one): PPO's count
-# "fixed" per algorithm: the count that won on return at equal modelled dollars (docs/results.md). PPO: fixed:8
-# (Hopper-v5 and Walker2d-v5, 10 seeds: above nitro, fixed:N-bar and the rest); IMPACT: fixed:16 (Hopper-v5: above
-# fixed:8 on 5 seeds, P 0.84 [0.52, 1.00]; on 10 the highest IQM but level, P 0.61 [0.36, 0.84], as are nitro and N-bar).
+# "fixed" per algorithm (docs/results.md). PPO: fixed:8, the count that won on return at equal modelled dollars
+# (Hopper-v5 and Walker2d-v5, 10 seeds: above nitro, fixed:N-bar and the rest); IMPACT: fixed:16, the highest IQM at
+# equal dollars (Hopper-v5: above fixed:8 on 5 seeds, P 0.84 [0.52, 1.00]; level on 10, P 0.61 [0.36, 0.84], as are
+# nitro and N-bar).
 FIXED_ACTORS_BY_ALGO = {"ppo": 8, "impact": 16}
 HYDROZOA_PERIOD = 10  # "hydrozoa": rounds between changes
 FLOOR_ACTORS = 64  # "nitro-floor": F of the floor round(F * d_f^(k^2)) (the authors' artifact)
