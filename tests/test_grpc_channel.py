@@ -80,3 +80,52 @@ def test_aged_connections_are_replaced_without_failing_calls():
         service.stop(0)
     assert sum(hits.values()) == n
     assert len(hits) >= 2, "the connection was replaced at least once (new client port)"
+
+
+def _quiet_stream_survives_pings(server_options: list[tuple[str, object]], seconds: float = 4.5) -> bool:
+    """Hold a server stream that sends nothing while the client pings it (about once a second here); True if it is still open."""
+    import threading
+
+    release = threading.Event()
+
+    def quiet(request: bytes, context):
+        yield b"first"
+        release.wait(seconds + 5)  # sends nothing more: only the client's keepalive pings cross the connection
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=server_options)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Quiet", {
+        "Stream": grpc.unary_stream_rpc_method_handler(quiet)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[
+        ("grpc.keepalive_time_ms", 200), ("grpc.keepalive_timeout_ms", 1000),
+        ("grpc.http2.max_pings_without_data", 0), ("grpc.http2.min_time_between_pings_ms", 100)])
+    try:
+        stream = channel.unary_stream("/t.Quiet/Stream")(b"", timeout=seconds + 10)
+        assert next(stream) == b"first"
+        time.sleep(seconds)
+        release.set()
+        try:
+            list(stream)
+            return True
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            return False
+    finally:
+        release.set()
+        channel.close()
+        server.stop(None)
+
+
+def test_servers_accept_the_clients_keepalive_pings_on_a_quiet_stream():
+    """A report stream can sit quiet between rounds while the client pings it (KEEPALIVE_TIME_MS): the
+    server's ping policy must accept that rate, or it closes the stream with GOAWAY "too_many_pings"."""
+    from nitro.rpc import grpc_util
+
+    assert grpc_util.MIN_PING_INTERVAL_MS < grpc_util.KEEPALIVE_TIME_MS
+    assert ("grpc.keepalive_time_ms", grpc_util.KEEPALIVE_TIME_MS) in grpc_util.channel_options()
+    name = "grpc.http2.min_ping_interval_without_data_ms"
+    assert (name, grpc_util.MIN_PING_INTERVAL_MS) in grpc_util.server_options()
+    # The option does what it says, scaled to the test's pings (about 1 s apart): without it the stream is cut.
+    assert not _quiet_stream_survives_pings([])
+    assert _quiet_stream_survives_pings([(name, 100)])

@@ -57,14 +57,30 @@ def service_config(retry_attempts: int = 5) -> str:
                        "methodConfig": [{"name": [{"service": s} for s in SERVICES], "retryPolicy": policy}]})
 
 
+# Clients ping an open connection this often while a call is in flight (a Watch stream of round reports
+# can sit quiet for minutes); servers accept pings twice as often. Left at gRPC's server default (one ping
+# in 5 minutes without data), the server counted the clients' pings as abuse and closed long streams with
+# GOAWAY "too_many_pings" (seen on a 20-minute Qbert run's report stream).
+KEEPALIVE_TIME_MS = 30_000
+MIN_PING_INTERVAL_MS = KEEPALIVE_TIME_MS // 2
+
+
 def channel_options() -> list[tuple[str, object]]:
     return [
         ("grpc.enable_retries", 1),
         ("grpc.service_config", service_config()),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ]
+
+
+def server_options() -> list[tuple[str, object]]:
+    """Size limits, and a ping policy that accepts the clients' keepalive (channel_options)."""
+    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+            ("grpc.so_reuseport", 0)]
 
 
 def make_channel(target: str, credentials: grpc.ChannelCredentials | None = None, *,
@@ -171,9 +187,7 @@ class Service:
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
             # Authentication (in `interceptors`) first: an unauthenticated request is never parsed.
             interceptors=[*interceptors, RequestGuardInterceptor()],
-            options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0), *age])
+            options=[*server_options(), *age])
         self.health = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{host}:{port}"
