@@ -59,8 +59,8 @@ def service_config(retry_attempts: int = 5) -> str:
 
 # Clients ping an open connection this often while a call is in flight (a Watch stream of round reports
 # can sit quiet for minutes); servers accept pings twice as often. Left at gRPC's server default (one ping
-# in 5 minutes without data), the server counted the clients' pings as abuse and closed long streams with
-# GOAWAY "too_many_pings" (seen on a 20-minute Qbert run's report stream).
+# in 5 minutes without data), the server counts the clients' pings as abuse and closes the connection with
+# GOAWAY "too_many_pings" (seen from the learner during a Qbert grid run, whose rounds are long).
 KEEPALIVE_TIME_MS = 30_000
 MIN_PING_INTERVAL_MS = KEEPALIVE_TIME_MS // 2
 
