@@ -50,6 +50,15 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+def wait_for_wave(r: redis.Redis, job_id: str, round_index: int, timeout_s: float = 120) -> None:
+    """Until the scaler runs round `round_index`'s first wave (its liveness lease): the job is mid-round, which a
+    fixed sleep cannot promise on a machine of unknown speed."""
+    from nitro.contracts import wave_live_key
+
+    wait_until(lambda: r.exists(wave_live_key(job_id, round_index, 0)), timeout_s,
+               f"round {round_index}'s actors running", poll_s=0.01)
+
+
 def serving_again(state_dir: Path, name: str, old_pid: int) -> bool:
     comp = component(state_dir, name)
     return comp["pid"] != old_pid and local_health.probe(name, comp, state_dir) == "SERVING"

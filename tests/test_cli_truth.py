@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from learner_svc.constants import LOST_BATCH_GRACE_S
-from nitro.contracts import wave_live_key
 from nitro.local import system_state
 from tests.faultkit import (
     client_of,
@@ -30,6 +29,7 @@ from tests.faultkit import (
     serving_again,
     supervised,
     wait_for_round,
+    wait_for_wave,
     wait_until,
 )
 from tests.test_supervisor_restarts import SPEC, check_job
@@ -167,9 +167,8 @@ def test_a_resumed_round_does_not_wait_out_the_deadline_for_actors_that_died_wit
         client.start_training({**SPEC, "rounds": 3, "steps_per_actor": 2000, "job_id": job,
                                "round_deadline_s": deadline_s, "hyperparameters": {"epochs": 1}})
         wait_for_round(client, job, 0)
-    lease = wave_live_key(job, 1, 0)
     with redis_of(system_dir) as r:
-        wait_until(lambda: r.exists(lease), 120, "round 1's actors running", poll_s=0.02)
+        wait_for_wave(r, job, 1)
     supervisor = system_state.read_state(system_dir)["supervisor_pid"]
     kill(system_dir, "learner")
     os.kill(supervisor, signal.SIGKILL)  # the other components, actors included, follow it

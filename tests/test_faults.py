@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from nitro.client.sdk import NitroClient
-from nitro.contracts import stream_key, wave_live_key
+from nitro.contracts import stream_key
 from nitro.data.redis_client import connect
-from tests.faultkit import busy_worker, wait_for_round, wait_until
+from tests.faultkit import busy_worker, wait_for_round, wait_for_wave
 from tests.system import start_system
 
 pytestmark = pytest.mark.timeout(600)
@@ -88,16 +88,6 @@ def check_accounting(system, client, job_id, rounds, steps=STEPS):
     return reports
 
 
-def wait_for_wave(system, job_id: str, round_index: int) -> None:
-    """Until the scaler runs round `round_index`'s first wave (its liveness lease): the job is mid-round."""
-    r = connect(system.redis_url)
-    try:
-        wait_until(lambda: r.exists(wave_live_key(job_id, round_index, 0)), 120,
-                   f"round {round_index}'s actors running", poll_s=0.01)
-    finally:
-        r.close()
-
-
 def kill_a_busy_worker(system, timeout_s=60.0) -> bool:
     """SIGKILL a worker seen running an invocation (clearly busy CPU over a short window).
 
@@ -134,7 +124,8 @@ def test_redis_restarted_mid_round(system):
     with NitroClient(system.learner_address) as client:
         job = client.start_training(spec(rounds=3))  # restarted in round 1; round 2 reads the stream after it
         wait_for_round(client, job.job_id, 0)
-        wait_for_wave(system, job.job_id, 1)  # a fixed sleep could land after a fast machine's last round
+        with connect(system.redis_url) as r:  # a fixed sleep could land after a fast machine's last round
+            wait_for_wave(r, job.job_id, 1)
         assert client.get(job.job_id).state_name == "RUNNING"
         system._redis.restart()  # same port, same data dir: AOF brings the stream and groups back
         for _ in client.watch(job.job_id):
@@ -170,7 +161,8 @@ def test_learner_killed_and_resumed(system):
     with NitroClient(system.learner_address) as client:
         job = client.start_training(spec(rounds=4))  # killed in round 2; round 3 follows the resumed one
         wait_for_round(client, job.job_id, 1)
-    wait_for_wave(system, job.job_id, 2)  # into round 2's sampling (a fixed sleep could miss it on a fast machine)
+    with connect(system.redis_url) as r:  # into round 2's sampling (a fixed sleep could miss it on a fast machine)
+        wait_for_wave(r, job.job_id, 2)
     os.kill(system.components["learner"].pid, signal.SIGKILL)
     system.components["learner"].proc.wait(10)
     # A new learner process on the same data dir resumes the interrupted job by itself.
