@@ -15,7 +15,11 @@ def echo(event, context):
 
 
 def sleep(event, context):
+    """Sleeps event["seconds"]; with event["started"] (a path) it first creates that file, so a test can
+    act while the invocation is known to be running rather than after a guessed delay."""
     seconds = float(event.get("seconds", 0))
+    if event.get("started"):
+        open(event["started"], "x").close()
     time.sleep(seconds)
     return {"slept": seconds, "pid": os.getpid()}
 

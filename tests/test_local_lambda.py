@@ -163,26 +163,28 @@ def test_throttled_beyond_concurrency(endpoint):
     assert codes == [200, 200, 429]
 
 
-def while_limited_is_full(c, call):
+def while_limited_is_full(c, call, tmp_path):
     """call() while both of the "limited" function's slots are busy (for 1.5 s): it is throttled."""
+    marks = [tmp_path / f"busy-{i}" for i in range(2)]
     with ThreadPoolExecutor(2) as ex:
-        busy = [ex.submit(invoke, c, "limited", {"seconds": 1.5}) for _ in range(2)]
-        time.sleep(0.4)
+        busy = [ex.submit(invoke, c, "limited", {"seconds": 1.5, "started": str(m)}) for m in marks]
+        assert wait_for(lambda: all(m.exists() for m in marks))  # both slots are taken, however slow the start
         out = call()
         assert [f.result()["StatusCode"] for f in busy] == [200, 200]
     return out
 
-def test_a_throttled_invocation_is_retried_and_never_billed(endpoint):
+def test_a_throttled_invocation_is_retried_and_never_billed(endpoint, tmp_path):
     from scaler_svc.invoker import Invocation, Invoker
 
     c = make_client(endpoint.endpoint_url, pool=4)
     out = while_limited_is_full(c, lambda: Invoker(c, max_attempts=2, backoff_s=0.01).invoke(
-        "limited", Invocation("t-1", {"seconds": 0}), time.monotonic() + 30))
+        "limited", Invocation("t-1", {"seconds": 0}), time.monotonic() + 30), tmp_path)
     assert not out.ok and out.error_type == "TooManyRequestsException" and out.attempts == 2
     # AWS bills neither a request nor duration for a throttle (the scaler's ledger and warm count read this)
     assert out.requests == 0 and out.billed_attempts_ms == 0 and out.modelled_attempts_ms == 0
 
-def test_a_launch_whose_invocations_were_all_throttled_bills_nothing_and_warms_nothing(endpoint, redis_client):
+def test_a_launch_whose_invocations_were_all_throttled_bills_nothing_and_warms_nothing(endpoint, redis_client,
+                                                                                        tmp_path):
     from nitro.contracts import scaler_state_key
     from nitro.cost import Prices
     from nitro.v1 import scaler_pb2
@@ -197,7 +199,7 @@ def test_a_launch_whose_invocations_were_all_throttled_bills_nothing_and_warms_n
     svc = ScalerServicer(redis_client, Invoker(c, max_attempts=1), Prices(), "redis://127.0.0.1:1/0")
     launch = scaler_pb2.LaunchRequest(job_id="thr", actors=2, steps_per_actor=8, env_id="CartPole-v1",
                                       function_name="limited", deadline_s=20.0)
-    resp = while_limited_is_full(c, lambda: svc.Launch(launch, Context()))
+    resp = while_limited_is_full(c, lambda: svc.Launch(launch, Context()), tmp_path)
     assert (resp.launched, resp.failed, resp.cost_usd) == (2, 2, 0.0)
     state = redis_client.hgetall(scaler_state_key("thr"))
     assert int(state.get(b"warm_sandboxes:actor", 0)) == 0  # nothing ran, nothing stays warm
@@ -233,7 +235,7 @@ def test_timeout_kills_and_recovers(client):
     assert ok["headers"]["x-nitro-cold-start"] == "true"  # a replacement worker
 
 
-def test_crash_reported_and_recovers(client):
+def test_crash_reported_and_recovers(client, tmp_path):
     r = invoke(client, "crash")
     assert r["FunctionError"] == "Unhandled"
     assert r["body"]["errorType"] == "Runtime.ExitError"
@@ -241,8 +243,9 @@ def test_crash_reported_and_recovers(client):
     # kill -9 of a warm worker mid-invocation: reported, then a fresh worker takes over.
     old_pid = invoke(client, "victim", {"seconds": 0})["body"]["pid"]
     with ThreadPoolExecutor(1) as ex:
-        pending = ex.submit(invoke, client, "victim", {"seconds": 5})
-        time.sleep(0.3)
+        started = tmp_path / "victim-started"
+        pending = ex.submit(invoke, client, "victim", {"seconds": 5, "started": str(started)})
+        assert wait_for(started.exists)  # killed mid-invocation, not before it reached the worker
         os.kill(old_pid, signal.SIGKILL)
         r = pending.result(timeout=5)
     assert r["body"]["errorType"] == "Runtime.ExitError"
