@@ -86,6 +86,20 @@ def test_fingerprint_hides_the_token():
     assert len(auth.generate_token()) >= auth.MIN_TOKEN_CHARS
 
 
+def test_generated_tokens_pass_as_a_cli_flag_value(monkeypatch):
+    """A token starting with "-" is read by argparse as an option, so `--token TOKEN` refuses it."""
+    from nitro.client.cli import build_parser
+
+    dash, plain = "-" + "a" * 42, "b" * 43
+    with pytest.raises(SystemExit):  # the control: such a token cannot be passed as a flag's value
+        build_parser().parse_args(["status", "--token", dash])
+    draws = iter([dash, plain])
+    monkeypatch.setattr(auth.secrets, "token_urlsafe", lambda n: next(draws))
+    token = auth.generate_token()
+    assert token == plain
+    assert build_parser().parse_args(["status", "--token", token]).token == token
+
+
 def test_client_token_precedence(monkeypatch):
     monkeypatch.delenv("NITRO_TOKEN", raising=False)
     monkeypatch.delenv("NITRO_TOKEN_FILE", raising=False)

@@ -49,8 +49,14 @@ AUTH_FAILURES = Counter("nitro_auth_failures_total", "gRPC calls refused for mis
 
 
 def generate_token() -> str:
-    """A fresh random token (43 URL-safe characters, 256 bits)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random token (43 URL-safe characters, about 256 bits).
+
+    Never starts with "-": users pass it as `--token TOKEN`, and argparse reads a value that starts with
+    "-" as an option (one generated token in 64 would be refused that way).
+    """
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
 
 
 def fingerprint(token: str) -> str:
