@@ -141,6 +141,7 @@ class RoundLoop(Generic[R]):
             else:
                 raise
         finally:
+            self.send_held_acks()
             self.shutdown()
             metrics.forget_job(job.job_id)  # a finished job leaves no series behind
         if end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down":
@@ -217,6 +218,15 @@ class RoundLoop(Generic[R]):
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def send_held_acks(self) -> None:
+        """Send the last commit's held-back ack. Failing that (Redis gone), the checkpoint still names its
+        entries, and a resumed learner acks them."""
+        try:
+            self.reader.flush()
+        except Exception as exc:  # noqa: BLE001 - the job's end state must still be written
+            log.warning("job %s: the last round's stream ack was not sent (%s); a resume sends it",
+                        self.job.job_id, exc)
 
     # -- resilience helpers ---------------------------------------------------------------
     def redis_call(self, fn: Callable, what: str):
@@ -346,9 +356,12 @@ class RoundLoop(Generic[R]):
         are in the statistics}): entries whose steps and episodes the checkpoint's counters hold but whose
         learning it does not (a Stellaris learner function still has them); redelivered after a resume they
         are learned from without being counted again."""
+        # The ack is held back to ride with the next read (one round trip fewer a round), which is safe only
+        # while the newest checkpoint names every held-back entry: send an earlier round's first.
+        self.redis_call(self.reader.flush, "stream ack")
         self._write_checkpoint(round_index, pending, entries, counted or {})
         if entries:
-            self.redis_call(lambda: self.reader.ack(entries), "stream ack")
+            self.redis_call(lambda: self.reader.ack(entries, defer=True), "stream ack")
 
     def _write_checkpoint(self, round_index: int, pending: dict, committed: list, counted: dict) -> None:
         self.job.checkpoint_path = self.files.write_checkpoint({

@@ -166,6 +166,22 @@ def test_envelope_layout_and_mac(hmac_key):
     assert blob[BODY + first : BODY + first + 10] == np.arange(5, dtype=np.int16).tobytes()
 
 
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 63, 64, 127, 128, 129, 191, 4096 + 80, 287_313, 287_361])
+def test_the_incremental_tag_is_the_aead_tag(hmac_key, size):
+    """codec feeds Poly1305 in pieces (whole 128-byte chunks, the tail, the padding and lengths): at every
+    length, chunk boundary or not, the envelope it signs carries the AEAD's own tag, and decode accepts the
+    AEAD-signed one."""
+    body = os.urandom(size)
+    nonce = os.urandom(12)
+    by_aead = envelopes.sign(body, hmac_key, nonce=nonce)
+    signed = by_aead[:-16]
+    assert codec._poly1305(hmac_key, nonce, memoryview(signed)).finalize() == by_aead[-16:]
+    with pytest.raises(codec.MalformedPayloadError):  # verified, then refused as a body: not a bad signature
+        decode(by_aead, hmac_key)
+    with pytest.raises(codec.BadSignatureError):
+        decode(by_aead[:-1] + bytes([by_aead[-1] ^ 1]), hmac_key)
+
+
 def test_axis_permuted_and_read_only_arrays(hmac_key):
     permuted = np.arange(24, dtype=np.float32).reshape(2, 3, 4).transpose(1, 0, 2)  # pickled as order "K"
     frozen = np.arange(4.0)

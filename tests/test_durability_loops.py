@@ -172,19 +172,24 @@ def _loop(redis_client, hmac_key, tmp_path, job_id) -> OffPolicyLoop:
                                           data_dir=str(tmp_path)))
 
 
+def _append_round0(redis_client, hmac_key, job_id: str, actors: int) -> None:
+    """One 4-step batch from each of `actors` actors of round 0."""
+    writer = TrajectoryWriter(redis_client, job_id, hmac_key)
+    batch = {"obs": np.zeros((4, 4), np.float32), "rewards": np.zeros(4, np.float32)}
+    for a in range(actors):
+        writer.append(invocation_id=f"{job_id}-r0-a{a}", round=0, policy_version=0, steps=4, batch=batch)
+
+
 def test_a_crash_between_checkpoint_and_ack_is_acked_on_resume_not_learned_twice(redis_client, hmac_key, tmp_path,
                                                                                   monkeypatch):
     job_id = "commit-job"
-    writer = TrajectoryWriter(redis_client, job_id, hmac_key)
-    batch = {"obs": np.zeros((4, 4), np.float32), "rewards": np.zeros(4, np.float32)}
-    for a in range(3):
-        writer.append(invocation_id=f"{job_id}-r0-a{a}", round=0, policy_version=0, steps=4, batch=batch)
+    _append_round0(redis_client, hmac_key, job_id, 3)
     loop = _loop(redis_client, hmac_key, tmp_path, job_id)
     entries = loop.reader.read(count=16, block_ms=0)
     assert len(entries) == 3
     loop.total_steps = 12  # as if learned from
 
-    def die(_entries):
+    def die(_entries, **_how):
         raise Killed
 
     monkeypatch.setattr(loop.reader, "ack", die)
@@ -200,3 +205,58 @@ def test_a_crash_between_checkpoint_and_ack_is_acked_on_resume_not_learned_twice
     assert resumed.counted_before == {entries[2].entry_id: False}
     again = resumed.reader.read(count=16, block_ms=0)
     assert [e.entry_id for e in again] == [entries[2].entry_id], "only what the checkpoint lacks comes back"
+
+
+def test_a_commit_holds_its_ack_back_for_the_next_read_and_a_crash_before_it_loses_nothing(redis_client, hmac_key,
+                                                                                           tmp_path):
+    """The commit's ack rides with the next read; a learner that dies first leaves the entries pending, and the
+    checkpoint that names them lets the resumed learner ack them."""
+    job_id = "held-ack-job"
+    _append_round0(redis_client, hmac_key, job_id, 4)
+    key = stream_key(job_id)
+    loop = _loop(redis_client, hmac_key, tmp_path, job_id)
+    first = loop.reader.read(count=2, block_ms=0)
+    loop.commit(0, {}, first)
+    assert redis_client.xpending(key, "learner")["pending"] == 2, "held back: not sent yet"
+    second = loop.reader.read(count=2, block_ms=0)
+    assert redis_client.xpending(key, "learner")["pending"] == 2, "round 0's ack went with the read"
+    assert None not in redis_client.zmscore(seen_key(job_id), [e.dedup_id for e in first])
+    loop.commit(1, {}, second[:1])
+    del loop  # dies with round 1's ack held back
+
+    resumed = _loop(redis_client, hmac_key, tmp_path, job_id)
+    resumed.restore()
+    assert redis_client.xpending(key, "learner")["pending"] == 1, "the resumed learner acks what round 1 learned"
+    assert [e.entry_id for e in resumed.reader.read(count=16, block_ms=0)] == [second[1].entry_id]
+
+
+def test_a_commit_sends_an_earlier_held_back_ack_before_its_checkpoint(redis_client, hmac_key, tmp_path,
+                                                                      monkeypatch):
+    """A checkpoint names only its own round's entries, so an ack still held back from an earlier round is sent
+    before it is written: otherwise a crash right after it would leave those entries pending and unnamed."""
+    job_id = "flush-first-job"
+    _append_round0(redis_client, hmac_key, job_id, 2)
+    loop = _loop(redis_client, hmac_key, tmp_path, job_id)
+    first, second = loop.reader.read(count=2, block_ms=0)
+    loop.commit(0, {}, [first])
+    pending_at_write = []
+    write = loop._write_checkpoint
+
+    def spy(*args, **kw):
+        pending_at_write.append(redis_client.xpending(stream_key(job_id), "learner")["pending"])
+        return write(*args, **kw)
+
+    monkeypatch.setattr(loop, "_write_checkpoint", spy)
+    loop.commit(1, {}, [second])  # no read in between
+    assert pending_at_write == [1], "round 0's ack was sent before round 1's checkpoint"
+
+
+def test_a_finished_job_leaves_no_ack_held_back(redis_client, hmac_key, tmp_path):
+    job_id = "end-job"
+    _append_round0(redis_client, hmac_key, job_id, 1)
+    loop = _loop(redis_client, hmac_key, tmp_path, job_id)
+    loop.commit(0, {}, loop.reader.read(count=2, block_ms=0))
+    assert redis_client.xpending(stream_key(job_id), "learner")["pending"] == 1
+    loop.send_held_acks()  # what RoundLoop.run does on the way out, however the job ends
+    assert redis_client.xpending(stream_key(job_id), "learner")["pending"] == 0
+    assert redis_client.xlen(stream_key(job_id)) == 0

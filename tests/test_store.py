@@ -9,12 +9,19 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from nitro.contracts import policy_key, seen_key, stream_key
 from nitro.data import codec
 from nitro.data.codec import encode
 from nitro.data.redis_client import connect
-from nitro.data.store import PolicyNotFoundError, PolicyStore, TrajectoryReader, TrajectoryWriter
+from nitro.data.store import (
+    PolicyNotFoundError,
+    PolicyStore,
+    TrajectoryEntry,
+    TrajectoryReader,
+    TrajectoryWriter,
+)
 from nitro.local.redis_server import LocalRedis
 from tests.envelopes import BODY, TAG, body_of, resign, sign_ntr2
 
@@ -192,8 +199,9 @@ def test_dedup_reads_the_seen_record_once(redis_client, hmac_key):
     assert reader.read(count=10, block_ms=50) == [] and reader.duplicates == 1
 
 
-def test_ack_counts_an_id_another_reader_consumed(redis_client, hmac_key):
-    """Two consumers each take one copy of a retried invocation; the second ack notices."""
+@pytest.mark.parametrize("defer", [False, True], ids=["ack-at-once", "ack-held-back"])
+def test_ack_counts_an_id_another_reader_consumed(redis_client, hmac_key, defer):
+    """Two consumers each take one copy of a retried invocation; the second ack notices (once it is sent)."""
     writer = TrajectoryWriter(redis_client, JOB, hmac_key)
     _append(writer, "inv-1")
     _append(writer, "inv-1")  # a Lambda retry
@@ -202,8 +210,80 @@ def test_ack_counts_an_id_another_reader_consumed(redis_client, hmac_key):
     [ea], [eb] = a.read(count=1, block_ms=100), b.read(count=1, block_ms=100)
     a.ack([ea])
     assert a.late_duplicates == 0
-    b.ack([eb])
+    b.ack([eb], defer=defer)
+    if defer:
+        assert b.late_duplicates == 0  # not known until it is sent
+        b.read(count=1, block_ms=0)
     assert b.late_duplicates == 1 and redis_client.xlen(stream_key(JOB)) == 0
+
+
+def _count_sends(monkeypatch) -> list:
+    """Spy on the real connection: one item per send to Redis (a pipeline is one send)."""
+    sends: list = []
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        sends.append(command)
+        return original(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    return sends
+
+
+def test_a_held_back_ack_rides_with_the_next_read(redis_client, hmac_key, monkeypatch):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    _append(writer, "inv-1")
+    [entry] = reader.read(count=10, block_ms=100)
+    sends = _count_sends(monkeypatch)
+    reader.ack([entry], defer=True)
+    assert sends == [], "a held-back ack sends nothing"
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1
+    assert redis_client.zscore(seen_key(JOB), "inv-1") is None
+    _append(writer, "inv-2")
+    _append(writer, "inv-1")  # a retry of the consumed invocation: this reader's dedup knows it already
+    sends.clear()
+    got = reader.read(count=1, block_ms=100)
+    assert len(sends) == 1, "the held-back ack and the read went in one round trip"
+    assert [e.invocation_id for e in got] == ["inv-2"]
+    assert redis_client.zscore(seen_key(JOB), "inv-1") is not None
+    assert reader.read(count=10, block_ms=100) == [] and reader.duplicates == 1  # the retry, dropped
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1  # only inv-2 waits
+    assert redis_client.xlen(stream_key(JOB)) == 1
+
+
+def test_an_ack_sent_at_once_or_by_flush(redis_client, hmac_key):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    for inv in ("inv-1", "inv-2", "inv-3"):
+        _append(writer, inv)
+    first, second, third = reader.read(count=10, block_ms=100)
+    reader.ack([first])  # the control: sent at once
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 2
+    reader.ack([second], defer=True)
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 2
+    reader.flush()
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1
+    reader.ack([third], defer=True)
+    assert reader.pending_count() == 0, "pending_count sends held-back acks first"
+    assert redis_client.xlen(stream_key(JOB)) == 0 and reader.late_duplicates == 0
+    reader.flush()  # nothing held back: nothing sent, no error
+
+
+def test_an_ack_of_more_ids_than_a_lua_call_takes(redis_client, hmac_key):
+    """The ack script passes ids to XACK/XDEL/ZADD in slices: one unpack() of 9,000 values would fail."""
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    pipe = redis_client.pipeline(transaction=False)
+    for i in range(9000):
+        pipe.xadd(stream_key(JOB), {"n": str(i)})
+    pipe.execute()
+    msgs = redis_client.xreadgroup("learner", "learner-0", {stream_key(JOB): ">"}, count=9000)[0][1]
+    entries = [TrajectoryEntry(eid.decode(), f"inv-{i}", 1, 3, 1, {}) for i, (eid, _) in enumerate(msgs)]
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 9000
+    reader.ack(entries)
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 0
+    assert redis_client.xlen(stream_key(JOB)) == 0 and redis_client.zcard(seen_key(JOB)) == 9000
+    assert reader.late_duplicates == 0
 
 
 def test_rejected_entries_are_counted_and_skipped(redis_client, hmac_key):

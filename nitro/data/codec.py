@@ -43,8 +43,10 @@ from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.ciphers import Cipher
+from cryptography.hazmat.primitives.ciphers.algorithms import ChaCha20
+from cryptography.hazmat.primitives.poly1305 import Poly1305
 from numpy._core import multiarray as _np_multiarray
 from numpy._core import numeric as _np_numeric
 
@@ -61,6 +63,7 @@ _HEADER_LEN = len(MAGIC) + 1
 _BODY_OFFSET = _HEADER_LEN + _NONCE_LEN
 _MAC_KEY_LABEL = b"nitro envelope NTR3 mac key"
 _TABLE_HEAD = struct.Struct("<IQ")  # n_buffers, pickle_len
+_AEAD_LENGTHS = struct.Struct("<QQ")  # the AEAD's closing block: associated data's length, ciphertext's (0)
 _ALIGN = 16  # >= the alignment of every allowed dtype, so arrays come back aligned
 _MIN_KEY_BYTES = 16
 _MIN_HEX_CHARS = 32
@@ -102,9 +105,29 @@ def _check_key(key: bytes) -> None:
 
 
 @lru_cache(maxsize=16)
-def _authenticator(key: bytes) -> ChaCha20Poly1305:
-    """The envelope MAC for a deployment key: a 32-byte key derived from it, whatever its length."""
-    return ChaCha20Poly1305(hmac.digest(key, _MAC_KEY_LABEL, "sha256"))
+def _mac_key(key: bytes) -> bytes:
+    """The envelope's 32-byte MAC key for a deployment key, whatever its length."""
+    return hmac.digest(key, _MAC_KEY_LABEL, "sha256")
+
+
+# Poly1305 input goes in as whole 128-byte chunks, then the tail: OpenSSL's AVX-512 Poly1305 takes an input of
+# an odd number of 64-byte blocks at half speed (measured on a 287 KB envelope: 38.7 us one pass, 19.4 us with
+# one block more or less; split like this, 24.9 us either way, the Python calls included).
+_POLY_CHUNK = 128
+
+
+def _poly1305(key: bytes, nonce: bytes, signed) -> Poly1305:
+    """RFC 8439's ChaCha20-Poly1305 MAC, as the AEAD computes it for an empty plaintext and associated data
+    `signed`, ready to finalize or verify: Poly1305 under the one-time key of ChaCha20 block 0 (mac_key,
+    nonce), over signed | zero padding to 16 bytes | len(signed) u64 | 0 u64."""
+    one_time_key = Cipher(ChaCha20(_mac_key(key), bytes(4) + bytes(nonce)), mode=None).encryptor().update(bytes(32))
+    mac = Poly1305(one_time_key)
+    size = len(signed)
+    cut = size - size % _POLY_CHUNK
+    mac.update(signed[:cut])
+    mac.update(signed[cut:])
+    mac.update(bytes(-size % 16) + _AEAD_LENGTHS.pack(size, 0))
+    return mac
 
 
 def encode(obj, key: bytes, *, compress: bool = False) -> bytes:
@@ -134,7 +157,7 @@ def encode(obj, key: bytes, *, compress: bool = False) -> bytes:
         flags |= _FLAG_ZLIB
     nonce = os.urandom(_NONCE_LEN)
     signed = b"".join((MAGIC, bytes((flags,)), nonce, *pieces))
-    return signed + _authenticator(bytes(key)).encrypt(nonce, b"", signed)
+    return signed + _poly1305(bytes(key), nonce, memoryview(signed)).finalize()
 
 
 # --- restricted unpickling -------------------------------------------------
@@ -235,8 +258,8 @@ def decode(data: bytes, key: bytes, *, max_size: int | None = None) -> object:
                                     f"{MAGIC.decode()}): {hint}")
     signed, tag = view[:-_TAG_LEN], view[-_TAG_LEN:]
     try:
-        _authenticator(bytes(key)).decrypt(view[_HEADER_LEN:_BODY_OFFSET], tag, signed)
-    except InvalidTag:
+        _poly1305(bytes(key), view[_HEADER_LEN:_BODY_OFFSET], signed).verify(bytes(tag))  # constant-time
+    except InvalidSignature:
         raise BadSignatureError("payload signature does not match") from None
     flags = view[_HEADER_LEN - 1]
     if flags & ~_KNOWN_FLAGS:

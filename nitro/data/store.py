@@ -40,6 +40,29 @@ log = logging.getLogger(__name__)
 _FIELDS = (b"inv", b"round", b"version", b"steps")
 _PART_FIELDS = (b"part", b"parts")
 DEFAULT_MAX_ENTRY_BYTES = 32 << 20
+# Consuming entries, as one script so it is atomic: XACK and XDEL the entry ids, ZADD (score, dedup id)
+# pairs to the job's seen record, and, when a trim point is given, drop older ids and renew the record's
+# expiry. Returns how many dedup ids were new. Ids go to Lua in slices: unpack() of more values than
+# its stack holds (about 8,000) fails. KEYS: stream, seen record. ARGV: group, ttl_s, trim point or "",
+# n, n entry ids, then the pairs. (Measured: 0.110 ms an ack, against 0.132 ms as MULTI/EXEC.)
+_CONSUME_SCRIPT = """
+local group, ttl, trim_before, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local last = 4 + n
+for i = 5, last, 4000 do
+  local j = math.min(i + 3999, last)
+  redis.call('XACK', KEYS[1], group, unpack(ARGV, i, j))
+  redis.call('XDEL', KEYS[1], unpack(ARGV, i, j))
+end
+local added = 0
+for i = last + 1, #ARGV, 4000 do
+  added = added + redis.call('ZADD', KEYS[2], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
+end
+if trim_before ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', trim_before)
+  redis.call('EXPIRE', KEYS[2], ttl)
+end
+return added
+"""
 REDIS_MAX_BULK_BYTES = 512 << 20  # Redis's default proto-max-bulk-len: no single value may be larger
 
 
@@ -233,6 +256,10 @@ class TrajectoryReader:
         self._backlog_from: str | None = "0"  # own pending entries are replayed first
         self._claim_from = "0-0"
         self._next_trim = 0.0
+        # Acks held back by ack(defer=True): entry ids, dedup id -> ack time, the record's trim point.
+        self._unsent_ids: list = []
+        self._unsent_seen: dict[str, float] = {}
+        self._unsent_trim: float | None = None
         self._create_group()
 
     def _create_group(self) -> None:
@@ -272,29 +299,39 @@ class TrajectoryReader:
         msgs = self._xreadgroup(">", count, block_ms if block_ms > 0 else None)
         return self._admit(msgs) if msgs else []
 
-    def ack(self, entries: list[TrajectoryEntry]) -> None:
-        """Mark entries consumed: ack, delete, and remember their invocation ids, atomically."""
+    def ack(self, entries: list[TrajectoryEntry], *, defer: bool = False) -> None:
+        """Mark entries consumed: ack, delete, and remember their dedup ids, atomically.
+
+        defer=True sends those commands with this reader's next Redis call (`read`, `claim_stale`,
+        `pending_count`, `flush`, or the next ack) rather than now: one round trip fewer per ack. Only for a
+        caller that has recorded the entries durably first, as the learner's checkpoint does (it names them
+        and a restored learner acks them again), since a process that dies before that call leaves them
+        pending. This reader's own dedup knows them at once either way.
+        """
         if not entries:
             return
         now = time.time()
         acked = {e.dedup_id: now for e in entries}
-        trim = now >= self._next_trim  # the window needs no per-ack precision; keep acks lean
-        trim_before = now - self.dedup_window_s if trim else None
-        added = self._consume([e.entry_id for e in entries], acked, trim_before)
-        if trim:
-            self._next_trim = now + min(60.0, self.dedup_window_s / 10)
-        if added < len(acked):
-            self.late_duplicates += len(acked) - added
-            log.warning("job %s: %d acked batch(es) had already been consumed by another reader of the stream",
-                        self.job_id, len(acked) - added)
         seen = self._seen_record()
-        seen.update(acked)
-        if trim:
-            for dedup_id in [i for i, t in seen.items() if t < now - self.dedup_window_s]:
+        if now >= self._next_trim:  # the window needs no per-ack precision; keep acks lean
+            self._next_trim = now + min(60.0, self.dedup_window_s / 10)
+            self._unsent_trim = now - self.dedup_window_s
+            for dedup_id in [i for i, t in seen.items() if t < self._unsent_trim]:
                 del seen[dedup_id]
+        seen.update(acked)
+        self._unsent_ids.extend(e.entry_id for e in entries)
+        self._unsent_seen.update(acked)
+        if not defer:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send the acks that `ack(defer=True)` held back; nothing when there are none."""
+        if self._unsent_ids:
+            self._grouped(self._send_unsent)
 
     def claim_stale(self, min_idle_ms: int, count: int) -> list[TrajectoryEntry]:
         """Take over entries another (dead) consumer left pending for at least `min_idle_ms`."""
+        self.flush()
         resp = self._grouped(
             self._r.xautoclaim,
             self._stream, self.group, self.consumer, min_idle_ms, start_id=self._claim_from, count=count,
@@ -306,13 +343,28 @@ class TrajectoryReader:
 
     def pending_count(self) -> int:
         """Entries delivered to any consumer of the group and not yet acked."""
+        self.flush()
         return int(self._grouped(self._r.xpending, self._stream, self.group)["pending"])
 
     # --- internals -------------------------------------------------------------
     def _xreadgroup(self, start: str, count: int, block: int | None) -> list:
-        resp = self._grouped(
-            self._r.xreadgroup, self.group, self.consumer, {self._stream: start}, count=count, block=block
-        )
+        def call():
+            if not self._unsent_ids:
+                return self._r.xreadgroup(self.group, self.consumer, {self._stream: start}, count=count, block=block)
+            # Held-back acks ride in front of the read: one round trip for both. Not a MULTI/EXEC, whose
+            # XREADGROUP would not block; the acks stay atomic because they are one script.
+            pipe = self._r.pipeline(transaction=False)
+            self._queue_consume(pipe, self._unsent_ids, self._unsent_seen, self._unsent_trim)
+            pipe.xreadgroup(self.group, self.consumer, {self._stream: start}, count=count, block=block)
+            added, resp = pipe.execute(raise_on_error=False)
+            if isinstance(added, Exception):
+                raise added
+            self._sent(added)  # before a failed read raises: a retry must not send the acks again
+            if isinstance(resp, Exception):
+                raise resp
+            return resp
+
+        resp = self._grouped(call)
         return resp[0][1] if resp else []
 
     def _admit(self, msgs: list) -> list[TrajectoryEntry]:
@@ -348,20 +400,28 @@ class TrajectoryReader:
         return entries
 
     def _consume(self, entry_ids: list, seen: dict[str, float], trim_before: float | None = None) -> int:
-        """Ack and delete `entry_ids` and add `seen` (dedup id -> ack time) to the job's record, in one
-        MULTI/EXEC; trim the record's ids older than `trim_before`. Returns how many dedup ids were new.
+        """Ack and delete `entry_ids` and add `seen` (dedup id -> ack time) to the job's record, atomically;
+        trim the record's ids older than `trim_before`. Returns how many dedup ids were new."""
+        pipe = self._r.pipeline(transaction=False)
+        self._queue_consume(pipe, entry_ids, seen, trim_before)
+        return int(pipe.execute()[0])
 
-        (A Lua script of the same commands measured slower: 0.28-0.33 against 0.25-0.28 ms an ack.)"""
-        pipe = self._r.pipeline(transaction=True)
-        pipe.xack(self._stream, self.group, *entry_ids)
-        pipe.xdel(self._stream, *entry_ids)
-        if seen:
-            pipe.zadd(self._seen_key, seen)
-        if trim_before is not None:
-            pipe.zremrangebyscore(self._seen_key, "-inf", trim_before)
-            pipe.expire(self._seen_key, self.dedup_window_s)
-        results = pipe.execute()
-        return int(results[2]) if seen else 0
+    def _queue_consume(self, pipe, entry_ids: list, seen: dict[str, float], trim_before: float | None) -> None:
+        members = [v for dedup_id, t in seen.items() for v in (repr(t), dedup_id)]
+        pipe.eval(_CONSUME_SCRIPT, 2, self._stream, self._seen_key, self.group, self.dedup_window_s,
+                  "" if trim_before is None else repr(trim_before), len(entry_ids), *entry_ids, *members)
+
+    def _send_unsent(self) -> None:
+        self._sent(self._consume(self._unsent_ids, self._unsent_seen, self._unsent_trim))
+
+    def _sent(self, added: int) -> None:
+        """The held-back acks are in Redis: count the ids another reader had consumed first, and forget them."""
+        late = len(self._unsent_seen) - int(added)
+        if late > 0:
+            self.late_duplicates += late
+            log.warning("job %s: %d acked batch(es) had already been consumed by another reader of the stream",
+                        self.job_id, late)
+        self._unsent_ids, self._unsent_seen, self._unsent_trim = [], {}, None
 
     def _verify(self, entry_id: Any, fields: dict) -> TrajectoryEntry:
         payload = fields.get(b"payload")
