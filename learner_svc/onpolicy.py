@@ -381,10 +381,12 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             # The detector scores and the round is committed (checkpoint, then ack) while the learner evaluates.
             score_future = self.pool.submit(self.score, k, ref) if ref else None
             commit_future = self.pool.submit(self.commit, k, pending, to_ack or [])
-        with metrics.timed("evaluate", phases, cloud):
-            eval_return = self.evaluate_policy(k)
-        with metrics.timed("publish", phases, cloud):
-            commit_future.result()  # a round is reported only once it can be resumed from
+        try:
+            with metrics.timed("evaluate", phases, cloud):
+                eval_return = self.evaluate_policy(k)
+        finally:  # even when evaluation fails: no commit may still be running (and holding an ack) after it
+            with metrics.timed("publish", phases, cloud):
+                commit_future.result()  # a round is reported only once it can be resumed from
         score_resp, fallback = detector_pb2.ScoreResponse(), 0
         with metrics.timed("detect", phases):  # ~0 s when the plan reads no score: nothing was asked
             try:

@@ -130,6 +130,9 @@ class RoundLoop(Generic[R]):
         failed, resumable = training_pb2.JOB_STATE_FAILED, False
         try:
             end_state, end_message = self.train(resume)
+            # The last commit's ack, held back for a read that will not come; a Redis outage here ends the
+            # job resumable (as a failed ack in the commit itself would), and the resume acks it.
+            self.redis_call(self.reader.flush, "stream ack")
         except Exception as exc:  # noqa: BLE001 - a dependency's outage ends the job resumable; others propagate
             reason = dependency_failure(exc)
             if reason is not None:
@@ -220,12 +223,12 @@ class RoundLoop(Generic[R]):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def send_held_acks(self) -> None:
-        """Send the last commit's held-back ack. Failing that (Redis gone), the checkpoint still names its
-        entries, and a resumed learner acks them."""
+        """On the way out of a job that failed: send the last commit's held-back ack if Redis answers. If not,
+        the checkpoint still names its entries: a resumed learner acks them, and until then they stay pending."""
         try:
             self.reader.flush()
         except Exception as exc:  # noqa: BLE001 - the job's end state must still be written
-            log.warning("job %s: the last round's stream ack was not sent (%s); a resume sends it",
+            log.warning("job %s: the last round's stream ack was not sent (%s); resuming the job sends it",
                         self.job.job_id, exc)
 
     # -- resilience helpers ---------------------------------------------------------------

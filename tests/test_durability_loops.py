@@ -32,11 +32,14 @@ import torch
 from learner_svc.clients import LearnerDeps
 from learner_svc.jobs import Job
 from learner_svc.offpolicy import OffPolicyLoop
+from learner_svc.onpolicy import OnPolicyLoop
+from learner_svc.rounds import End
 from nitro.client.sdk import NitroClient
 from nitro.contracts import scaler_state_key, seen_key, stream_key
 from nitro.data.redis_client import connect
 from nitro.data.store import TrajectoryWriter
 from nitro.spec import TrainingSpec, validate
+from nitro.v1 import training_pb2
 from tests.system import module_system, sample_value, scrape
 
 pytestmark = pytest.mark.timeout(400)
@@ -251,12 +254,57 @@ def test_a_commit_sends_an_earlier_held_back_ack_before_its_checkpoint(redis_cli
     assert pending_at_write == [1], "round 0's ack was sent before round 1's checkpoint"
 
 
-def test_a_finished_job_leaves_no_ack_held_back(redis_client, hmac_key, tmp_path):
+def test_a_finished_job_sends_its_held_back_ack_riding_out_a_redis_blip(redis_client, hmac_key, tmp_path,
+                                                                          monkeypatch):
     job_id = "end-job"
     _append_round0(redis_client, hmac_key, job_id, 1)
     loop = _loop(redis_client, hmac_key, tmp_path, job_id)
-    loop.commit(0, {}, loop.reader.read(count=2, block_ms=0))
-    assert redis_client.xpending(stream_key(job_id), "learner")["pending"] == 1
-    loop.send_held_acks()  # what RoundLoop.run does on the way out, however the job ends
+
+    def train(resume):  # one round, committed, then the job ends
+        loop.commit(0, {}, loop.reader.read(count=2, block_ms=0))
+        assert redis_client.xpending(stream_key(job_id), "learner")["pending"] == 1  # held back
+        return End(training_pb2.JOB_STATE_SUCCEEDED, "done")
+
+    consume, calls = loop.reader._consume, []
+
+    def blip(*args):  # the first send fails as during a Redis restart
+        calls.append(args)
+        if len(calls) == 1:
+            raise redis.exceptions.ConnectionError("Redis restarting")
+        return consume(*args)
+
+    monkeypatch.setattr(loop, "train", train)
+    monkeypatch.setattr(loop.reader, "_consume", blip)
+    loop.run()
+    assert loop.job.state == training_pb2.JOB_STATE_SUCCEEDED and len(calls) == 2
     assert redis_client.xpending(stream_key(job_id), "learner")["pending"] == 0
     assert redis_client.xlen(stream_key(job_id)) == 0
+
+
+def test_an_evaluation_that_fails_waits_for_the_commit_running_beside_it(redis_client, hmac_key, tmp_path,
+                                                                         monkeypatch):
+    """The on-policy loop commits in a pool thread while it evaluates: a failing evaluation must not leave
+    that commit (and the ack it holds back) running after the job's end sent the held-back acks."""
+    job_id = "eval-fails-job"
+    _append_round0(redis_client, hmac_key, job_id, 2)
+    job = Job(validate(TrainingSpec(env_id="CartPole-v1", preset="fast", job_id=job_id)))
+    loop = OnPolicyLoop(job, LearnerDeps(redis=redis_client, hmac_key=hmac_key, detector=None, scaler=None,
+                                         data_dir=str(tmp_path)))
+    entries = loop.reader.read(count=4, block_ms=0)
+    write = loop._write_checkpoint
+
+    def slow_write(*args, **kw):
+        time.sleep(0.3)
+        return write(*args, **kw)
+
+    def failing_evaluation(k, last=False):
+        raise RuntimeError("environment crashed")
+
+    monkeypatch.setattr(loop, "_write_checkpoint", slow_write)
+    monkeypatch.setattr(loop, "evaluate_policy", failing_evaluation)
+    monkeypatch.setattr(loop, "publish", lambda: None)
+    pending = {"phases": {}, "notes": [], "t_round": time.time()}
+    with pytest.raises(RuntimeError, match="environment crashed"):
+        loop._finish_round(0, pending, to_ack=entries)
+    loop.send_held_acks()  # RoundLoop.run's way out of a failed job
+    assert redis_client.xpending(stream_key(job_id), "learner")["pending"] == 0

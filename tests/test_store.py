@@ -270,6 +270,49 @@ def test_an_ack_sent_at_once_or_by_flush(redis_client, hmac_key):
     reader.flush()  # nothing held back: nothing sent, no error
 
 
+def test_an_ack_held_back_while_another_is_being_sent_is_kept(redis_client, hmac_key, monkeypatch):
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    _append(writer, "inv-1")
+    _append(writer, "inv-2")
+    first, second = reader.read(count=10, block_ms=100)
+    consume = reader._consume
+
+    def consume_while_acking(*args):  # another thread holds back an ack while this send is in flight
+        reader.ack([second], defer=True)
+        return consume(*args)
+
+    reader.ack([first], defer=True)
+    monkeypatch.setattr(reader, "_consume", consume_while_acking)
+    reader.flush()
+    monkeypatch.setattr(reader, "_consume", consume)
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1, "the second ack is still held"
+    reader.flush()
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 0 and reader.late_duplicates == 0
+
+
+def test_a_failed_held_back_ack_does_not_swallow_the_read_beside_it(redis_client, hmac_key):
+    """The ack script and XREADGROUP go in one pipeline, not a transaction: when the script fails the read
+    still delivered its entries to this consumer, and the next read hands them out."""
+    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    _append(writer, "inv-1")
+    [entry] = reader.read(count=10, block_ms=100)
+    reader.ack([entry], defer=True)
+    _append(writer, "inv-2")
+    redis_client.set(seen_key(JOB), "not a sorted set")  # the script's ZADD fails: WRONGTYPE
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        reader.read(count=10, block_ms=100)
+    # inv-2 delivered but not handed out; inv-1 acked all the same (Redis does not undo a failed script's
+    # earlier writes, as EXEC did not undo a transaction's), its seen record still to be written
+    pending = redis_client.xpending_range(stream_key(JOB), "learner", "-", "+", 10)
+    assert [p["message_id"] for p in pending] == [redis_client.xrange(stream_key(JOB))[0][0]]
+    redis_client.delete(seen_key(JOB))
+    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == ["inv-2"]
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1  # the held-back ack went too
+    assert redis_client.zscore(seen_key(JOB), "inv-1") is not None
+
+
 def test_an_ack_of_more_ids_than_a_lua_call_takes(redis_client, hmac_key):
     """The ack script passes ids to XACK/XDEL/ZADD in slices: one unpack() of 9,000 values would fail."""
     reader = TrajectoryReader(redis_client, JOB, hmac_key)

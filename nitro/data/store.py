@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -215,6 +216,40 @@ class _RecentIds:
             del self._ids[next(iter(self._ids))]
 
 
+class _HeldAcks:
+    """Acks that `TrajectoryReader.ack(defer=True)` held back, until sent: entry ids, dedup id -> ack time, the
+    seen record's trim point. A send takes a snapshot and forgets exactly it, so an ack added meanwhile (from
+    another thread) is kept for the next send."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ids: list = []
+        self._seen: dict[str, float] = {}
+        self._trim: float | None = None
+
+    def add(self, entry_ids: list, seen: dict[str, float], trim_before: float | None) -> None:
+        with self._lock:
+            self._ids.extend(entry_ids)
+            self._seen.update(seen)
+            if trim_before is not None:
+                self._trim = trim_before
+
+    def snapshot(self) -> tuple[list, dict[str, float], float | None] | None:
+        """(entry ids, seen, trim point) to send, or None when nothing is held back."""
+        with self._lock:
+            return (list(self._ids), dict(self._seen), self._trim) if self._ids else None
+
+    def forget(self, sent: tuple) -> None:
+        ids, seen, trim = sent
+        with self._lock:
+            del self._ids[: len(ids)]  # ids are only ever appended: the sent ones are the oldest
+            for dedup_id, t in seen.items():
+                if self._seen.get(dedup_id) == t:
+                    del self._seen[dedup_id]
+            if self._trim == trim:
+                self._trim = None
+
+
 class TrajectoryReader:
     """Learner side of the stream: verified, deduplicated, at-least-once batches.
 
@@ -256,10 +291,7 @@ class TrajectoryReader:
         self._backlog_from: str | None = "0"  # own pending entries are replayed first
         self._claim_from = "0-0"
         self._next_trim = 0.0
-        # Acks held back by ack(defer=True): entry ids, dedup id -> ack time, the record's trim point.
-        self._unsent_ids: list = []
-        self._unsent_seen: dict[str, float] = {}
-        self._unsent_trim: float | None = None
+        self._held = _HeldAcks()
         self._create_group()
 
     def _create_group(self) -> None:
@@ -313,21 +345,22 @@ class TrajectoryReader:
         now = time.time()
         acked = {e.dedup_id: now for e in entries}
         seen = self._seen_record()
+        trim_before = None
         if now >= self._next_trim:  # the window needs no per-ack precision; keep acks lean
             self._next_trim = now + min(60.0, self.dedup_window_s / 10)
-            self._unsent_trim = now - self.dedup_window_s
-            for dedup_id in [i for i, t in seen.items() if t < self._unsent_trim]:
+            trim_before = now - self.dedup_window_s
+            for dedup_id in [i for i, t in seen.items() if t < trim_before]:
                 del seen[dedup_id]
         seen.update(acked)
-        self._unsent_ids.extend(e.entry_id for e in entries)
-        self._unsent_seen.update(acked)
+        self._held.add([e.entry_id for e in entries], acked, trim_before)
         if not defer:
             self.flush()
 
     def flush(self) -> None:
         """Send the acks that `ack(defer=True)` held back; nothing when there are none."""
-        if self._unsent_ids:
-            self._grouped(self._send_unsent)
+        held = self._held.snapshot()
+        if held is not None:
+            self._sent(held, self._grouped(self._consume, *held))
 
     def claim_stale(self, min_idle_ms: int, count: int) -> list[TrajectoryEntry]:
         """Take over entries another (dead) consumer left pending for at least `min_idle_ms`."""
@@ -349,17 +382,20 @@ class TrajectoryReader:
     # --- internals -------------------------------------------------------------
     def _xreadgroup(self, start: str, count: int, block: int | None) -> list:
         def call():
-            if not self._unsent_ids:
+            held = self._held.snapshot()
+            if held is None:
                 return self._r.xreadgroup(self.group, self.consumer, {self._stream: start}, count=count, block=block)
             # Held-back acks ride in front of the read: one round trip for both. Not a MULTI/EXEC, whose
             # XREADGROUP would not block; the acks stay atomic because they are one script.
             pipe = self._r.pipeline(transaction=False)
-            self._queue_consume(pipe, self._unsent_ids, self._unsent_seen, self._unsent_trim)
+            self._queue_consume(pipe, *held)
             pipe.xreadgroup(self.group, self.consumer, {self._stream: start}, count=count, block=block)
             added, resp = pipe.execute(raise_on_error=False)
             if isinstance(added, Exception):
+                if resp and not isinstance(resp, Exception):
+                    self._backlog_from = "0"  # delivered to us, never handed out: the next read replays them
                 raise added
-            self._sent(added)  # before a failed read raises: a retry must not send the acks again
+            self._sent(held, added)  # before a failed read raises: a retry must not send the acks again
             if isinstance(resp, Exception):
                 raise resp
             return resp
@@ -411,17 +447,15 @@ class TrajectoryReader:
         pipe.eval(_CONSUME_SCRIPT, 2, self._stream, self._seen_key, self.group, self.dedup_window_s,
                   "" if trim_before is None else repr(trim_before), len(entry_ids), *entry_ids, *members)
 
-    def _send_unsent(self) -> None:
-        self._sent(self._consume(self._unsent_ids, self._unsent_seen, self._unsent_trim))
-
-    def _sent(self, added: int) -> None:
-        """The held-back acks are in Redis: count the ids another reader had consumed first, and forget them."""
-        late = len(self._unsent_seen) - int(added)
+    def _sent(self, held: tuple, added: int) -> None:
+        """The held-back acks of `held` are in Redis: count the ids another reader had consumed first, and
+        forget them."""
+        late = len(held[1]) - int(added)
         if late > 0:
             self.late_duplicates += late
             log.warning("job %s: %d acked batch(es) had already been consumed by another reader of the stream",
                         self.job_id, late)
-        self._unsent_ids, self._unsent_seen, self._unsent_trim = [], {}, None
+        self._held.forget(held)
 
     def _verify(self, entry_id: Any, fields: dict) -> TrajectoryEntry:
         payload = fields.get(b"payload")
