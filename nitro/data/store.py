@@ -41,11 +41,13 @@ log = logging.getLogger(__name__)
 _FIELDS = (b"inv", b"round", b"version", b"steps")
 _PART_FIELDS = (b"part", b"parts")
 DEFAULT_MAX_ENTRY_BYTES = 32 << 20
-# Consuming entries, as one script so it is atomic: XACK and XDEL the entry ids, ZADD (score, dedup id)
-# pairs to the job's seen record, and, when a trim point is given, drop older ids and renew the record's
-# expiry. Returns how many dedup ids were new. Ids go to Lua in slices: unpack() of more values than
-# its stack holds (about 8,000) fails. KEYS: stream, seen record. ARGV: group, ttl_s, trim point or "",
-# n, n entry ids, then the pairs. (Measured: 0.110 ms an ack, against 0.132 ms as MULTI/EXEC.)
+# Consuming entries, as one script so no other client runs between its commands: XACK and XDEL the entry
+# ids, ZADD (score, dedup id) pairs to the job's seen record, and, when a trim point is given, drop older ids
+# and renew the record's expiry. Returns how many dedup ids were new. As with MULTI/EXEC, a command that
+# fails does not undo those before it; all are idempotent, so sending the ack again completes it. Ids go to
+# Lua in slices: unpack() of more values than its stack holds (about 8,000) fails. KEYS: stream, seen
+# record. ARGV: group, ttl_s, trim point or "", n, n entry ids, then the pairs. (Measured on 2026-11-27:
+# 0.110 ms an ack, against 0.132 ms as MULTI/EXEC.)
 _CONSUME_SCRIPT = """
 local group, ttl, trim_before, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local last = 4 + n
@@ -334,8 +336,8 @@ class TrajectoryReader:
     def ack(self, entries: list[TrajectoryEntry], *, defer: bool = False) -> None:
         """Mark entries consumed: ack, delete, and remember their dedup ids, atomically.
 
-        defer=True sends those commands with this reader's next Redis call (`read`, `claim_stale`,
-        `pending_count`, `flush`, or the next ack) rather than now: one round trip fewer per ack. Only for a
+        defer=True sends those commands with this reader's next `read` (in one pipeline with it),
+        `claim_stale`, `pending_count`, `flush` or ack sent at once, rather than now: one round trip fewer. Only for a
         caller that has recorded the entries durably first, as the learner's checkpoint does (it names them
         and a restored learner acks them again), since a process that dies before that call leaves them
         pending. This reader's own dedup knows them at once either way.
