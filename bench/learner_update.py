@@ -9,7 +9,9 @@ syncs seven scalars per step), on the same batch, from the same initial weights,
 interleaved (order alternating), for 1 and 2 torch threads. Ratio = figure / reference (< 1: faster).
 Process CPU seconds are reported beside the wall times: on a machine shared with other work they
 are the steadier measure of the update's own cost.
-Also IMPACT `tuned` (4 epochs x 256) on the same batch, same method. The batch is real Hopper-v5 data
+Also IMPACT `tuned` (4 epochs x 256) on the same batch, same method; and, with one torch thread, the PPO
+update with its critic on a second thread (PPOLearner's default on CPU) against the same update on one thread
+(`critic_thread=False`), under "critic_thread" in the JSON. The batch is real Hopper-v5 data
 sampled by the initial policy. NITRO_BENCH_REPS sets the repetitions per thread count (default 7).
 """
 
@@ -242,6 +244,10 @@ def main() -> None:
         results["impact"][threads] = compare(lambda: with_stats(IMPACTLearner(spec, impact_cfg, seed=0)),
                                              lambda: with_stats(ReferenceIMPACTLearner(spec, impact_cfg, seed=0)),
                                              batches, threads)
+    results["critic_thread"] = compare(lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0)),
+                                       lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0, critic_thread=False)),
+                                       batches, 1)
+    split = results.pop("critic_thread")
     load = os.getloadavg()
     print(f"{ENV}, {ACTORS} x {STEPS} = {ACTORS * STEPS} samples, PPO tuned ({ppo_cfg.epochs} epochs x "
           f"{ppo_cfg.minibatch_size}) and IMPACT tuned ({impact_cfg.epochs} epochs x {impact_cfg.minibatch_size}), "
@@ -251,6 +257,9 @@ def main() -> None:
             print(f"  {algo:>6} {threads} thread(s): {r['seconds']:.3f} s vs reference {r['reference_seconds']:.3f} s"
                   f"  ratio {r['ratio']:.3f} ({r['speedup']:.2f}x faster); CPU time {r['cpu_seconds']:.3f} s vs "
                   f"{r['reference_cpu_seconds']:.3f} s, ratio {r['cpu_ratio']:.3f}")
+    print(f"     ppo, critic on a second thread, 1 torch thread: {split['seconds']:.3f} s vs {split['reference_seconds']:.3f} s "
+          f"on one thread ({split['speedup']:.2f}x faster); CPU time {split['cpu_seconds']:.3f} s vs "
+          f"{split['reference_cpu_seconds']:.3f} s")
     ppo1 = results["ppo"][1]
     print(json.dumps({
         "benchmark": "learner_update", "env": ENV, "samples": ACTORS * STEPS, "epochs": ppo_cfg.epochs,
@@ -258,6 +267,7 @@ def main() -> None:
         "seconds": ppo1["seconds"], "reference_seconds": ppo1["reference_seconds"], "ratio": ppo1["ratio"],
         "threads": {str(t): r for t, r in results["ppo"].items()},
         "impact_threads": {str(t): r for t, r in results["impact"].items()},
+        "critic_thread": split,
     }))
 
 

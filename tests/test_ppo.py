@@ -1,6 +1,7 @@
 """PPO loss pieces against hand-computed values, and an update that moves the policy."""
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -129,6 +130,44 @@ def test_same_seed_is_deterministic():
 BOX = ModelSpec((4,), "box", 2, (-1.0, -1.0), (1.0, 1.0), hidden_sizes=(16,))
 
 
+@pytest.mark.parametrize("preset", ["tuned", "paper"])
+def test_the_critic_thread_changes_nothing_but_where_the_critic_runs(preset, monkeypatch):
+    """The critic's forward and backward on a second thread give the weights, Adam state and statistics of
+    the update on one (the two nets share no parameter), and the critic really ran elsewhere."""
+    spec = ModelSpec((11,), "box", 3, (-1.0,) * 3, (1.0,) * 3, hidden_sizes=(64, 64))
+    critic_threads = set()
+    forward = torch.nn.Module.__call__
+
+    def where(module, *args, **kwargs):
+        if module is critic_net:
+            critic_threads.add(threading.current_thread().name)
+        return forward(module, *args, **kwargs)
+
+    results = []
+    for split in (True, False):
+        learner = PPOLearner(spec, ppo_config(preset, epochs=3, minibatch_size=64), seed=3, critic_thread=split)
+        critic_net = learner.policy.critic
+        rng = np.random.default_rng(5)
+        b = _batch(spec, 256, rng)
+        with torch.no_grad():
+            d = learner.policy.distribution(torch.as_tensor(b["obs"]))
+            b["logp"] = learner.policy.log_prob(d, torch.as_tensor(b["actions"])).numpy()
+        monkeypatch.setattr(torch.nn.Module, "__call__", where)
+        stats = learner.update([b])
+        monkeypatch.setattr(torch.nn.Module, "__call__", forward)
+        state = learner.optimizer.state_dict()["state"]
+        results.append((torch.cat([p.detach().flatten() for p in learner.policy.parameters()]),
+                        torch.cat([torch.cat([s["exp_avg"].flatten(), s["exp_avg_sq"].flatten()])
+                                   for s in state.values()]), stats))
+    (split_w, split_adam, split_stats), (one_w, one_adam, one_stats) = results
+    assert torch.equal(split_w, one_w) and torch.equal(split_adam, one_adam)
+    for key in ("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "grad_norm"):
+        assert getattr(split_stats, key) == getattr(one_stats, key), key
+    assert split_stats.loss == pytest.approx(one_stats.loss, rel=1e-6)
+    assert any(name.startswith("ppo-critic") for name in critic_threads), critic_threads
+    assert threading.current_thread().name in critic_threads  # the run without the thread
+
+
 def _terminal_batch(learner, rewards, seed=0):
     """Every step ends its episode, so GAE gives A_t = r_t - V_old_t and R_t = r_t exactly; behaviour
     log-probs from the current policy, so the first step's ratios are 1."""
@@ -152,13 +191,13 @@ def test_paper_preset_standardises_advantages_once_over_the_whole_batch(monkeypa
     raw = rewards - b["values"].astype(np.float64)
     expected = (raw - raw.mean()) / max(raw.std(), 1e-4)  # RLlib: population std, floored at 1e-4
     seen = []
-    real = ppo_module.ppo_loss
+    real = ppo_module.ppo_actor_loss
 
     def spy(*args, **kwargs):
         seen.append(args[2].detach().clone())  # the advantages the surrogate gets
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ppo_module, "ppo_loss", spy)
+    monkeypatch.setattr(ppo_module, "ppo_actor_loss", spy)
     learner.update([b])
     assert len(seen) == 4  # 128 samples, minibatches of 32
     np.testing.assert_allclose(np.sort(torch.cat(seen).numpy()), np.sort(expected), rtol=1e-4, atol=1e-5)

@@ -1,8 +1,12 @@
 """The shared minibatch loop: step counts, remainder handling, clipping, noise scale."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 import torch
 
-from nitro.algos.sgd import epoch_loss_from, minibatch_sgd
+from nitro.algos.sgd import LossTerms, _backward_terms, epoch_loss_from, minibatch_sgd
 
 
 def quadratic_problem(n=10):
@@ -78,3 +82,50 @@ def test_epoch_loss_from_gives_each_step_the_samples_of_its_slice_of_the_permuta
     expected = [p[a:a + 5] for p in (torch.randperm(12, generator=gen) for _ in range(2)) for a in (0, 5)]
     assert all(torch.equal(got, want) for got, want in zip(perms, expected, strict=True))
     assert torch.equal(w, w2)
+
+
+def test_loss_terms_on_a_pool_equal_the_joint_loss_and_a_failing_term_leaves_none_running():
+    """LossTerms over disjoint parameters: the weights of the joint loss, terms run on a pool or not; when the
+    calling thread's term fails, the pool's term has finished by the time the error arrives."""
+    def run(split: bool, pool):
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(3, 4), torch.nn.Linear(3, 1)
+        params = [*a.parameters(), *b.parameters()]
+        x, y = torch.randn(32, 3), torch.randn(32)
+
+        def epoch(perm):
+            def step(i, j):
+                rows = perm[i:j]
+
+                def value_term():
+                    loss = ((b(x[rows]).squeeze(-1) - y[rows]) ** 2).mean()
+                    return loss, {"value_loss": loss.detach()}
+
+                def other_term():
+                    return (a(x[rows]) ** 2).mean(), {}
+                if split:
+                    return LossTerms((value_term, other_term))
+                value, parts = value_term()
+                return value + other_term()[0], parts
+            return step
+        minibatch_sgd(params, torch.optim.Adam(params, lr=0.1), torch.Generator().manual_seed(1), 32, epochs=2,
+                      minibatch_size=8, max_grad_norm=0.5, device=torch.device("cpu"), epoch_loss_fn=epoch,
+                      term_pool=pool)
+        return torch.cat([p.detach().flatten() for p in params])
+
+    with ThreadPoolExecutor(1) as pool:
+        joint = run(False, None)
+        assert torch.equal(run(True, None), joint) and torch.equal(run(True, pool), joint)
+        finished = []
+
+        def slow():
+            time.sleep(0.2)
+            finished.append(True)
+            return torch.zeros((), requires_grad=True) * 1.0, {}
+
+        def failing():
+            raise RuntimeError("term failed")
+
+        with pytest.raises(RuntimeError, match="term failed"):
+            _backward_terms((slow, failing), pool)
+        assert finished == [True]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import Executor, wait
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -22,7 +23,17 @@ from nitro.policy.models import LOG_STD_MAX, LOG_STD_MIN
 LOSS_PARTS = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
 LossAndParts = tuple[torch.Tensor, dict[str, torch.Tensor]]
-EpochLossFn = Callable[[torch.Tensor], Callable[[int, int], LossAndParts]]
+EpochLossFn = Callable[[torch.Tensor], Callable[[int, int], "LossAndParts | LossTerms"]]
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """A minibatch loss as a sum of terms over disjoint parameters, each a closure -> (loss, parts): the
+    gradient of the sum is each term's own, so `minibatch_sgd` runs each term's forward and backward apart,
+    the first ones on `term_pool`'s threads beside the last (PPO: the critic's value loss beside the
+    actor's terms). The loss it reports is the terms' sum; their parts are merged."""
+
+    terms: tuple[Callable[[], LossAndParts], ...]
 
 
 @dataclass(frozen=True)
@@ -68,8 +79,14 @@ def policy_terms(policy, x: torch.Tensor, actions: torch.Tensor, old: tuple[torc
     the Gaussian formulas are torch.distributions.Normal's, written out without building distribution
     objects (and their argument checks) per step. `old` is what `dist_params` returns, for these
     samples; kl_grad False computes the KL without a graph (`kl_term` with coefficient 0)."""
+    logp, entropy, kl = actor_terms(policy, x, actions, old, kl_grad)
+    return logp, entropy, policy.critic(x).squeeze(-1), kl
+
+
+def actor_terms(policy, x: torch.Tensor, actions: torch.Tensor, old: tuple[torch.Tensor, ...], kl_grad: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`policy_terms` without the critic: (log-prob of actions, entropy, KL(old || current)) per sample."""
     out = policy.actor(x)
-    value = policy.critic(x).squeeze(-1)
     if policy.spec.action_kind == "box":
         scale = _scale(policy)
         log_scale = scale.log()
@@ -81,7 +98,7 @@ def policy_terms(policy, x: torch.Tensor, actions: torch.Tensor, old: tuple[torc
         logp, entropy = dist.log_prob(actions), dist.entropy()
     with torch.set_grad_enabled(kl_grad and torch.is_grad_enabled()):
         kl = _kl(policy, out, old, dist)
-    return logp, entropy, value, kl
+    return logp, entropy, kl
 
 
 def policy_kl(policy, x: torch.Tensor, old: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -135,7 +152,8 @@ def epoch_loss_from(per_sample: dict[str, torch.Tensor | tuple[torch.Tensor, ...
 def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, generator: torch.Generator,
                   n: int, *, epochs: int, minibatch_size: int, max_grad_norm: float, device: torch.device,
                   loss_fn: Callable[[torch.Tensor], LossAndParts] | None = None,
-                  estimate_noise: bool = True, epoch_loss_fn: EpochLossFn | None = None) -> SGDResult:
+                  estimate_noise: bool = True, epoch_loss_fn: EpochLossFn | None = None,
+                  term_pool: Executor | None = None) -> SGDResult:
     """Run `epochs` passes of minibatch steps over n samples; loss_fn(idx) -> (loss, parts).
 
     Instead of loss_fn, epoch_loss_fn(perm) may be given: it is called once per epoch with that
@@ -143,7 +161,8 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
     perm[start:stop], so the algorithm gathers its data in permuted order once per epoch and
     slices it per step (the same minibatches); `epoch_loss_from` builds it. The per-step sums
     (loss parts, gradient norms, the noise-scale terms) stay on the device until the end: no host
-    sync per step.
+    sync per step. A step may return `LossTerms` instead of (loss, parts); `term_pool` (None: the
+    calling thread) then runs all but its last term.
     """
     if (loss_fn is None) == (epoch_loss_fn is None):
         raise ValueError("pass exactly one of loss_fn and epoch_loss_fn")
@@ -157,11 +176,15 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
         perm = torch.randperm(n, generator=generator).to(device)
         step = epoch_loss_fn(perm) if epoch_loss_fn is not None else None
         for start in range(0, n - mb + 1, mb):
-            loss, parts = step(start, start + mb) if step is not None else loss_fn(perm[start:start + mb])
+            out = step(start, start + mb) if step is not None else loss_fn(perm[start:start + mb])
             for group in optimizer.param_groups:  # zero_grad(set_to_none=True) without its per-call overhead
                 for p in group["params"]:
                     p.grad = None
-            loss.backward()
+            if isinstance(out, LossTerms):
+                loss, parts = _backward_terms(out.terms, term_pool)
+            else:
+                loss, parts = out
+                loss.backward()
             grads = [p.grad for p in params if p.grad is not None]
             noise_step = estimate_noise and epoch == 0 and n > mb
             if noise_step:  # the first epoch's gradient sum, before any clipping
@@ -187,6 +210,26 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
         big_sq = float(torch.stack(torch._foreach_norm(grad_sum)).double().square().sum() / len(small_sq) ** 2)
     return SGDResult(means, mb, steps, _noise_scale(torch.stack(small_sq).double().tolist() if small_sq else [],
                                                     big_sq, mb))
+
+
+def _backward(term: Callable[[], LossAndParts]) -> LossAndParts:
+    loss, parts = term()
+    loss.backward()
+    return loss.detach(), parts
+
+
+def _backward_terms(terms, pool: Executor | None) -> LossAndParts:
+    """Each term's forward and backward (all but the last on `pool`); the sum of their losses, their parts."""
+    pending = [pool.submit(_backward, t) for t in terms[:-1]] if pool is not None else []
+    try:
+        done = [_backward(t) for t in (terms if pool is None else terms[-1:])]
+    finally:
+        wait(pending)  # no backward may still run once this step is over, even a failed one
+    done = [f.result() for f in pending] + done  # in the terms' order, whichever finished first
+    loss = done[0][0]
+    for other, _ in done[1:]:
+        loss = loss + other
+    return loss, {k: v for _, parts in done for k, v in parts.items()}
 
 
 def _clip(params: list[torch.nn.Parameter], grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
