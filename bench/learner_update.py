@@ -11,7 +11,8 @@ Process CPU seconds are reported beside the wall times: on a machine shared with
 are the steadier measure of the update's own cost.
 Also IMPACT `tuned` (4 epochs x 256) on the same batch, same method; and, with one torch thread, the PPO
 update with its critic on a second thread (PPOLearner's default on CPU) against the same update on one thread
-(`critic_thread=False`), under "critic_thread" in the JSON. The batch is real Hopper-v5 data
+(`critic_thread=False`), under "critic_thread" in the JSON. PPOLearner uses the critic thread only with one
+torch thread, so the 1-thread PPO figure above includes it and the 2-thread one does not. The batch is real Hopper-v5 data
 sampled by the initial policy. NITRO_BENCH_REPS sets the repetitions per thread count (default 7).
 """
 

@@ -9,6 +9,7 @@ the learner's critical path in the CPU time of the thread that runs it
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 
@@ -41,12 +42,25 @@ class InvocationClock:
                 "init_ms": round(self.cpu0 * 1e3, 3) if cold else 0.0}
 
 
+_helper_excess = threading.local()
+
+
+def add_helper_excess(seconds: float) -> None:
+    """Count, on the calling thread's critical path, CPU time a helper thread spent on work this thread
+    waited for beyond its own share of it (PPO's critic half when it outlasts the actor half: both start
+    together, so the wait is the difference)."""
+    if seconds > 0:
+        _helper_excess.seconds = getattr(_helper_excess, "seconds", 0.0) + seconds
+
+
 def critical_path_cpu_seconds() -> float:
     """CPU time of the calling thread plus, when torch runs intra-op worker threads, the process's CPU
-    time shared out among them: the learner's critical path, whatever the other processes do."""
+    time shared out among them: the learner's critical path, whatever the other processes do. Helper
+    threads' excess (`add_helper_excess`) counts too."""
     import torch
 
+    excess = getattr(_helper_excess, "seconds", 0.0)
     threads = torch.get_num_threads()
     if threads <= 1:  # intra-op work runs in the calling thread
-        return time.thread_time()
-    return time.process_time() / threads
+        return time.thread_time() + excess
+    return time.process_time() / threads + excess

@@ -1,5 +1,6 @@
 """PPO loss pieces against hand-computed values, and an update that moves the policy."""
 
+import copy
 import math
 import threading
 
@@ -131,7 +132,7 @@ BOX = ModelSpec((4,), "box", 2, (-1.0, -1.0), (1.0, 1.0), hidden_sizes=(16,))
 
 
 @pytest.mark.parametrize("preset", ["tuned", "paper"])
-def test_the_critic_thread_changes_nothing_but_where_the_critic_runs(preset, monkeypatch):
+def test_the_critic_thread_changes_nothing_but_where_the_critic_runs(preset, monkeypatch, request):
     """The critic's forward and backward on a second thread give the weights, Adam state and statistics of
     the update on one (the two nets share no parameter), and the critic really ran elsewhere."""
     spec = ModelSpec((11,), "box", 3, (-1.0,) * 3, (1.0,) * 3, hidden_sizes=(64, 64))
@@ -144,6 +145,9 @@ def test_the_critic_thread_changes_nothing_but_where_the_critic_runs(preset, mon
         return forward(module, *args, **kwargs)
 
     results = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the services' setting: the critic thread is only used with one torch thread
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     for split in (True, False):
         learner = PPOLearner(spec, ppo_config(preset, epochs=3, minibatch_size=64), seed=3, critic_thread=split)
         critic_net = learner.policy.critic
@@ -166,6 +170,24 @@ def test_the_critic_thread_changes_nothing_but_where_the_critic_runs(preset, mon
     assert split_stats.loss == pytest.approx(one_stats.loss, rel=1e-6)
     assert any(name.startswith("ppo-critic") for name in critic_threads), critic_threads
     assert threading.current_thread().name in critic_threads  # the run without the thread
+
+
+def test_a_learner_with_a_critic_thread_copies_and_the_copy_learns_alike(request):
+    """copy.deepcopy (experiments/signal.py forks learners) makes the copy its own critic thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    spec = ModelSpec((4,), "box", 2, (-1.0, -1.0), (1.0, 1.0), hidden_sizes=(16,))
+    learner = PPOLearner(spec, ppo_config("tuned", epochs=2, minibatch_size=32), seed=1)
+    b = _batch(spec, 64, np.random.default_rng(2))
+    learner.update([b])  # its thread exists now
+    twin = copy.deepcopy(learner)
+    assert twin._critic_pool is None and learner._critic_pool is not None
+    learner.update([b])
+    twin.update([b])
+    assert twin._critic_pool is not None and twin._critic_pool is not learner._critic_pool
+    assert torch.equal(torch.cat([p.detach().flatten() for p in learner.policy.parameters()]),
+                       torch.cat([p.detach().flatten() for p in twin.policy.parameters()]))
 
 
 def _terminal_batch(learner, rewards, seed=0):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nitro.algos.sgd import LossTerms, _backward_terms, epoch_loss_from, minibatch_sgd
+from nitro.clock import critical_path_cpu_seconds
 
 
 def quadratic_problem(n=10):
@@ -129,3 +130,24 @@ def test_loss_terms_on_a_pool_equal_the_joint_loss_and_a_failing_term_leaves_non
         with pytest.raises(RuntimeError, match="term failed"):
             _backward_terms((slow, failing), pool)
         assert finished == [True]
+
+
+def test_a_helper_term_that_outlasts_the_callers_counts_on_the_critical_path():
+    """The caller waits for a longer term on the pool: the difference in CPU time joins its critical path."""
+    def busy(seconds):
+        def term():
+            t0 = time.thread_time()
+            while time.thread_time() - t0 < seconds:
+                pass
+            return torch.zeros((), requires_grad=True) * 1.0, {}
+        return term
+
+    with ThreadPoolExecutor(1) as pool:
+        c0, t0 = critical_path_cpu_seconds(), time.thread_time()
+        _backward_terms((busy(0.08), busy(0.01)), pool)
+        own, path = time.thread_time() - t0, critical_path_cpu_seconds() - c0
+    assert own < 0.05 and path >= 0.075  # the caller's own CPU, plus the pool term's 0.07 s beyond it
+    c0 = critical_path_cpu_seconds()
+    with ThreadPoolExecutor(1) as pool:
+        _backward_terms((busy(0.01), busy(0.05)), pool)  # the caller's term is the longer: nothing added
+    assert critical_path_cpu_seconds() - c0 < 0.08

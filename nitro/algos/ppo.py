@@ -141,10 +141,11 @@ class PPOLearner:
 
     def __init__(self, spec: ModelSpec, config: PPOConfig, seed: int = 0, device: str = "cpu",
                  critic_thread: bool = True):
-        """critic_thread: on CPU, each minibatch's critic forward and backward run on a second thread beside the
-        actor's (the two nets share no parameter, so the gradients are those of the joint loss). Measured on
-        2 cores (bench/learner_update.py): the demo's update about 1.7x faster when the cores are free,
-        about 5% slower beside one busy process. Nothing of a PPO job samples during its update."""
+        """critic_thread: on CPU with one torch thread, each minibatch's critic forward and backward run on a
+        second thread beside the actor's (the two nets share no parameter, so the gradients are those of the
+        joint loss). Measured on 2 cores (bench/learner_update.py, 2026-11-27): the demo's update 1.53x
+        faster when the cores are free, 4% slower beside one busy process. Nothing of a PPO job samples
+        during its update."""
         torch.manual_seed(seed)
         self.config = config
         self.device = torch.device(device)
@@ -152,8 +153,8 @@ class PPOLearner:
         shared = {id(p) for p in self.policy.actor.parameters()} & {id(p) for p in self.policy.critic.parameters()}
         if shared:  # the split would count their gradient once per term
             raise ValueError("the actor and the critic must not share parameters")
-        self._critic_thread = (ThreadPoolExecutor(1, thread_name_prefix="ppo-critic")
-                               if critic_thread and self.device.type == "cpu" else None)
+        self.critic_thread = critic_thread and self.device.type == "cpu"
+        self._critic_pool: ThreadPoolExecutor | None = None  # made on first use; copies make their own
         self.optimizer = adam(self.policy.parameters(), config.lr, config.adam_eps)
         self.kl_coeff = config.kl_coeff
         self.generator = torch.Generator().manual_seed(seed)
@@ -194,11 +195,11 @@ class PPOLearner:
                 logp, entropy, kl = actor_terms(policy, mb.x, mb.actions, mb.old, kl_grad=kl_coeff > 0)
                 return ppo_actor_loss(logp, mb.logp_old, adv, entropy, kl, clip=cfg.clip, kl_coeff=kl_coeff,
                                       entropy_coeff=cfg.entropy_coeff)
-            return LossTerms((critic, actor))  # the sum is ppo_loss; the critic's term runs on _critic_thread
+            return LossTerms((critic, actor))  # the sum is ppo_loss; the critic's term runs on _term_pool()
 
         sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
-                            epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss), term_pool=self._critic_thread)
+                            epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss), term_pool=self._term_pool())
         means = sgd.means
         with torch.no_grad():
             final_kl = float(policy_kl(policy, x_all, old).mean())
@@ -212,6 +213,18 @@ class PPOLearner:
                            kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"], explained_variance=ev,
                            seconds=time.perf_counter() - t0, loss=means["loss"],
                            gradient_noise_scale=sgd.noise_scale)
+
+    def _term_pool(self) -> ThreadPoolExecutor | None:
+        """The critic's thread, when it is on and torch runs one intra-op thread (with more, the two halves
+        would each run that many, more threads than cores)."""
+        if not self.critic_thread or torch.get_num_threads() != 1:
+            return None
+        if self._critic_pool is None:
+            self._critic_pool = ThreadPoolExecutor(1, thread_name_prefix="ppo-critic")
+        return self._critic_pool
+
+    def __getstate__(self) -> dict:  # copy.deepcopy and pickle: a thread pool is not copied
+        return {**self.__dict__, "_critic_pool": None}
 
     # -- checkpointing -----------------------------------------------------------------
     def state(self) -> dict:

@@ -11,6 +11,7 @@ gathered-once-per-epoch form `minibatch_sgd` takes).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, wait
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
+from nitro.clock import add_helper_excess
 from nitro.policy.models import LOG_STD_MAX, LOG_STD_MIN
 
 LOSS_PARTS = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac")
@@ -212,24 +214,29 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
                                                     big_sq, mb))
 
 
-def _backward(term: Callable[[], LossAndParts]) -> LossAndParts:
+def _backward(term: Callable[[], LossAndParts]) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
+    """A term's forward and backward: (its loss, detached; its parts; the CPU seconds of this thread)."""
+    c0 = time.thread_time()
     loss, parts = term()
     loss.backward()
-    return loss.detach(), parts
+    return loss.detach(), parts, time.thread_time() - c0
 
 
 def _backward_terms(terms, pool: Executor | None) -> LossAndParts:
-    """Each term's forward and backward (all but the last on `pool`); the sum of their losses, their parts."""
+    """Each term's forward and backward (all but the last on `pool`); the sum of their losses, their parts.
+    Where a pool term took longer than the calling thread's, the difference is on the critical path."""
     pending = [pool.submit(_backward, t) for t in terms[:-1]] if pool is not None else []
     try:
         done = [_backward(t) for t in (terms if pool is None else terms[-1:])]
     finally:
         wait(pending)  # no backward may still run once this step is over, even a failed one
+    if pending:
+        add_helper_excess(max(f.result()[2] for f in pending) - done[-1][2])
     done = [f.result() for f in pending] + done  # in the terms' order, whichever finished first
     loss = done[0][0]
-    for other, _ in done[1:]:
+    for other, *_ in done[1:]:
         loss = loss + other
-    return loss, {k: v for _, parts in done for k, v in parts.items()}
+    return loss, {k: v for _, parts, _ in done for k, v in parts.items()}
 
 
 def _clip(params: list[torch.nn.Parameter], grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:

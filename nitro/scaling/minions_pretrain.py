@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nitro import cost
+from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import scaler_state_key
 from nitro.errors import ConfigError
 from nitro.scaling import minions
@@ -364,10 +365,10 @@ class InProcessJobs:
                 c0 = time.thread_time()
                 batches.append(actor.sample(runner, st.steps_per_actor, rng))
                 durations.append(time.thread_time() - c0)
-            c0 = time.thread_time()
+            c0 = critical_path_cpu_seconds()  # the learner's thread, and what it waited for beyond it
             stats = learner.update(batches)
             learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in batches]))
-            update_s = time.thread_time() - c0
+            update_s = critical_path_cpu_seconds() - c0
             ret, eval_s = self._evaluate(learner, job_seed, k)
             cold = cost.cold_invocations(n, warm)
             launch_s, billed_each = cost.cloud_launch(
