@@ -89,3 +89,26 @@ print("torch" in sys.modules)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False", "an MLP actor imported torch"
+
+
+def test_an_mlp_rollout_values_its_steps_in_one_batched_critic_pass():
+    """The single-env sampler leaves the MLP critic out of the per-step call and values the rollout with
+    one batched pass afterwards: the values V(obs_t) all the same."""
+    gym.register("NitroCountdown-v0", entry_point=_Countdown, max_episode_steps=5)
+    try:
+        sampler = Sampler("NitroCountdown-v0", seed=0)
+        runner = _runner(sampler)
+        critic, calls = runner.critic, []
+
+        def counted(x):
+            calls.append(np.asarray(x).shape)
+            return critic(x)
+
+        runner.critic = counted
+        b = sampler.sample(runner, 12, np.random.default_rng(0))
+        assert len(calls) <= 1 + int(b["truncated"].sum()) + 1  # the batch, each truncation, the bootstrap
+        assert (12, 1) in calls, calls
+        per_step = np.array([critic(runner._normalize(o).reshape(-1))[0] for o in b["obs"]], np.float32)
+        np.testing.assert_allclose(b["values"], per_step, rtol=1e-6, atol=1e-6)
+    finally:
+        gym.registry.pop("NitroCountdown-v0")

@@ -93,7 +93,7 @@ class Sampler:
 
         env, obs = self.env, self.obs
         ep_ret, ep_len = self.episode_return, self.episode_length
-        # A CNN's critic costs less batched after the rollout than once per step; actions never need it.
+        # The critic costs less batched after the rollout than once per step; actions never need it.
         defer = runner.deferred_values
         for t in range(num_steps):
             action, lp, v = runner.act(obs, rng, with_value=not defer)
@@ -116,7 +116,7 @@ class Sampler:
                 ep_ret, ep_len = 0.0, 0
                 obs, _ = env.reset()
         if defer:
-            values[:] = runner.values(obs_buf)
+            values[:] = runner.value_batch(obs_buf)
         last_done = bool(terminated[-1] or truncated[-1]) if num_steps else True
         bootstrap = 0.0 if last_done else runner.value(obs)
         self.obs, self.episode_return, self.episode_length = obs, ep_ret, ep_len
