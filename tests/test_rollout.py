@@ -112,3 +112,22 @@ def test_an_mlp_rollout_values_its_steps_in_one_batched_critic_pass():
         np.testing.assert_allclose(b["values"], per_step, rtol=1e-6, atol=1e-6)
     finally:
         gym.registry.pop("NitroCountdown-v0")
+
+
+def test_batched_values_come_in_bounded_chunks():
+    """value_batch over more rows than one chunk equals the values row by row (memory stays bounded)."""
+    env = gym.make("CartPole-v1")
+    spec = spec_for_spaces(env.observation_space, env.action_space, hidden_sizes=(8,))
+    runner = PolicyRunner(spec, Policy(spec).numpy_state(), 0)
+    obs = np.random.default_rng(0).normal(size=(4096 * 2 + 5, 4)).astype(np.float32)
+    shapes, critic = [], runner.critic
+
+    def counted(x):
+        shapes.append(x.shape[0])
+        return critic(x)
+
+    runner.critic = counted
+    values = runner.value_batch(obs)
+    assert shapes == [4096, 4096, 5]
+    per_row = np.array([critic(runner._normalize(o).reshape(-1))[0] for o in obs[::997]], np.float32)
+    np.testing.assert_allclose(values[::997], per_row, rtol=1e-6, atol=1e-6)

@@ -317,7 +317,11 @@ class PolicyRunner:
                 for i in range(0, len(obs), chunk):
                     out[i:i + chunk] = self._torch_policy.value(torch.as_tensor(obs[i:i + chunk])).numpy()
             return out
-        return self.critic(self._normalize_batch(obs))[:, 0].astype(np.float32)
+        # Chunks of 4,096 rows bound the activations (a 2x256 layer: 4 MB) whatever steps_per_actor is.
+        out = np.empty(len(obs), dtype=np.float32)
+        for i in range(0, len(obs), 4096):
+            out[i:i + 4096] = self.critic(self._normalize_batch(obs[i:i + 4096]))[:, 0]
+        return out
 
     def env_action(self, action):
         """Map a sampled action to what the environment accepts (Box actions are clipped)."""
