@@ -4,7 +4,11 @@ Real redis-server, real local Lambda endpoint, real boto3 client.
 """
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import boto3
 import numpy as np
@@ -157,3 +161,28 @@ def test_reset_episodes_makes_a_batch_depend_on_its_event_only(redis_client, red
     assert not np.array_equal(first["obs"], continued["obs"])  # without the flag the episode carries on
     with pytest.raises(Exception, match="reset_episodes"):
         actor.handler(event(redis_server, invocation_id="bad", reset_episodes="yes"))
+
+
+def test_an_actor_process_runs_numpy_on_one_blas_thread():
+    """Importing the actor package pins OpenBLAS to one thread before numpy loads (a fresh interpreter, as a
+    warm worker or a Lambda runtime is); without it numpy takes one thread per core here."""
+    probe = (
+        "import ctypes, sys\n"
+        "{first}\n"
+        "import numpy\n"
+        "paths = sorted({{l.split()[-1] for l in open('/proc/self/maps') if 'openblas' in l}})\n"
+        "lib = ctypes.CDLL(paths[0])\n"
+        "name = next(n for n in ('scipy_openblas_get_num_threads64_', 'openblas_get_num_threads64_',\n"
+        "                        'openblas_get_num_threads') if hasattr(lib, n))\n"
+        "print(getattr(lib, name)())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+
+    def threads(first: str) -> int:
+        out = subprocess.run([sys.executable, "-c", probe.format(first=first)], env=env, capture_output=True,
+                             text=True, check=True, cwd=str(Path(__file__).resolve().parents[1]))
+        return int(out.stdout.strip())
+
+    assert threads("import actor_fn.handler") == 1
+    if (os.cpu_count() or 1) > 1:
+        assert threads("pass") > 1  # the control: numpy alone threads
