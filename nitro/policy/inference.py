@@ -216,7 +216,7 @@ class PolicyRunner:
         """Sample an action; returns (action for the batch, log-prob, value estimate).
 
         with_value=False lets a runner skip the critic (the value is then 0.0); the
-        sampler does so when `deferred_values` and fills values with `values()`.
+        sampler does so when `deferred_values` and fills values with `value_batch()`.
         """
         out, value = self._heads(obs, with_value)
         if self.spec.action_kind == "box":
