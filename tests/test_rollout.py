@@ -3,7 +3,7 @@
 import gymnasium as gym
 import numpy as np
 
-from nitro.policy.inference import PolicyRunner
+from nitro.policy.inference import MLP_VALUE_CHUNK, PolicyRunner
 from nitro.policy.models import Policy, spec_for_spaces
 from nitro.policy.rollout import Sampler, evaluate
 
@@ -77,7 +77,7 @@ def test_actors_sample_mlp_policies_without_importing_torch(tmp_path):
 import pickle, sys
 import numpy as np
 import actor_fn.handler  # everything the actor function imports at cold start
-from nitro.policy.inference import PolicyRunner
+from nitro.policy.inference import MLP_VALUE_CHUNK, PolicyRunner
 from nitro.policy.model_spec import ModelSpec
 from nitro.policy.rollout import Sampler
 spec, state = pickle.loads(open({str(tmp_path / "policy.pkl")!r}, "rb").read())
@@ -119,7 +119,7 @@ def test_batched_values_come_in_bounded_chunks():
     env = gym.make("CartPole-v1")
     spec = spec_for_spaces(env.observation_space, env.action_space, hidden_sizes=(8,))
     runner = PolicyRunner(spec, Policy(spec).numpy_state(), 0)
-    obs = np.random.default_rng(0).normal(size=(4096 * 2 + 5, 4)).astype(np.float32)
+    obs = np.random.default_rng(0).normal(size=(MLP_VALUE_CHUNK * 2 + 5, 4)).astype(np.float32)
     shapes, critic = [], runner.critic
 
     def counted(x):
@@ -128,6 +128,6 @@ def test_batched_values_come_in_bounded_chunks():
 
     runner.critic = counted
     values = runner.value_batch(obs)
-    assert shapes == [4096, 4096, 5]
+    assert shapes == [MLP_VALUE_CHUNK, MLP_VALUE_CHUNK, 5]
     per_row = np.array([critic(runner._normalize(o).reshape(-1))[0] for o in obs[::997]], np.float32)
     np.testing.assert_allclose(values[::997], per_row, rtol=1e-6, atol=1e-6)

@@ -19,6 +19,7 @@ import numpy as np
 from nitro.policy.model_spec import LOG_STD_MAX, LOG_STD_MIN, OBS_CLIP, ModelSpec, same_pad
 
 _LOG_2PI = math.log(2.0 * math.pi)
+MLP_VALUE_CHUNK = 4096  # rows per batched numpy critic pass (value_batch)
 FUSED_MIN_BATCH = 8  # from this many observations a step the fused CNN pass also gives the values (step_values)
 
 
@@ -305,7 +306,8 @@ class PolicyRunner:
         return a.astype(np.int64), logp, values
 
     def value_batch(self, obs: np.ndarray, chunk: int = 256) -> np.ndarray:
-        """V(obs) for N observations, batched (the critic alone), float32 (N,)."""
+        """V(obs) for N observations, batched (the critic alone), float32 (N,). `chunk`: rows per torch pass;
+        the numpy MLP takes MLP_VALUE_CHUNK rows a pass."""
         obs = np.asarray(obs)
         if self._cnn is not None or len(obs) == 0:
             return self.values(obs) if len(obs) else np.zeros(0, dtype=np.float32)
@@ -317,10 +319,10 @@ class PolicyRunner:
                 for i in range(0, len(obs), chunk):
                     out[i:i + chunk] = self._torch_policy.value(torch.as_tensor(obs[i:i + chunk])).numpy()
             return out
-        # Chunks of 4,096 rows bound the activations (a 2x256 layer: 4 MB) whatever steps_per_actor is.
+        # Chunks bound the activations (a 2x256 layer: 4 MB) whatever steps_per_actor is.
         out = np.empty(len(obs), dtype=np.float32)
-        for i in range(0, len(obs), 4096):
-            out[i:i + 4096] = self.critic(self._normalize_batch(obs[i:i + 4096]))[:, 0]
+        for i in range(0, len(obs), MLP_VALUE_CHUNK):
+            out[i:i + MLP_VALUE_CHUNK] = self.critic(self._normalize_batch(obs[i:i + MLP_VALUE_CHUNK]))[:, 0]
         return out
 
     def env_action(self, action):
