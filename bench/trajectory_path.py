@@ -128,7 +128,7 @@ def main() -> None:
             encode_ms = _median_ms(lambda: codec.encode(record, key, compress=args.compress), n)
             decode_ms = _median_ms(lambda: codec.decode(blob, key), n)
             hmac_ms = _median_ms(lambda: hmac.new(key, blob, hashlib.sha256).digest(), n)
-            signed, nonce = memoryview(blob)[:-16], blob[5:17]
+            signed, nonce = memoryview(blob)[:-codec._TAG_LEN], blob[codec._HEADER_LEN:codec._BODY_OFFSET]
             tag_ms = _median_ms(lambda: codec._poly1305(key, nonce, signed).finalize(), n)
             ping_ms = _median_ms(client.ping, n)
         finally:
