@@ -18,6 +18,7 @@ from torch.distributions import Categorical, Normal
 from torch.nn import functional as F
 
 from nitro.errors import ConfigError
+from nitro.policy import cpu_ops
 
 # Torch-free pieces live in nitro.policy.model_spec so actors can load policies without importing torch.
 from nitro.policy.model_spec import (  # noqa: F401  (re-exported)
@@ -33,8 +34,15 @@ from nitro.policy.model_spec import (  # noqa: F401  (re-exported)
 )
 
 
+class Tanh(nn.Tanh):
+    """nn.Tanh by `cpu_ops.tanh` (numpy's kernel on CPU); no parameters, so state dicts are unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_ops.tanh(x)
+
+
 def _activation(name: str) -> type[nn.Module]:
-    return {"tanh": nn.Tanh, "relu": nn.ReLU}[name]
+    return {"tanh": Tanh, "relu": nn.ReLU}[name]
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:
@@ -62,8 +70,8 @@ class MLP(nn.Module):
         if self.obs_ndim != 1:
             x = x.reshape(*x.shape[:x.dim() - self.obs_ndim], -1)
         for layer in self.layers:
-            x = self.act(layer(x))
-        return self.out(x)
+            x = self.act(cpu_ops.linear(x, layer.weight, layer.bias))  # oneDNN on CPU (see cpu_ops)
+        return cpu_ops.linear(x, self.out.weight, self.out.bias)
 
 
 def atari_cnn_forward(x: torch.Tensor, p: dict[str, torch.Tensor], geometry) -> torch.Tensor:

@@ -1,0 +1,93 @@
+"""Faster CPU kernels for the MLPs' two hot operations, each a drop-in for the torch op with torch's autograd.
+
+On this project's CPUs (AMD EPYC, AVX-512) two of torch's CPU kernels run far below the machine:
+- `F.linear` goes to MKL's sgemm, which takes its AVX2 path on a non-Intel CPU: a 256x256x256 product takes
+  ~330 us, oneDNN's `mkldnn._linear_pointwise` on the same dense tensors ~160 us;
+- `torch.tanh` takes ~150 us for a 256x256 block, numpy's SIMD tanh ~11 us.
+A 2x256 MLP's forward and backward is almost all of these (bench/learner_update.py). `linear` and `tanh` use
+the faster kernel where it applies (CPU, float32 for oneDNN, large enough to pay) and torch's op otherwise,
+so CUDA, float64 and batch-1 calls are unchanged. Both backward passes are written with differentiable ops
+(`linear` again, torch's `tanh_backward`), so second derivatives (the detector's Hessian-vector products)
+flow through them. Values agree with the torch ops to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+# oneDNN pays from about this many input and output features (an 11->256 or 256->3 layer is as fast in MKL).
+ONEDNN_MIN_FEATURES = 64
+# Below this many elements torch's own tanh costs less than the numpy round trip (a batch-1 forward).
+NUMPY_TANH_MIN_NUMEL = 2048
+
+
+def _onednn_ok() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_ONEDNN = _onednn_ok()
+
+
+def _plain_cpu(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """A dense CPU tensor (or parameter) of one of `dtypes`; no subclass whose ops someone intercepts."""
+    return t.device.type == "cpu" and t.dtype in dtypes and type(t) in (torch.Tensor, torch.nn.Parameter) \
+        and t.layout == torch.strided
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """`t` if row- or column-major (oneDNN reads a transpose in place, faster than copying it), else a copy."""
+    return t if t.is_contiguous() or t.t().is_contiguous() else t.contiguous()
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """x @ w.T + b by oneDNN; the backward's two products are `linear` again (so differentiable)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return torch.ops.mkldnn._linear_pointwise(_dense(x), _dense(w), b, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, w = ctx.saved_tensors
+        gx = linear(grad, w.t()) if ctx.needs_input_grad[0] else None  # (B, O) @ (O, K)
+        gw = linear(grad.t(), x.t()) if ctx.needs_input_grad[1] else None  # (O, B) @ (B, K)
+        gb = grad.sum(0) if ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias); through oneDNN for a 2-D float32 CPU input and a weight of at least
+    ONEDNN_MIN_FEATURES rows and columns."""
+    if _ONEDNN and x.dim() == 2 and weight.dim() == 2 and min(weight.shape) >= ONEDNN_MIN_FEATURES \
+            and _plain_cpu(x, (torch.float32,)) and _plain_cpu(weight, (torch.float32,)) \
+            and (bias is None or _plain_cpu(bias, (torch.float32,))):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class _NumpyTanh(torch.autograd.Function):
+    """tanh by numpy; the output is saved as torch.tanh saves it and the backward is torch's `tanh_backward`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.from_numpy(np.tanh(x.detach().numpy()))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    """torch.tanh(x); through numpy for a float CPU tensor of at least NUMPY_TANH_MIN_NUMEL elements."""
+    if x.numel() >= NUMPY_TANH_MIN_NUMEL and _plain_cpu(x, (torch.float32, torch.float64)):
+        return _NumpyTanh.apply(x)
+    return torch.tanh(x)

@@ -1,0 +1,82 @@
+"""nitro.policy.cpu_ops: oneDNN linear and numpy tanh equal torch's ops in value, gradient and second
+derivative, take the fast kernel where they should, and fall back to torch's op elsewhere."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from nitro.policy import cpu_ops
+from nitro.policy.models import ModelSpec, Policy
+
+needs_onednn = pytest.mark.skipif(not cpu_ops._ONEDNN, reason="torch built without oneDNN")
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _two_layers(lin, act, x, w1, b1, w2):
+    return (act(lin(act(lin(x, w1, b1)), w2, None)) ** 2).sum()
+
+
+@needs_onednn
+@pytest.mark.parametrize("transposed_input", [False, True])
+def test_gradients_and_hessian_vector_products_match_torch(transposed_input):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 300, generator=g).t() if transposed_input else torch.randn(300, 128, generator=g)
+    x.requires_grad_()
+    params = [torch.randn(96, 128, generator=g), torch.randn(96, generator=g), torch.randn(80, 96, generator=g)]
+    params = [p.mul_(0.1).requires_grad_() for p in params]
+    leaves = (x, *params)
+    v = [torch.randn(t.shape, generator=g) for t in leaves]
+    out = {}
+    for name, lin, act in (("fast", cpu_ops.linear, cpu_ops.tanh), ("torch", F.linear, torch.tanh)):
+        loss = _two_layers(lin, act, x, *params)
+        grads = torch.autograd.grad(loss, leaves, create_graph=True)
+        hvp = torch.autograd.grad(sum((a * b).sum() for a, b in zip(grads, v)), leaves)
+        out[name] = (loss.detach(), [t.detach() for t in grads], hvp)
+    (loss, grads, hvp), (ref_loss, ref_grads, ref_hvp) = out["fast"], out["torch"]
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    for a, b in zip(grads, ref_grads):
+        assert _rel(a, b) < 1e-5
+    for a, b in zip(hvp, ref_hvp):  # the detector's second derivative goes through both backward passes
+        assert _rel(a, b) < 1e-5
+
+
+@needs_onednn
+def test_a_2x256_mlp_takes_the_fast_kernels_and_small_or_float64_calls_do_not():
+    policy = Policy(ModelSpec((11,), "box", 3, (-1.0,) * 3, (1.0,) * 3))
+    h = policy.actor.layers[0](torch.zeros(256, 11))
+    wide = policy.actor.layers[1]
+    assert type(cpu_ops.linear(h.detach().requires_grad_(), wide.weight, wide.bias).grad_fn).__name__ \
+        == "_OneDNNLinearBackward"
+    assert type(cpu_ops.tanh(h).grad_fn).__name__ == "_NumpyTanhBackward"
+    # 11 -> 256 (a narrow weight), float64, one observation of 256 features: torch's own ops
+    first = policy.actor.layers[0]
+    assert type(cpu_ops.linear(torch.zeros(256, 11), first.weight, first.bias).grad_fn).__name__ == "AddmmBackward0"
+    w64 = wide.weight.detach().double().requires_grad_()
+    assert type(cpu_ops.linear(torch.zeros(4, 256, dtype=torch.float64), w64).grad_fn).__name__ == "MmBackward0"
+    assert type(cpu_ops.tanh(torch.zeros(256, requires_grad=True)).grad_fn).__name__ == "TanhBackward0"
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (7, 256), (256, 256), (3, 5, 256)])
+def test_values_match_torch_for_any_batch_shape(shape):
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(shape, generator=g), torch.randn(128, 256, generator=g) / 16, torch.randn(128, generator=g)
+    assert torch.allclose(cpu_ops.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(cpu_ops.linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(cpu_ops.tanh(x), torch.tanh(x), atol=1e-6)
+    with torch.inference_mode():  # actors' and evaluations' forward passes
+        assert torch.allclose(cpu_ops.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        assert torch.allclose(cpu_ops.tanh(x), torch.tanh(x), atol=1e-6)
+
+
+def test_tanh_of_float64_keeps_its_precision_and_gradient():
+    x = torch.linspace(-4, 4, 4096, dtype=torch.float64, requires_grad=True)
+    y = cpu_ops.tanh(x)
+    assert y.dtype == torch.float64 and torch.allclose(y, torch.tanh(x), rtol=0, atol=1e-15)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert torch.allclose(grad, 1 - torch.tanh(x.detach()) ** 2, rtol=0, atol=1e-15)
+    small = x[::97].detach().clone().requires_grad_()  # the numpy Function itself, below its size threshold
+    assert torch.autograd.gradcheck(cpu_ops._NumpyTanh.apply, (small,))
+    assert torch.autograd.gradgradcheck(cpu_ops._NumpyTanh.apply, (small,))
