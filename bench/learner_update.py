@@ -12,8 +12,10 @@ are the steadier measure of the update's own cost.
 Also IMPACT `tuned` (4 epochs x 256) on the same batch, same method; and, with one torch thread, the PPO
 update with its critic on a second thread (PPOLearner's default on CPU) against the same update on one thread
 (`critic_thread=False`), under "critic_thread" in the JSON. PPOLearner uses the critic thread only with one
-torch thread, so the 1-thread PPO figure above includes it and the 2-thread one does not. The batch is real Hopper-v5 data
-sampled by the initial policy. NITRO_BENCH_REPS sets the repetitions per thread count (default 7).
+torch thread, so the 1-thread PPO figure above includes it and the 2-thread one does not. And, under "cpu_ops", the
+PPO update (1 torch thread, critic thread) with the MLPs' oneDNN linear and numpy tanh (nitro.policy.cpu_ops, on by
+default; the reference above uses them too) against the same update on torch's own CPU ops. The batch is real
+Hopper-v5 data sampled by the initial policy. NITRO_BENCH_REPS sets the repetitions per thread count (default 7).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from nitro.algos.ppo import (  # noqa: E402
 )
 from nitro.algos.sgd import LOSS_PARTS, SGDResult, _noise_scale, kl_per_sample, kl_term  # noqa: E402
 from nitro.config import impact_config, ppo_config  # noqa: E402
+from nitro.policy import cpu_ops  # noqa: E402
 
 ENV, ACTORS, STEPS, THREADS = "Hopper-v5", 8, 512, (1, 2)
 REPS = int(os.environ.get("NITRO_BENCH_REPS", "7"))
@@ -172,6 +175,17 @@ class ReferenceIMPACTLearner(IMPACTLearner):
             gradient_noise_scale=sgd.noise_scale, target_refreshed=refreshed)
 
 
+class TorchOpsPPOLearner(PPOLearner):
+    """PPOLearner on torch's own CPU kernels (cpu_ops off for its updates only)."""
+
+    def update(self, batches: list[dict]) -> UpdateStats:
+        cpu_ops.ENABLED = False
+        try:
+            return super().update(batches)
+        finally:
+            cpu_ops.ENABLED = True
+
+
 # -- the benchmark ---------------------------------------------------------------------------------
 
 def hopper_batches(spec) -> list[dict]:
@@ -248,7 +262,9 @@ def main() -> None:
     results["critic_thread"] = compare(lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0)),
                                        lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0, critic_thread=False)),
                                        batches, 1)
-    split = results.pop("critic_thread")
+    results["cpu_ops"] = compare(lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0)),
+                                 lambda: with_stats(TorchOpsPPOLearner(spec, ppo_cfg, seed=0)), batches, 1)
+    split, kernels = results.pop("critic_thread"), results.pop("cpu_ops")
     load = os.getloadavg()
     print(f"{ENV}, {ACTORS} x {STEPS} = {ACTORS * STEPS} samples, PPO tuned ({ppo_cfg.epochs} epochs x "
           f"{ppo_cfg.minibatch_size}) and IMPACT tuned ({impact_cfg.epochs} epochs x {impact_cfg.minibatch_size}), "
@@ -261,6 +277,9 @@ def main() -> None:
     print(f"     ppo, critic on a second thread, 1 torch thread: {split['seconds']:.3f} s vs {split['reference_seconds']:.3f} s "
           f"on one thread ({split['speedup']:.2f}x faster); CPU time {split['cpu_seconds']:.3f} s vs "
           f"{split['reference_cpu_seconds']:.3f} s")
+    print(f"     ppo, oneDNN linear + numpy tanh (cpu_ops), 1 torch thread: {kernels['seconds']:.3f} s vs "
+          f"{kernels['reference_seconds']:.3f} s on torch's ops ({kernels['speedup']:.2f}x faster); CPU time "
+          f"{kernels['cpu_seconds']:.3f} s vs {kernels['reference_cpu_seconds']:.3f} s")
     ppo1 = results["ppo"][1]
     print(json.dumps({
         "benchmark": "learner_update", "env": ENV, "samples": ACTORS * STEPS, "epochs": ppo_cfg.epochs,
@@ -268,7 +287,7 @@ def main() -> None:
         "seconds": ppo1["seconds"], "reference_seconds": ppo1["reference_seconds"], "ratio": ppo1["ratio"],
         "threads": {str(t): r for t, r in results["ppo"].items()},
         "impact_threads": {str(t): r for t, r in results["impact"].items()},
-        "critic_thread": split,
+        "critic_thread": split, "cpu_ops": kernels,
     }))
 
 

@@ -80,3 +80,21 @@ def test_tanh_of_float64_keeps_its_precision_and_gradient():
     small = x[::97].detach().clone().requires_grad_()  # the numpy Function itself, below its size threshold
     assert torch.autograd.gradcheck(cpu_ops._NumpyTanh.apply, (small,))
     assert torch.autograd.gradgradcheck(cpu_ops._NumpyTanh.apply, (small,))
+
+
+def test_disabled_keeps_torchs_own_ops(monkeypatch):
+    monkeypatch.setattr(cpu_ops, "ENABLED", False)
+    x, w = torch.randn(256, 256, requires_grad=True), torch.randn(256, 256)
+    assert type(cpu_ops.linear(x, w).grad_fn).__name__ == "MmBackward0"
+    assert type(cpu_ops.tanh(x).grad_fn).__name__ == "TanhBackward0"
+
+
+def test_the_environment_variable_turns_them_off():
+    import subprocess
+    import sys
+
+    code = "from nitro.policy import cpu_ops; print(cpu_ops.ENABLED)"
+    for value, expected in (("0", "False"), ("1", "True")):
+        out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "NITRO_CPU_OPS": value},
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert out == expected

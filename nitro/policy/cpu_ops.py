@@ -9,14 +9,18 @@ the faster kernel where it applies (CPU, float32 for oneDNN, large enough to pay
 so CUDA, float64 and batch-1 calls are unchanged. Both backward passes are written with differentiable ops
 (`linear` again, torch's `tanh_backward`), so second derivatives (the detector's Hessian-vector products)
 flow through them. Values agree with the torch ops to float32 rounding, not bit for bit.
+NITRO_CPU_OPS=0 in a process's environment (or `ENABLED = False`) keeps torch's own ops throughout.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
+ENABLED = os.environ.get("NITRO_CPU_OPS", "1") != "0"
 # oneDNN pays from about this many input and output features (an 11->256 or 256->3 layer is as fast in MKL).
 ONEDNN_MIN_FEATURES = 64
 # Below this many elements torch's own tanh costs less than the numpy round trip (a batch-1 forward).
@@ -64,7 +68,7 @@ class _OneDNNLinear(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias); through oneDNN for a 2-D float32 CPU input and a weight of at least
     ONEDNN_MIN_FEATURES rows and columns."""
-    if _ONEDNN and x.dim() == 2 and weight.dim() == 2 and min(weight.shape) >= ONEDNN_MIN_FEATURES \
+    if ENABLED and _ONEDNN and x.dim() == 2 and weight.dim() == 2 and min(weight.shape) >= ONEDNN_MIN_FEATURES \
             and _plain_cpu(x, (torch.float32,)) and _plain_cpu(weight, (torch.float32,)) \
             and (bias is None or _plain_cpu(bias, (torch.float32,))):
         return _OneDNNLinear.apply(x, weight, bias)
@@ -88,6 +92,6 @@ class _NumpyTanh(torch.autograd.Function):
 
 def tanh(x: torch.Tensor) -> torch.Tensor:
     """torch.tanh(x); through numpy for a float CPU tensor of at least NUMPY_TANH_MIN_NUMEL elements."""
-    if x.numel() >= NUMPY_TANH_MIN_NUMEL and _plain_cpu(x, (torch.float32, torch.float64)):
+    if ENABLED and x.numel() >= NUMPY_TANH_MIN_NUMEL and _plain_cpu(x, (torch.float32, torch.float64)):
         return _NumpyTanh.apply(x)
     return torch.tanh(x)
