@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import threading
 
 import grpc
 
@@ -206,9 +207,15 @@ def main(argv=None) -> None:
     configure_logging(args.log_level)
     import torch
 
+    from nitro.algos.sgd import preload
+
     # One thread by default: with more, torch's spinning worker threads collapse when the
     # detector, evaluation or co-located actors share the cores. Raise it on a dedicated learner.
     torch.set_num_threads(max(1, args.torch_threads))
+    # The first optimizer's lazy imports (sgd.preload, ~0.8 s), beside the rest of start-up: the service
+    # answers once they are done, so no job waits for them.
+    warm = threading.Thread(target=preload, name="preload", daemon=True)
+    warm.start()
     try:
         args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         service, servicer = build(args)
@@ -218,6 +225,7 @@ def main(argv=None) -> None:
     warn_if_not_persistent(servicer.deps.redis, args.redis_url, "learner")
     serve_metrics(args.metrics_port, args.metrics_host)
     service.install_signal_handlers()
+    warm.join()
     service.start()
     resumed = servicer.load_saved_jobs(resume=args.resume_jobs)
     if resumed:

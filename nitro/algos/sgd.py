@@ -129,6 +129,14 @@ def adam(params, lr: float, eps: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
 
 
+def preload() -> None:
+    """Build and step a throwaway `adam`: torch's first optimizer imports torch._dynamo (~0.8 s on this
+    machine), which the learner service does in the background at start rather than in its first job."""
+    p = torch.zeros(1, requires_grad=True)
+    p.grad = torch.zeros(1)
+    adam([p], lr=1e-3, eps=1e-8).step()
+
+
 def epoch_loss_from(per_sample: dict[str, torch.Tensor | tuple[torch.Tensor, ...]],
                     minibatch_loss: Callable[[SimpleNamespace], LossAndParts]) -> EpochLossFn:
     """The `epoch_loss_fn` for `minibatch_sgd` from named per-sample tensors and a minibatch loss.
