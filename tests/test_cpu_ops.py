@@ -28,6 +28,7 @@ def test_gradients_and_hessian_vector_products_match_torch(transposed_input):
     params = [torch.randn(96, 128, generator=g), torch.randn(96, generator=g), torch.randn(80, 96, generator=g)]
     params = [p.mul_(0.1).requires_grad_() for p in params]
     leaves = (x, *params)
+    assert type(cpu_ops.linear(x, params[0], params[1]).grad_fn).__name__ == "_OneDNNLinearBackward"
     v = [torch.randn(t.shape, generator=g) for t in leaves]
     out = {}
     for name, lin, act in (("fast", cpu_ops.linear, cpu_ops.tanh), ("torch", F.linear, torch.tanh)):
@@ -44,16 +45,18 @@ def test_gradients_and_hessian_vector_products_match_torch(transposed_input):
 
 
 @needs_onednn
-def test_a_2x256_mlp_takes_the_fast_kernels_and_small_or_float64_calls_do_not():
+def test_a_2x256_mlp_minibatch_takes_the_fast_kernels_and_small_or_float64_calls_do_not():
     policy = Policy(ModelSpec((11,), "box", 3, (-1.0,) * 3, (1.0,) * 3))
     h = policy.actor.layers[0](torch.zeros(256, 11))
     wide = policy.actor.layers[1]
     assert type(cpu_ops.linear(h.detach().requires_grad_(), wide.weight, wide.bias).grad_fn).__name__ \
         == "_OneDNNLinearBackward"
     assert type(cpu_ops.tanh(h).grad_fn).__name__ == "_NumpyTanhBackward"
-    # 11 -> 256 (a narrow weight), float64, one observation of 256 features: torch's own ops
+    # too few multiply-adds for oneDNN to pay (11 -> 256 on 256 rows; 256 -> 256 on 16), float64, one
+    # observation of 256 features: torch's own ops
     first = policy.actor.layers[0]
     assert type(cpu_ops.linear(torch.zeros(256, 11), first.weight, first.bias).grad_fn).__name__ == "AddmmBackward0"
+    assert type(cpu_ops.linear(h[:16], wide.weight, wide.bias).grad_fn).__name__ == "AddmmBackward0"
     w64 = wide.weight.detach().double().requires_grad_()
     assert type(cpu_ops.linear(torch.zeros(4, 256, dtype=torch.float64), w64).grad_fn).__name__ == "MmBackward0"
     assert type(cpu_ops.tanh(torch.zeros(256, requires_grad=True)).grad_fn).__name__ == "TanhBackward0"

@@ -6,7 +6,7 @@ On this project's CPUs (AMD EPYC, AVX-512) two of torch's CPU kernels run far be
 - `torch.tanh` takes ~150 us for a 256x256 block, numpy's SIMD tanh ~11 us.
 A 2x256 MLP's forward and backward is almost all of these (bench/learner_update.py). `linear` and `tanh` use
 the faster kernel where it applies (CPU, float32 for oneDNN, large enough to pay) and torch's op otherwise,
-so CUDA, float64 and batch-1 calls are unchanged. Both backward passes are written with differentiable ops
+so CUDA, float64 and small (batch-1) calls are unchanged. Both backward passes are written with differentiable ops
 (`linear` again, torch's `tanh_backward`), so second derivatives (the detector's Hessian-vector products)
 flow through them. Values agree with the torch ops to float32 rounding, not bit for bit.
 NITRO_CPU_OPS=0 in a process's environment (or `ENABLED = False`) keeps torch's own ops throughout.
@@ -21,8 +21,9 @@ import torch
 from torch.nn import functional as F
 
 ENABLED = os.environ.get("NITRO_CPU_OPS", "1") != "0"
-# oneDNN pays from about this many input and output features (an 11->256 or 256->3 layer is as fast in MKL).
-ONEDNN_MIN_FEATURES = 64
+# oneDNN's call costs ~10 us more than MKL's; it pays from about this many multiply-adds (rows x in x out): a
+# 256->256 layer from 32 rows, the Atari CNN's 3872->256 layer from 3 (bench figures in docs/results.md).
+ONEDNN_MIN_MACS = 1 << 21
 # Below this many elements torch's own tanh costs less than the numpy round trip (a batch-1 forward).
 NUMPY_TANH_MIN_NUMEL = 2048
 
@@ -66,9 +67,9 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias); through oneDNN for a 2-D float32 CPU input and a weight of at least
-    ONEDNN_MIN_FEATURES rows and columns."""
-    if ENABLED and _ONEDNN and x.dim() == 2 and weight.dim() == 2 and min(weight.shape) >= ONEDNN_MIN_FEATURES \
+    """F.linear(x, weight, bias); through oneDNN for a 2-D float32 CPU input when the product has at least
+    ONEDNN_MIN_MACS multiply-adds."""
+    if ENABLED and _ONEDNN and x.dim() == 2 and weight.dim() == 2 and x.shape[0] * weight.numel() >= ONEDNN_MIN_MACS \
             and _plain_cpu(x, (torch.float32,)) and _plain_cpu(weight, (torch.float32,)) \
             and (bias is None or _plain_cpu(bias, (torch.float32,))):
         return _OneDNNLinear.apply(x, weight, bias)

@@ -79,10 +79,10 @@ def atari_cnn_forward(x: torch.Tensor, p: dict[str, torch.Tensor], geometry) -> 
     pads = geometry[:2]
     x = F.relu(F.conv2d(F.pad(x.float() / 255.0, pads[0]), p["conv1.weight"], p["conv1.bias"], stride=4))
     x = F.relu(F.conv2d(F.pad(x, pads[1]), p["conv2.weight"], p["conv2.bias"], stride=2))
-    # conv3's kernel covers the whole map, so it is one matmul; as F.linear it skips
+    # conv3's kernel covers the whole map, so it is one matmul; as a linear layer it skips
     # oneDNN's slow path for a 1x1-output convolution (same result, ~15x faster at batch 1).
-    x = F.relu(F.linear(x.flatten(1), p["conv3.weight"].flatten(1), p["conv3.bias"]))
-    return F.linear(x, p["out.weight"], p["out.bias"])
+    x = F.relu(cpu_ops.linear(x.flatten(1), p["conv3.weight"].flatten(1), p["conv3.bias"]))
+    return cpu_ops.linear(x, p["out.weight"], p["out.bias"])
 
 
 def fuse_atari_cnns(actor: dict[str, torch.Tensor], critic: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -118,8 +118,8 @@ def atari_cnn_pair_forward(x: torch.Tensor, fused: dict[str, torch.Tensor],
     half = x.shape[1] // 2  # channels [0, half) are the actor's map, [half, 2 * half) the critic's
     outs = []
     for net, h in (("actor", x[:, :half]), ("critic", x[:, half:])):
-        h = F.relu(F.linear(h.reshape(len(h), -1), fused[f"{net}.conv3.weight"], fused[f"{net}.conv3.bias"]))
-        outs.append(F.linear(h, fused[f"{net}.out.weight"], fused[f"{net}.out.bias"]))
+        h = F.relu(cpu_ops.linear(h.reshape(len(h), -1), fused[f"{net}.conv3.weight"], fused[f"{net}.conv3.bias"]))
+        outs.append(cpu_ops.linear(h, fused[f"{net}.out.weight"], fused[f"{net}.out.bias"]))
     return outs[0], outs[1]
 
 
