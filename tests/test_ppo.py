@@ -245,3 +245,12 @@ def test_paper_preset_value_loss_is_rllibs_capped_squared_error():
     assert abs(ppo2 - expected) > 1.0  # the old (PPO2) form is a different loss on this batch
     stats = learner.update([b])
     assert stats.value_loss == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("size", [1, 48, 256, 4096, 5000])
+def test_normalize_slices_is_normalize_on_each_minibatch_slice(size):
+    from nitro.algos.ppo import normalize, normalize_slices
+
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(size)) * 3 + 1
+    expected = torch.cat([normalize(x[i:i + size]) for i in range(0, len(x), size)])
+    assert torch.equal(normalize_slices(x, size), expected)

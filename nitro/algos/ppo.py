@@ -20,7 +20,16 @@ import numpy as np
 import torch
 
 from nitro.algos.advantages import batch_gae
-from nitro.algos.sgd import LossTerms, actor_terms, adam, dist_params, epoch_loss_from, minibatch_sgd, policy_kl
+from nitro.algos.sgd import (
+    LossTerms,
+    actor_terms,
+    adam,
+    dist_params,
+    epoch_loss_from,
+    minibatch_length,
+    minibatch_sgd,
+    policy_kl,
+)
 from nitro.config import PPOConfig
 from nitro.policy.models import ModelSpec, Policy
 
@@ -99,6 +108,20 @@ def adapt_kl_coeff(coeff: float, kl: float, target: float) -> float:
 def normalize(x: torch.Tensor) -> torch.Tensor:
     """Per-minibatch standardisation: (x - mean) / (std + 1e-8), population std."""
     return (x - x.mean()) / (x.std(unbiased=False) + 1e-8) if x.numel() > 1 else x - x.mean()
+
+
+def normalize_slices(x: torch.Tensor, size: int) -> torch.Tensor:
+    """`normalize` of each consecutive slice x[i:i + size] (the last one may be shorter), the full slices in
+    one pass: an epoch's minibatches standardised at once instead of with ~5 small ops per step."""
+    full = len(x) // size * size if size > 1 else 0
+    out = torch.empty_like(x)
+    if full:
+        rows = x[:full].view(-1, size)
+        mean, std = rows.mean(1, keepdim=True), rows.std(1, unbiased=False, keepdim=True)
+        out[:full] = ((rows - mean) / (std + 1e-8)).view(-1)
+    for start in range(full, len(x), max(size, 1)):
+        out[start:start + size] = normalize(x[start:start + size])
+    return out
 
 
 def standardize_batch(x: np.ndarray) -> np.ndarray:
@@ -190,16 +213,18 @@ class PPOLearner:
                 return ppo_critic_loss(value, mb.v_old, mb.returns, value_coeff=cfg.value_coeff,
                                        value_clip=cfg.value_clip, value_clip_mode=cfg.value_clip_mode)
 
-            def actor():
-                adv = normalize(mb.adv) if cfg.normalize_advantages else mb.adv
+            def actor():  # mb.adv: standardised over this minibatch already (per_epoch below), if configured
                 logp, entropy, kl = actor_terms(policy, mb.x, mb.actions, mb.old, kl_grad=kl_coeff > 0)
-                return ppo_actor_loss(logp, mb.logp_old, adv, entropy, kl, clip=cfg.clip, kl_coeff=kl_coeff,
+                return ppo_actor_loss(logp, mb.logp_old, mb.adv, entropy, kl, clip=cfg.clip, kl_coeff=kl_coeff,
                                       entropy_coeff=cfg.entropy_coeff)
             return LossTerms((critic, actor))  # the sum is ppo_loss; the critic's term runs on _term_pool()
 
+        mb_len = minibatch_length(n, cfg.minibatch_size)
+        per_epoch = (lambda g: {**g, "adv": normalize_slices(g["adv"], mb_len)}) if cfg.normalize_advantages else None
         sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
-                            epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss), term_pool=self._term_pool())
+                            epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss, per_epoch),
+                            term_pool=self._term_pool())
         means = sgd.means
         with torch.no_grad():
             final_kl = float(policy_kl(policy, x_all, old).mean())

@@ -137,21 +137,30 @@ def preload() -> None:
     adam([p], lr=1e-3, eps=1e-8).step()
 
 
+def minibatch_length(n: int, minibatch_size: int) -> int:
+    """Samples per minibatch step of `minibatch_sgd`: minibatch_size <= 0 means the whole batch."""
+    return n if minibatch_size <= 0 else min(minibatch_size, n)
+
+
 def epoch_loss_from(per_sample: dict[str, torch.Tensor | tuple[torch.Tensor, ...]],
-                    minibatch_loss: Callable[[SimpleNamespace], LossAndParts]) -> EpochLossFn:
+                    minibatch_loss: Callable[[SimpleNamespace], LossAndParts],
+                    per_epoch: Callable[[dict], dict] | None = None) -> EpochLossFn:
     """The `epoch_loss_fn` for `minibatch_sgd` from named per-sample tensors and a minibatch loss.
 
     Each epoch gathers every field once in that epoch's permuted order (one index_select per tensor,
     not one per minibatch); step(a, b) then calls minibatch_loss(mb), mb.<name> being the contiguous
     slice [a:b] of each field, i.e. the samples perm[a:b]. A tuple of tensors (e.g. `dist_params`)
     is one field and stays a tuple. Fields go by name, not position, so two of one shape (log-probs,
-    values) cannot be swapped unnoticed.
+    values) cannot be swapped unnoticed. `per_epoch`, if given, maps the gathered fields once per epoch
+    (e.g. every minibatch's advantages standardised in one pass instead of one per step).
     """
     def each(field, f):
         return tuple(f(t) for t in field) if isinstance(field, tuple) else f(field)
 
     def epoch_loss_fn(perm: torch.Tensor):
         gathered = {k: each(v, lambda t: t.index_select(0, perm)) for k, v in per_sample.items()}
+        if per_epoch is not None:
+            gathered = per_epoch(gathered)
 
         def step(a: int, b: int) -> LossAndParts:
             return minibatch_loss(SimpleNamespace(**{k: each(v, lambda t: t[a:b]) for k, v in gathered.items()}))
@@ -176,7 +185,7 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
     """
     if (loss_fn is None) == (epoch_loss_fn is None):
         raise ValueError("pass exactly one of loss_fn and epoch_loss_fn")
-    mb = n if minibatch_size <= 0 else min(minibatch_size, n)
+    mb = minibatch_length(n, minibatch_size)
     keys: list[str] = []
     sums: torch.Tensor | None = None  # float64 sums of [*parts, grad_norm, loss] over the steps
     steps = 0
