@@ -179,11 +179,11 @@ class TorchOpsPPOLearner(PPOLearner):
     """PPOLearner on torch's own CPU kernels (cpu_ops off for its updates only)."""
 
     def update(self, batches: list[dict]) -> UpdateStats:
-        cpu_ops.ENABLED = False
+        enabled, cpu_ops.ENABLED = cpu_ops.ENABLED, False
         try:
             return super().update(batches)
         finally:
-            cpu_ops.ENABLED = True
+            cpu_ops.ENABLED = enabled
 
 
 # -- the benchmark ---------------------------------------------------------------------------------

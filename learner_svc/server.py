@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import os
-import threading
 
 import grpc
 
@@ -212,10 +211,9 @@ def main(argv=None) -> None:
     # One thread by default: with more, torch's spinning worker threads collapse when the
     # detector, evaluation or co-located actors share the cores. Raise it on a dedicated learner.
     torch.set_num_threads(max(1, args.torch_threads))
-    # The first optimizer's lazy imports (sgd.preload, ~0.8 s), beside the rest of start-up: the service
-    # answers once they are done, so no job waits for them.
-    warm = threading.Thread(target=preload, name="preload", daemon=True)
-    warm.start()
+    # The first optimizer's lazy imports (sgd.preload, ~0.8 s) before the service answers, so no job waits for
+    # them. Not on a thread beside build(): two threads importing at once can meet in Python's import locks.
+    preload()
     try:
         args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         service, servicer = build(args)
@@ -225,7 +223,6 @@ def main(argv=None) -> None:
     warn_if_not_persistent(servicer.deps.redis, args.redis_url, "learner")
     serve_metrics(args.metrics_port, args.metrics_host)
     service.install_signal_handlers()
-    warm.join()
     service.start()
     resumed = servicer.load_saved_jobs(resume=args.resume_jobs)
     if resumed:

@@ -1,6 +1,10 @@
 """nitro.policy.cpu_ops: oneDNN linear and numpy tanh equal torch's ops in value, gradient and second
 derivative, take the fast kernel where they should, and fall back to torch's op elsewhere."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -93,11 +97,55 @@ def test_disabled_keeps_torchs_own_ops(monkeypatch):
 
 
 def test_the_environment_variable_turns_them_off():
-    import subprocess
-    import sys
-
     code = "from nitro.policy import cpu_ops; print(cpu_ops.ENABLED)"
     for value, expected in (("0", "False"), ("1", "True")):
-        out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "NITRO_CPU_OPS": value},
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NITRO_CPU_OPS": value},
                              capture_output=True, text=True, check=True).stdout.strip()
         assert out == expected
+
+
+@pytest.mark.parametrize("bias", ["strided", "expanded", "scalar", "one"])
+def test_a_bias_oneDNN_cannot_read_as_a_dense_vector_goes_to_torch(bias):
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
+    b = {"strided": torch.randn(512, generator=g)[::2], "expanded": torch.tensor([0.5]).expand(256),
+         "scalar": torch.tensor(0.5), "one": torch.tensor([0.5])}[bias]
+    assert torch.allclose(cpu_ops.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_shape_mismatch_gets_torchs_error():
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        cpu_ops.linear(torch.zeros(256, 300), torch.zeros(256, 256))
+
+
+_THREADS_PROBE = """
+import os, threading, torch
+from nitro.policy import cpu_ops
+torch.set_num_threads(1)
+x, w = torch.randn(512, 1024), torch.randn(1024, 1024)
+call = {call}
+counts = []
+def run():  # an OpenMP team lives while its thread does: count inside it
+    counts.append(len(os.listdir("/proc/self/task")))
+    for _ in range(3):
+        call(x, w)
+    counts.append(len(os.listdir("/proc/self/task")))
+t = threading.Thread(target=run)
+t.start(); t.join()
+print(counts[1] - counts[0])
+"""
+
+
+@needs_onednn
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2,
+                    reason="counts OS threads in /proc; needs 2 CPUs for an OpenMP team")
+def test_a_new_thread_runs_onednn_on_torchs_one_thread():
+    """oneDNN reads the calling thread's OpenMP setting, which torch sets on a new thread only lazily: the
+    raw call on a fresh thread starts an OpenMP team (the control), cpu_ops.linear does not."""
+    def extra_threads(call: str) -> int:
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # OpenMP's default: one per CPU
+        out = subprocess.run([sys.executable, "-c", _THREADS_PROBE.format(call=call)], capture_output=True,
+                             text=True, check=True, env=env).stdout
+        return int(out.strip())
+    assert extra_threads("lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, 'none', [], '')") > 0
+    assert extra_threads("cpu_ops.linear") == 0

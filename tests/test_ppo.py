@@ -134,8 +134,9 @@ BOX = ModelSpec((4,), "box", 2, (-1.0, -1.0), (1.0, 1.0), hidden_sizes=(16,))
 @pytest.mark.parametrize("preset", ["tuned", "paper"])
 def test_the_critic_thread_changes_nothing_but_where_the_critic_runs(preset, monkeypatch, request):
     """The critic's forward and backward on a second thread give the weights, Adam state and statistics of
-    the update on one (the two nets share no parameter), and the critic really ran elsewhere."""
-    spec = ModelSpec((11,), "box", 3, (-1.0,) * 3, (1.0,) * 3, hidden_sizes=(64, 64))
+    the update on one (the two nets share no parameter), and the critic really ran elsewhere. 256 wide, so the
+    hidden products of a 64-sample minibatch take oneDNN (nitro.policy.cpu_ops) on both threads."""
+    spec = ModelSpec((11,), "box", 3, (-1.0,) * 3, (1.0,) * 3, hidden_sizes=(256, 256))
     critic_threads = set()
     forward = torch.nn.Module.__call__
 

@@ -151,3 +151,14 @@ def test_a_helper_term_that_outlasts_the_callers_counts_on_the_critical_path():
     with ThreadPoolExecutor(1) as pool:
         _backward_terms((busy(0.01), busy(0.05)), pool)  # the caller's term is the longer: nothing added
     assert critical_path_cpu_seconds() - c0 < 0.08
+
+
+def test_preload_imports_what_the_first_optimizer_would():
+    """sgd.preload (the learner service runs it before answering) takes torch._dynamo's import off a first job."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; before = 'torch._dynamo' in sys.modules; "
+            "from nitro.algos.sgd import preload; preload(); print(before, 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]

@@ -5,16 +5,18 @@ On this project's CPUs (AMD EPYC, AVX-512) two of torch's CPU kernels run far be
   ~330 us, oneDNN's `mkldnn._linear_pointwise` on the same dense tensors ~160 us;
 - `torch.tanh` takes ~150 us for a 256x256 block, numpy's SIMD tanh ~11 us.
 A 2x256 MLP's forward and backward is almost all of these (bench/learner_update.py). `linear` and `tanh` use
-the faster kernel where it applies (CPU, float32 for oneDNN, large enough to pay) and torch's op otherwise,
-so CUDA, float64 and small (batch-1) calls are unchanged. Both backward passes are written with differentiable ops
+the faster kernel where it applies (CPU; float32 for oneDNN, float32 or float64 for numpy; large enough to
+pay) and torch's op otherwise, so CUDA, float64 products and small (batch-1) calls are unchanged. Both backward passes are written with differentiable ops
 (`linear` again, torch's `tanh_backward`), so second derivatives (the detector's Hessian-vector products)
-flow through them. Values agree with the torch ops to float32 rounding, not bit for bit.
+flow through them. Values agree with the torch ops to float32 rounding, not bit for bit (so the same rows can
+round differently on either side of the size threshold).
 NITRO_CPU_OPS=0 in a process's environment (or `ENABLED = False`) keeps torch's own ops throughout.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import torch
@@ -44,6 +46,18 @@ def _plain_cpu(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
         and t.layout == torch.strided
 
 
+_thread = threading.local()
+
+
+def _own_thread_count() -> None:
+    """oneDNN sizes its OpenMP team from the calling thread's own setting, which torch applies to a new thread
+    only once that thread runs one of torch's parallel loops: apply torch's thread count on a thread's first call
+    (the PPO critic's thread, a job's thread), so a one-thread learner never runs oneDNN on two."""
+    if getattr(_thread, "threads", None) != torch.get_num_threads():
+        _thread.threads = torch.get_num_threads()
+        torch.set_num_threads(_thread.threads)
+
+
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """`t` if row- or column-major (oneDNN reads a transpose in place, faster than copying it), else a copy."""
     return t if t.is_contiguous() or t.t().is_contiguous() else t.contiguous()
@@ -69,11 +83,14 @@ class _OneDNNLinear(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias); through oneDNN for a 2-D float32 CPU input when the product has at least
     ONEDNN_MIN_MACS multiply-adds."""
-    if ENABLED and _ONEDNN and x.dim() == 2 and weight.dim() == 2 and x.shape[0] * weight.numel() >= ONEDNN_MIN_MACS \
+    if ENABLED and _ONEDNN and x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1] \
+            and x.shape[0] * weight.numel() >= ONEDNN_MIN_MACS \
             and _plain_cpu(x, (torch.float32,)) and _plain_cpu(weight, (torch.float32,)) \
-            and (bias is None or _plain_cpu(bias, (torch.float32,))):
+            and (bias is None or (_plain_cpu(bias, (torch.float32,)) and bias.shape == weight.shape[:1]
+                                  and bias.is_contiguous())):  # oneDNN reads the bias as a dense (out,) array
+        _own_thread_count()
         return _OneDNNLinear.apply(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return F.linear(x, weight, bias)  # also what names a shape mismatch clearly
 
 
 class _NumpyTanh(torch.autograd.Function):
