@@ -15,6 +15,12 @@ from nitro.policy.models import ModelSpec, Policy
 needs_onednn = pytest.mark.skipif(not cpu_ops._ONEDNN, reason="torch built without oneDNN")
 
 
+@pytest.fixture(autouse=True)
+def _enabled(monkeypatch):
+    """The kernels on, whatever NITRO_CPU_OPS the test run has (a test turns them off itself)."""
+    monkeypatch.setattr(cpu_ops, "ENABLED", True)
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
@@ -143,7 +149,8 @@ def test_a_new_thread_runs_onednn_on_torchs_one_thread():
     """oneDNN reads the calling thread's OpenMP setting, which torch sets on a new thread only lazily: the
     raw call on a fresh thread starts an OpenMP team (the control), cpu_ops.linear does not."""
     def extra_threads(call: str) -> int:
-        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # OpenMP's default: one per CPU
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_THREAD_LIMIT")}
+        env["NITRO_CPU_OPS"] = "1"  # OpenMP's default (one thread per CPU) and the kernels on
         out = subprocess.run([sys.executable, "-c", _THREADS_PROBE.format(call=call)], capture_output=True,
                              text=True, check=True, env=env).stdout
         return int(out.strip())

@@ -131,7 +131,7 @@ def adam(params, lr: float, eps: float) -> torch.optim.Adam:
 
 def preload() -> None:
     """Build and step a throwaway `adam`: torch's first optimizer imports torch._dynamo (~0.8 s on this
-    machine), which the learner service does in the background at start rather than in its first job."""
+    machine), which the learner service does at start, before it answers, rather than in its first job."""
     p = torch.zeros(1, requires_grad=True)
     p.grad = torch.zeros(1)
     adam([p], lr=1e-3, eps=1e-8).step()

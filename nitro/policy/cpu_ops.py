@@ -51,11 +51,12 @@ _thread = threading.local()
 
 def _own_thread_count() -> None:
     """oneDNN sizes its OpenMP team from the calling thread's own setting, which torch applies to a new thread
-    only once that thread runs one of torch's parallel loops: apply torch's thread count on a thread's first call
-    (the PPO critic's thread, a job's thread), so a one-thread learner never runs oneDNN on two."""
-    if getattr(_thread, "threads", None) != torch.get_num_threads():
-        _thread.threads = torch.get_num_threads()
-        torch.set_num_threads(_thread.threads)
+    lazily (in its first parallel loop or `torch.get_num_threads` call): ask for it on a thread's first oneDNN
+    call (the PPO critic's thread, a job's thread), so a one-thread learner never runs oneDNN on two. Reading,
+    not setting: a thread's stale count must not overwrite the process's."""
+    if not getattr(_thread, "counted", False):
+        torch.get_num_threads()
+        _thread.counted = True
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
