@@ -156,3 +156,12 @@ def test_a_new_thread_runs_onednn_on_torchs_one_thread():
         return int(out.strip())
     assert extra_threads("lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, 'none', [], '')") > 0
     assert extra_threads("cpu_ops.linear") == 0
+
+
+def test_tensors_off_the_cpu_take_torchs_ops():
+    """A CUDA learner's tensors never reach oneDNN or numpy (the meta device stands in for one here)."""
+    x, w = torch.empty(512, 256, device="meta"), torch.empty(256, 256, device="meta", requires_grad=True)
+    y = cpu_ops.tanh(cpu_ops.linear(x, w))
+    assert y.device.type == "meta" and y.shape == (512, 256)
+    assert type(y.grad_fn).__name__ == "TanhBackward0"
+    assert type(y.grad_fn.next_functions[0][0]).__name__ == "MmBackward0"
