@@ -13,8 +13,9 @@ Also IMPACT `tuned` (4 epochs x 256) on the same batch, same method; and, with o
 update with its critic on a second thread (PPOLearner's default on CPU) against the same update on one thread
 (`critic_thread=False`), under "critic_thread" in the JSON. PPOLearner uses the critic thread only with one
 torch thread, so the 1-thread PPO figure above includes it and the 2-thread one does not. And, under "cpu_ops", the
-PPO update (1 torch thread, critic thread) with the MLPs' oneDNN linear and numpy tanh (nitro.policy.cpu_ops, on by
-default; the reference above uses them too) against the same update on torch's own CPU ops. The batch is real
+PPO update (1 torch thread with the critic thread; 2 torch threads) with the MLPs' oneDNN linear and numpy tanh
+(nitro.policy.cpu_ops, on by default; the reference above uses them too) against the same update on torch's own
+CPU ops. The batch is real
 Hopper-v5 data sampled by the initial policy. NITRO_BENCH_REPS sets the repetitions per thread count (default 7).
 """
 
@@ -262,8 +263,9 @@ def main() -> None:
     results["critic_thread"] = compare(lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0)),
                                        lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0, critic_thread=False)),
                                        batches, 1)
-    results["cpu_ops"] = compare(lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0)),
-                                 lambda: with_stats(TorchOpsPPOLearner(spec, ppo_cfg, seed=0)), batches, 1)
+    results["cpu_ops"] = {threads: compare(lambda: with_stats(PPOLearner(spec, ppo_cfg, seed=0)),
+                                           lambda: with_stats(TorchOpsPPOLearner(spec, ppo_cfg, seed=0)), batches,
+                                           threads) for threads in THREADS}
     split, kernels = results.pop("critic_thread"), results.pop("cpu_ops")
     load = os.getloadavg()
     print(f"{ENV}, {ACTORS} x {STEPS} = {ACTORS * STEPS} samples, PPO tuned ({ppo_cfg.epochs} epochs x "
@@ -277,9 +279,10 @@ def main() -> None:
     print(f"     ppo, critic on a second thread, 1 torch thread: {split['seconds']:.3f} s vs {split['reference_seconds']:.3f} s "
           f"on one thread ({split['speedup']:.2f}x faster); CPU time {split['cpu_seconds']:.3f} s vs "
           f"{split['reference_cpu_seconds']:.3f} s")
-    print(f"     ppo, oneDNN linear + numpy tanh (cpu_ops), 1 torch thread: {kernels['seconds']:.3f} s vs "
-          f"{kernels['reference_seconds']:.3f} s on torch's ops ({kernels['speedup']:.2f}x faster); CPU time "
-          f"{kernels['cpu_seconds']:.3f} s vs {kernels['reference_cpu_seconds']:.3f} s")
+    for threads, k in kernels.items():
+        print(f"     ppo, oneDNN linear + numpy tanh (cpu_ops), {threads} torch thread(s): {k['seconds']:.3f} s vs "
+              f"{k['reference_seconds']:.3f} s on torch's ops ({k['speedup']:.2f}x faster); CPU time "
+              f"{k['cpu_seconds']:.3f} s vs {k['reference_cpu_seconds']:.3f} s")
     ppo1 = results["ppo"][1]
     print(json.dumps({
         "benchmark": "learner_update", "env": ENV, "samples": ACTORS * STEPS, "epochs": ppo_cfg.epochs,
@@ -287,7 +290,7 @@ def main() -> None:
         "seconds": ppo1["seconds"], "reference_seconds": ppo1["reference_seconds"], "ratio": ppo1["ratio"],
         "threads": {str(t): r for t, r in results["ppo"].items()},
         "impact_threads": {str(t): r for t, r in results["impact"].items()},
-        "critic_thread": split, "cpu_ops": kernels,
+        "critic_thread": split, "cpu_ops": {str(t): k for t, k in kernels.items()},
     }))
 
 
