@@ -123,7 +123,7 @@ def normalize_slices(x: torch.Tensor, size: int) -> torch.Tensor:
         rows = x[:full].view(-1, size)
         mean, std = rows.mean(1, keepdim=True), rows.std(1, unbiased=False, keepdim=True)
         out[:full] = ((rows - mean) / (std + 1e-8)).view(-1)
-    for start in range(full, len(x), max(size, 1)):
+    for start in range(full, len(x), size):
         out[start:start + size] = normalize(x[start:start + size])
     return out
 

@@ -6,9 +6,9 @@ On this project's CPUs (AMD EPYC, AVX-512) two of torch's CPU kernels run far be
 - `torch.tanh` takes ~150 us for a 256x256 block, numpy's SIMD tanh ~11 us.
 A 2x256 MLP's forward and backward is almost all of these (bench/learner_update.py). `linear` and `tanh` use
 the faster kernel where it applies (CPU; float32 for oneDNN, float32 or float64 for numpy; large enough to
-pay) and torch's op otherwise, so CUDA, float64 products and small (batch-1) calls are unchanged. Both backward passes are written with differentiable ops
-(`linear` again, torch's `tanh_backward`), so second derivatives (the detector's Hessian-vector products)
-flow through them. Values agree with the torch ops to float32 rounding, not bit for bit (so the same rows can
+pay) and torch's op otherwise, so CUDA, float64 products and small (batch-1) calls are unchanged. Both
+backward passes are written with differentiable ops (`linear` again, torch's `tanh_backward`), so second
+derivatives (the detector's Hessian-vector products) flow through them. Values agree with the torch ops to float32 rounding, not bit for bit (so the same rows can
 round differently on either side of the size threshold).
 NITRO_CPU_OPS=0 in a process's environment (or `ENABLED = False`) keeps torch's own ops throughout.
 """
@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 ENABLED = os.environ.get("NITRO_CPU_OPS", "1") != "0"
 # oneDNN's call costs ~10 us more than MKL's; it pays from about this many multiply-adds (rows x in x out): a
-# 256->256 layer from 32 rows, the Atari CNN's 3872->256 layer from 3 (bench figures in docs/results.md).
+# 256->256 layer from 32 rows, the Atari CNN's 3872->256 layer from 3 (figures in docs/algorithms.md).
 ONEDNN_MIN_MACS = 1 << 21
 # Below this many elements torch's own tanh costs less than the numpy round trip (a batch-1 forward).
 NUMPY_TANH_MIN_NUMEL = 2048
