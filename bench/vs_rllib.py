@@ -95,22 +95,10 @@ def main() -> None:
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import numpy as np
     import vs_sb3
     from vs_sb3 import ACTORS, ENV, PAIRS, ROUNDS, STEPS
 
-    pairs = []
-    for seed in range(PAIRS):
-        ours, rllib = vs_sb3.run_ours(seed), run_rllib(python, seed, ENV, ACTORS * STEPS, ROUNDS)
-        ours_sps, rllib_sps = ours["steps"] / ours["wall_s"], rllib["steps"] / rllib["wall_s"]
-        pairs.append({"seed": seed, "steps_per_s": ours_sps, "rllib_steps_per_s": rllib_sps,
-                      "ratio": ours_sps / rllib_sps, "final_return": ours["eval_return"],
-                      "rllib_final_return": rllib["eval_return"],
-                      "return_ratio": ours["eval_return"] / rllib["eval_return"]})
-        print(f"pair {seed}: nitro fixed:{ACTORS} {ours['wall_s']:6.1f} s {ours_sps:6.0f} steps/s return "
-              f"{ours['eval_return']:7.1f} | RLlib {rllib['wall_s']:6.1f} s {rllib_sps:6.0f} steps/s return "
-              f"{rllib['eval_return']:7.1f} | speed ratio {ours_sps / rllib_sps:.2f}", flush=True)
-    med = {k: float(np.median([p[k] for p in pairs])) for k in pairs[0] if k != "seed"}
+    pairs, med = vs_sb3.run_pairs(lambda seed: run_rllib(python, seed, ENV, ACTORS * STEPS, ROUNDS), "rllib", "RLlib")
     print(f"{ENV}, {ACTORS * STEPS * ROUNDS:,} env steps a run; RLlib {ENV_RUNNERS} env runners x {ENVS_PER_RUNNER} "
           f"envs; medians of {PAIRS} pairs: speed ratio {med['ratio']:.2f} (target >= {TARGET}), final-return ratio "
           f"{med['return_ratio']:.2f}")

@@ -94,18 +94,25 @@ def run_ours(seed: int) -> dict:
             "rounds": len(reports), "cost_usd": reports[-1].total_cost_usd}
 
 
-def main() -> None:
+def run_pairs(run_reference, name: str, label: str) -> tuple[list[dict], dict]:
+    """PAIRS same-run pairs (ours, then the reference; seeds 0, 1, ...), each printed as it finishes: the per-pair
+    rows and their medians. run_reference(seed) -> {"wall_s", "steps", "eval_return"}, as run_ours; its figures
+    go under `{name}_steps_per_s` and `{name}_final_return`."""
     pairs = []
     for seed in range(PAIRS):
-        ours, sb3 = run_ours(seed), run_sb3(seed)
-        ours_sps, sb3_sps = ours["steps"] / ours["wall_s"], sb3["steps"] / sb3["wall_s"]
-        pairs.append({"seed": seed, "steps_per_s": ours_sps, "sb3_steps_per_s": sb3_sps, "ratio": ours_sps / sb3_sps,
-                      "final_return": ours["eval_return"], "sb3_final_return": sb3["eval_return"],
-                      "return_ratio": ours["eval_return"] / sb3["eval_return"]})
-        print(f"pair {seed}: nitro fixed:16 {ours['wall_s']:6.1f} s {ours_sps:6.0f} steps/s return "
-              f"{ours['eval_return']:7.1f} | SB3 {sb3['wall_s']:6.1f} s {sb3_sps:6.0f} steps/s return "
-              f"{sb3['eval_return']:7.1f} | speed ratio {ours_sps / sb3_sps:.2f}", flush=True)
-    med = {k: float(np.median([p[k] for p in pairs])) for k in pairs[0] if k != "seed"}
+        ours, ref = run_ours(seed), run_reference(seed)
+        ours_sps, ref_sps = ours["steps"] / ours["wall_s"], ref["steps"] / ref["wall_s"]
+        pairs.append({"seed": seed, "steps_per_s": ours_sps, f"{name}_steps_per_s": ref_sps, "ratio": ours_sps / ref_sps,
+                      "final_return": ours["eval_return"], f"{name}_final_return": ref["eval_return"],
+                      "return_ratio": ours["eval_return"] / ref["eval_return"]})
+        print(f"pair {seed}: nitro fixed:{ACTORS} {ours['wall_s']:6.1f} s {ours_sps:6.0f} steps/s return "
+              f"{ours['eval_return']:7.1f} | {label} {ref['wall_s']:6.1f} s {ref_sps:6.0f} steps/s return "
+              f"{ref['eval_return']:7.1f} | speed ratio {ours_sps / ref_sps:.2f}", flush=True)
+    return pairs, {k: float(np.median([p[k] for p in pairs])) for k in pairs[0] if k != "seed"}
+
+
+def main() -> None:
+    pairs, med = run_pairs(run_sb3, "sb3", "SB3")
     print(f"{ENV}, {TOTAL:,} env steps a run, 2x256 tanh, 10 epochs, minibatch 256, torch threads: ours "
           f"{OUR_THREADS}, SB3 {SB3_THREADS}; medians of {PAIRS} pairs: speed ratio {med['ratio']:.2f} "
           f"(target >= {TARGET}), final-return ratio {med['return_ratio']:.2f} (must be >= 1.0)")

@@ -117,14 +117,14 @@ def normalize_slices(x: torch.Tensor, size: int) -> torch.Tensor:
     (32,768) on one thread."""
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")
-    full = len(x) // size * size if size > 1 else 0
+    full = len(x) // size * size
     out = torch.empty_like(x)
     if full:
         rows = x[:full].view(-1, size)
         mean, std = rows.mean(1, keepdim=True), rows.std(1, unbiased=False, keepdim=True)
         out[:full] = ((rows - mean) / (std + 1e-8)).view(-1)
-    for start in range(full, len(x), size):
-        out[start:start + size] = normalize(x[start:start + size])
+    if full < len(x):  # the shorter last slice
+        out[full:] = normalize(x[full:])
     return out
 
 
