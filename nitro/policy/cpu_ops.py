@@ -7,8 +7,8 @@ On this project's CPUs (AMD EPYC, AVX-512) two of torch's CPU kernels run far be
 A 2x256 MLP's forward and backward is almost all of these (bench/learner_update.py). `linear` and `tanh` use
 the faster kernel where it applies (CPU; float32 for oneDNN, float32 or float64 for numpy; large enough to
 pay) and torch's op otherwise, so CUDA, float64 products and small (batch-1) calls are unchanged. Both
-backward passes are written with differentiable ops (`linear` again, torch's `tanh_backward`), so second
-derivatives (the detector's Hessian-vector products) flow through them. Values agree with the torch ops to float32 rounding, not bit for bit (so the same rows can
+backward passes are written with differentiable ops (oneDNN products as Functions, torch's `tanh_backward`),
+so second derivatives (the detector's Hessian-vector products) flow through them, on row-major tensors. Values agree with the torch ops to float32 rounding, not bit for bit (so the same rows can
 round differently on either side of the size threshold).
 NITRO_CPU_OPS=0 in a process's environment (or `ENABLED = False`) keeps torch's own ops throughout.
 """
@@ -64,21 +64,69 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() or t.t().is_contiguous() else t.contiguous()
 
 
+def _onednn(a: torch.Tensor, b_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b_t.T (+ bias) by oneDNN, row-major."""
+    return torch.ops.mkldnn._linear_pointwise(_dense(a), _dense(b_t), bias, "none", [], "")
+
+
+# The backward of a oneDNN product is two more, written as the Functions below so that a recorded backward
+# (create_graph: the detector's Hessian-vector products) is differentiable and row-major throughout. Given
+# transposed views instead, as torch's own linear backward gives them, the next backward mixes row- and
+# column-major operands in its products and elementwise ops: an HVP of the 2x256 Hopper policy took ~4.7 ms
+# that way, ~3.1 ms this way (bench/detector_overhead.py). Every product here has the layer's multiply-adds.
+
 class _OneDNNLinear(torch.autograd.Function):
-    """x @ w.T + b by oneDNN; the backward's two products are `linear` again (so differentiable)."""
+    """x @ w.T + b: (B, K) @ (K, O)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, w)
-        return torch.ops.mkldnn._linear_pointwise(_dense(x), _dense(w), b, "none", [], "")
+        return _onednn(x, w, b)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        _own_thread_count()  # a backward can run on another thread than its forward
         x, w = ctx.saved_tensors
-        gx = linear(grad, w.t()) if ctx.needs_input_grad[0] else None  # (B, O) @ (O, K)
-        gw = linear(grad.t(), x.t()) if ctx.needs_input_grad[1] else None  # (O, B) @ (B, K)
-        gb = grad.sum(0) if ctx.needs_input_grad[2] else None
-        return gx, gw, gb
+        need_x, need_w, need_b = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # recorded for a second derivative
+            gx = _InputGrad.apply(grad, w) if need_x else None
+            gw = _WeightGrad.apply(grad, x) if need_w else None
+        else:  # the same products, oneDNN reading the transposes in place
+            gx = _onednn(grad, w.t()) if need_x else None
+            gw = _onednn(grad.t(), x.t()) if need_w else None
+        return gx, gw, grad.sum(0) if need_b else None
+
+
+class _InputGrad(torch.autograd.Function):
+    """g @ w: (B, O) @ (O, K), a layer's input gradient."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(g, w)
+        return _onednn(g, w.t())
+
+    @staticmethod
+    def backward(ctx, h: torch.Tensor):
+        g, w = ctx.saved_tensors
+        dg = _OneDNNLinear.apply(h, w, None) if ctx.needs_input_grad[0] else None  # h @ w.T: (B, O)
+        dw = _WeightGrad.apply(g, h) if ctx.needs_input_grad[1] else None  # g.T @ h: (O, K)
+        return dg, dw
+
+
+class _WeightGrad(torch.autograd.Function):
+    """g.T @ x: (O, B) @ (B, K), a layer's weight gradient."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(g, x)
+        return _onednn(g.t(), x.t())
+
+    @staticmethod
+    def backward(ctx, m: torch.Tensor):
+        g, x = ctx.saved_tensors
+        dg = _OneDNNLinear.apply(x, m, None) if ctx.needs_input_grad[0] else None  # x @ m.T: (B, O)
+        dx = _InputGrad.apply(g, m) if ctx.needs_input_grad[1] else None  # g @ m: (B, K)
+        return dg, dx
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
