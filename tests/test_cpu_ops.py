@@ -55,15 +55,17 @@ def test_gradients_and_hessian_vector_products_match_torch(transposed_input):
 
 
 @needs_onednn
-def test_third_derivatives_through_the_backward_functions_match_torch():
+@pytest.mark.parametrize("case", ["all", "bias", "weights only, transposed input"])
+def test_third_derivatives_through_the_backward_functions_match_torch(case):
     """The backward of a recorded backward (`_InputGrad`, `_WeightGrad`) is itself differentiable."""
     g = torch.Generator().manual_seed(2)
-    leaves = [torch.randn(160, 128, generator=g), torch.randn(112, 128, generator=g) * 0.1]
-    leaves = [t.requires_grad_() for t in leaves]
+    x = torch.randn(128, 160, generator=g).t() if "transposed" in case else torch.randn(160, 128, generator=g)
+    inputs = [x, torch.randn(112, 128, generator=g) * 0.1] + ([torch.randn(112, generator=g)] if case == "bias" else [])
+    leaves = [t.requires_grad_() for t in inputs[1 if "only" in case else 0:]]
     u, v = ([torch.randn(t.shape, generator=g) for t in leaves] for _ in range(2))
     out = {}
     for name, lin in (("fast", cpu_ops.linear), ("torch", F.linear)):
-        loss = (torch.tanh(lin(*leaves)) ** 2).sum()
+        loss = (torch.tanh(lin(*inputs)) ** 2).sum()
         grads = torch.autograd.grad(loss, leaves, create_graph=True)
         hvp = torch.autograd.grad(sum((a * b).sum() for a, b in zip(grads, u)), leaves, create_graph=True)
         out[name] = torch.autograd.grad(sum((a * b).sum() for a, b in zip(hvp, v)), leaves)
@@ -73,8 +75,9 @@ def test_third_derivatives_through_the_backward_functions_match_torch():
 
 @needs_onednn
 def test_a_hessian_vector_product_never_mixes_row_and_column_major_operands():
-    """Torch's own linear backward hands transposed views to the next backward, whose elementwise ops then
-    run on mixed layouts (3-10x slower on this project's CPUs); cpu_ops' does not (the 2x256 layers)."""
+    """A backward recorded as products of transposed views hands column-major gradients to the next backward,
+    whose elementwise ops then run on mixed layouts (3-10x slower on this project's CPUs): cpu_ops' does not
+    (it did before its second-order Functions: 8 such ops in this HVP)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Layouts(TorchDispatchMode):
@@ -169,6 +172,10 @@ def test_a_shape_mismatch_gets_torchs_error():
         cpu_ops.linear(torch.zeros(256, 300), torch.zeros(256, 256))
 
 
+_HVP_ON_A_NEW_THREAD = """(lambda xs, ws: (lambda dot: lambda x, w: torch.autograd.grad(dot, [ws], retain_graph=True))(
+    (torch.autograd.grad((torch.tanh(cpu_ops.linear(xs, ws)) ** 2).sum(), [ws], create_graph=True)[0] ** 2).sum()
+))(torch.randn(4096, 11), (torch.randn(64, 11) * 0.3).requires_grad_())"""
+
 _THREADS_PROBE = """
 import os, threading, torch
 from nitro.policy import cpu_ops
@@ -201,6 +208,9 @@ def test_a_new_thread_runs_onednn_on_torchs_one_thread():
         return int(out.strip())
     assert extra_threads("lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, 'none', [], '')") > 0
     assert extra_threads("cpu_ops.linear") == 0
+    # an HVP's backward on a fresh thread, its graph recorded on the main thread (a narrow layer: no large
+    # elementwise op has torch apply the thread's count before the first oneDNN product)
+    assert extra_threads(_HVP_ON_A_NEW_THREAD) == 0
 
 
 def test_tensors_off_the_cpu_take_torchs_ops():

@@ -52,7 +52,8 @@ _thread = threading.local()
 def _own_thread_count() -> None:
     """oneDNN sizes its OpenMP team from the calling thread's own setting, which torch applies to a new thread
     lazily (in its first parallel loop or `torch.get_num_threads` call): ask for it on a thread's first oneDNN
-    call (the PPO critic's thread, a job's thread), so a one-thread learner never runs oneDNN on two. Reading,
+    call (the PPO critic's thread, a job's thread, a backward run on another thread than its forward), so a
+    one-thread learner never runs oneDNN on two. Reading,
     not setting: a thread's stale count must not overwrite the process's."""
     if not getattr(_thread, "counted", False):
         torch.get_num_threads()
@@ -66,14 +67,15 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 def _onednn(a: torch.Tensor, b_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b_t.T (+ bias) by oneDNN, row-major."""
+    _own_thread_count()
     return torch.ops.mkldnn._linear_pointwise(_dense(a), _dense(b_t), bias, "none", [], "")
 
 
 # The backward of a oneDNN product is two more, written as the Functions below so that a recorded backward
-# (create_graph: the detector's Hessian-vector products) is differentiable and row-major throughout. Given
-# transposed views instead, as torch's own linear backward gives them, the next backward mixes row- and
-# column-major operands in its products and elementwise ops: an HVP of the 2x256 Hopper policy took ~4.7 ms
-# that way, ~3.1 ms this way (bench/detector_overhead.py). Every product here has the layer's multiply-adds.
+# (create_graph: the detector's Hessian-vector products) is differentiable and row-major throughout. Recorded
+# as products of transposed views instead, autograd's transposes hand column-major gradients to the next
+# backward, whose elementwise ops then mix layouts (3-10x slower each): an HVP of the 2x256 Hopper actor took
+# ~4.7 ms that way, ~3.2 ms this way (docs/algorithms.md). Every product here has the layer's multiply-adds.
 
 class _OneDNNLinear(torch.autograd.Function):
     """x @ w.T + b: (B, K) @ (K, O)."""
@@ -85,7 +87,6 @@ class _OneDNNLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        _own_thread_count()  # a backward can run on another thread than its forward
         x, w = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
         if torch.is_grad_enabled():  # recorded for a second derivative
@@ -137,7 +138,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             and _plain_cpu(x, (torch.float32,)) and _plain_cpu(weight, (torch.float32,)) \
             and (bias is None or (_plain_cpu(bias, (torch.float32,)) and bias.shape == weight.shape[:1]
                                   and bias.is_contiguous())):  # oneDNN reads the bias as a dense (out,) array
-        _own_thread_count()
         return _OneDNNLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)  # also what names a shape mismatch clearly
 
