@@ -86,6 +86,17 @@ def test_nan_products_are_reported_not_hidden():
     assert np.isnan(res.lambda_max) and np.isnan(res.lambda_min) and not res.converged
 
 
+@pytest.mark.parametrize("bad", [[float("nan")], [float("inf")], [float("-inf")], [float("inf"), float("-inf")]])
+def test_one_non_finite_entry_in_a_product_is_reported(bad):
+    """Lanczos checks a product through its dot product with q: one bad entry among 50 must show there."""
+    def matvec(v):
+        out = 2.0 * v
+        out[7:7 + len(bad)] = torch.tensor(bad, dtype=out.dtype)
+        return out
+    res = lanczos(matvec, 50, k=5)
+    assert np.isnan(res.lambda_max) and np.isnan(res.lambda_min) and not res.converged
+
+
 def test_convergence_indicator_flags_too_few_steps():
     a, mv = quadratic(np.linspace(-1.0, 1.0, 300), seed=3)  # no outliers: the hardest case for Lanczos
     short = lanczos(mv, 300, k=4)
