@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nitro.detector.hvp import explicit_hessian, make_hvp, ppo_objective
-from nitro.detector.lanczos import extremes_delta, lanczos, tridiagonal_eigenvalues
+from nitro.detector.lanczos import extremes_delta, lanczos, reorthogonalize, tridiagonal_eigenvalues
 from nitro.detector.solvers import eigsh_extremes, explicit_extremes, lobpcg_extremes
 from nitro.policy.models import ModelSpec, Policy
 
@@ -59,6 +59,21 @@ def test_full_reorthogonalisation_has_no_ghost_eigenvalues():
     a, mv = quadratic(eigs, seed=1)
     res = lanczos(mv, len(eigs), k=len(eigs))
     assert np.allclose(res.ritz_values, np.sort(eigs), atol=1e-9 * 100)
+
+
+def test_reorthogonalisation_takes_a_second_pass_only_after_cancellation():
+    g = torch.Generator().manual_seed(3)
+    basis, _ = torch.linalg.qr(torch.randn(5000, 12, dtype=torch.float64, generator=g))
+    basis = basis.T.contiguous()  # 12 orthonormal rows
+    fresh = torch.randn(5000, dtype=torch.float64, generator=g)
+    w = fresh.clone()
+    norm, passes = reorthogonalize(w, basis)
+    assert passes == 1 and norm == pytest.approx(float(fresh.norm()), rel=0.1)
+    assert float((basis @ w).abs().max()) < 1e-13 * norm
+    # almost all of w in the basis's span: one pass leaves ~1e-16 / 1e-10 of it behind, the second removes that
+    w = 1e-10 * fresh + basis.T @ torch.randn(12, dtype=torch.float64, generator=g)
+    norm, passes = reorthogonalize(w, basis)
+    assert passes == 2 and float((basis @ w).abs().max()) < 1e-13 * norm
 
 
 def test_invariant_subspace_stops_early_with_exact_values():

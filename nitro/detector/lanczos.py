@@ -25,6 +25,9 @@ from nitro.contracts import LANCZOS_STEPS
 DEFAULT_TOL = 1e-3  # relative change of the extremes that counts as converged
 DEFAULT_WINDOW = 3  # iterations over which that change is measured
 BREAKDOWN_TOL = 1e-10  # beta below this (relative to ||T||) means an invariant subspace
+# Reorthogonalise again only when a pass removed more than this share of w's norm (Daniel, Gragg, Kaufman and
+# Stewart's criterion, 1/sqrt(2)): a pass that barely changed w left it orthogonal to working precision.
+DGKS_RATIO = 0.7071067811865476
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,20 @@ def extremes_delta(history: list[tuple[float, float]], window: int = DEFAULT_WIN
     return float(change / scale)
 
 
+def reorthogonalize(w: torch.Tensor, basis: torch.Tensor) -> tuple[float, int]:
+    """Remove from w (in place) its components along the orthonormal rows of `basis`: classical Gram-Schmidt,
+    a second pass only when the first removed more than 1 - DGKS_RATIO of w's norm (once Ritz values converge,
+    one pass is not enough then; before, a pass changes ||w|| by ~1e-16 and the second would double the
+    step's bookkeeping). Returns (||w|| after, passes)."""
+    norm = float(w.norm())
+    for passes in (1, 2):
+        w -= basis.T @ (basis @ w)
+        before, norm = norm, float(w.norm())
+        if norm >= DGKS_RATIO * before:
+            break
+    return norm, passes
+
+
 def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], dim: int, k: int = LANCZOS_STEPS, *, seed: int = 0,
             tol: float = DEFAULT_TOL, window: int = DEFAULT_WINDOW, early_stop: bool = False,
             min_steps: int = 8) -> EigResult:
@@ -102,12 +119,10 @@ def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], dim: int, k: int = L
         w -= alpha * q
         if j > 0:
             w -= beta * basis[j - 1]
-        for _ in range(2):  # one pass of Gram-Schmidt is not enough once Ritz values converge
-            w -= basis[: j + 1].T @ (basis[: j + 1] @ w)
+        beta, _ = reorthogonalize(w, basis[: j + 1])
         alphas.append(alpha)
         ritz = tridiagonal_eigenvalues(alphas, betas)
         history.append((float(ritz[-1]), float(ritz[0])))
-        beta = float(w.norm())
         anorm = max(anorm, abs(alpha) + beta + (betas[-1] if betas else 0.0))
         if beta <= BREAKDOWN_TOL * anorm or anorm == 0.0:
             invariant = True
