@@ -73,10 +73,10 @@ def extremes_delta(history: list[tuple[float, float]], window: int = DEFAULT_WIN
 
 
 def reorthogonalize(w: torch.Tensor, basis: torch.Tensor) -> tuple[float, int]:
-    """Remove from w (in place) its components along the orthonormal rows of `basis`: classical Gram-Schmidt,
-    a second pass only when the first removed more than 1 - DGKS_RATIO of w's norm (once Ritz values converge,
-    one pass is not enough then; before, a pass changes ||w|| by ~1e-16 and the second would double the
-    step's bookkeeping). Returns (||w|| after, passes)."""
+    """Remove from w (in place) its components along the orthonormal rows of `basis` by classical Gram-Schmidt,
+    with a second pass only when the first removed more than 1 - DGKS_RATIO of w's norm. Such cancellation
+    comes once Ritz values converge, and then one pass is not enough; before that a pass changes ||w|| by
+    ~1e-16, and a second would double the step's bookkeeping. Returns (||w|| after, passes)."""
     norm = float(w.norm())
     for passes in (1, 2):
         w -= basis.T @ (basis @ w)

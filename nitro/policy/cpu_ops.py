@@ -8,8 +8,9 @@ A 2x256 MLP's forward and backward is almost all of these (bench/learner_update.
 the faster kernel where it applies (CPU; float32 for oneDNN, float32 or float64 for numpy; large enough to
 pay) and torch's op otherwise, so CUDA, float64 products and small (batch-1) calls are unchanged. Both
 backward passes are written with differentiable ops (oneDNN products as Functions, torch's `tanh_backward`),
-so second derivatives (the detector's Hessian-vector products) flow through them, on row-major tensors. Values agree with the torch ops to float32 rounding, not bit for bit (so the same rows can
-round differently on either side of the size threshold).
+so second derivatives (the detector's Hessian-vector products) flow through them, on row-major tensors.
+Values agree with the torch ops to float32 rounding, not bit for bit (so the same rows can round differently
+on either side of the size threshold).
 NITRO_CPU_OPS=0 in a process's environment (or `ENABLED = False`) keeps torch's own ops throughout.
 """
 
@@ -53,8 +54,8 @@ def _own_thread_count() -> None:
     """oneDNN sizes its OpenMP team from the calling thread's own setting, which torch applies to a new thread
     lazily (in its first parallel loop or `torch.get_num_threads` call): ask for it on a thread's first oneDNN
     call (the PPO critic's thread, a job's thread, a backward run on another thread than its forward), so a
-    one-thread learner never runs oneDNN on two. Reading,
-    not setting: a thread's stale count must not overwrite the process's."""
+    one-thread learner never runs oneDNN on two. Reading, not setting: a thread's stale count must not
+    overwrite the process's."""
     if not getattr(_thread, "counted", False):
         torch.get_num_threads()
         _thread.counted = True
