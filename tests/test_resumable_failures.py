@@ -74,7 +74,7 @@ def saved_job(system, job_id: str) -> dict:
         return json.load(f)
 
 
-def test_redis_down_past_patience_fails_resumable_and_resume_completes(system, tmp_path):
+def test_redis_down_past_patience_fails_resumable_and_resume_completes(system, tmp_path, capsys):
     job = "redis-down-resumable"
     with NitroClient(system.learner_address) as client:
         # Round deadline 20 s (SPEC's is 60): the resumed round takes over the wave launched while Redis was
@@ -100,6 +100,16 @@ def test_redis_down_past_patience_fails_resumable_and_resume_completes(system, t
         # What truly ended cannot be resumed, and says so.
         with pytest.raises(FailedPreconditionError, match="cannot be resumed"):
             client.resume(job)
+        # `nitro train --resume` of it (a restarted learner may finish a job before its user resumes it) shows
+        # its rounds and results and exits with its state's code.
+        capsys.readouterr()
+        again = tmp_path / "again"
+        rc = cli.main(["train", "--resume", job, "--target", system.learner_address, "--results-dir",
+                       str(again), "--no-progress", "--state-dir", str(tmp_path / "no-system")])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert f"job {job} ended before this resume (SUCCEEDED" in out and f"job {job} SUCCEEDED" in out
+        assert (again / job / "rounds.csv").read_text().count("\n") == 1 + 4  # the header and every round
 
 
 def test_no_samples_fails_resumable_with_advice_and_is_not_resumed_by_a_restart(system):

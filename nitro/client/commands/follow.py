@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from nitro.client.commands.common import STATE_DIR_DEFAULT, CliError
-from nitro.client.sdk import NitroClient, NitroRpcError
+from nitro.client.sdk import FailedPreconditionError, NitroClient, NitroRpcError
 from nitro.local import system_state
 from nitro.v1 import training_pb2
 
@@ -125,7 +125,17 @@ def run_job(client: NitroClient, spec: dict, opts: FollowOptions, trackers, resu
     """Start the job of `spec`, or resume job `resume`, and follow it to its end."""
     t0 = time.monotonic()
     if resume:  # attaches to the job when the learner runs it already: safe to retry
-        status = Reattacher(opts, resume, print).patiently(lambda: client.resume(resume))
+        try:
+            status = Reattacher(opts, resume, print).patiently(lambda: client.resume(resume))
+        except FailedPreconditionError:
+            # It ended before this resume, e.g. a restarted learner resumed and finished it first: following
+            # it to its end is showing its rounds and results, with its state's exit code.
+            status = client.get(resume)
+            if not status.finished:
+                raise
+            print(f"job {resume} ended before this resume ({status.state_name}: {status.message}); "
+                  f"its rounds and results follow", flush=True)
+            t0 = None
     else:
         status = client.start_training(spec)
     return follow_job(client, status, opts, trackers, t0)
