@@ -11,7 +11,9 @@ Also printed, from the round reports: the same fraction over the first
 EARLY rounds alone. That is the worst case: the detector scores while the
 learner evaluates, and early episodes are short (Hopper falls within tens of
 steps), so evaluation hides little of the detector's ~13 Hessian-vector
-products. NITRO_BENCH_ROUNDS shortens the job (e.g. 8 for a quick look).
+products; and the median of the detector service's Score time per round
+against the evaluation it overlaps (what the detector wait is made of).
+NITRO_BENCH_ROUNDS shortens the job (e.g. 8 for a quick look).
 """
 
 from __future__ import annotations
@@ -70,12 +72,18 @@ def main() -> None:
     early_fraction = (early_wall - sum(r.phases.get(p, 0.0) for r in early for p in WORK)) / early_wall
     early_detect = sum(r.phases.get("detect", 0.0) for r in early) / early_wall
     actors = [r.actors_launched for r in reports]
+    # What the detector wait is made of: the service's Score time against the evaluation it overlaps.
+    score_ms = sorted(r.detector_seconds * 1e3 for r in reports if r.detector_seconds > 0)
+    eval_ms = sorted(r.phases.get("evaluate", 0.0) * 1e3 for r in reports)
+    median = lambda xs: xs[len(xs) // 2] if xs else 0.0  # noqa: E731
     print(f"{len(reports)} rounds of Hopper-v5 PPO, nitro scaler {I_MIN}-{I_MAX} actors (ran {actors}) x {STEPS} "
           f"steps, {EVAL_EPISODES} evaluation "
           f"episodes per round, {elapsed:.1f} s end to end")
     for phase, secs in sorted(sums.items(), key=lambda kv: -kv[1]):
         print(f"  {phase:>9}: {secs:7.3f} s total, {secs / count:6.3f} s per round ({secs / wall:6.1%})")
     print(f"  unattributed bookkeeping: {wall - sum(sums.values()):.3f} s")
+    print(f"  the detector's Score per round: median {median(score_ms):.0f} ms (max {max(score_ms, default=0):.0f}); "
+          f"evaluation it overlaps: median {median(eval_ms):.0f} ms")
     print(f"overhead fraction outside sample/update/evaluate: {fraction:.4f} (target <= {TARGET}); first {len(early)} "
           f"rounds alone: {early_fraction:.4f} (detector wait {early_detect:.4f})")
     print(json.dumps({"benchmark": "round_overhead", "rounds": int(count), "i_min": I_MIN, "i_max": I_MAX, "actors": actors,
@@ -84,6 +92,7 @@ def main() -> None:
                       "phases_seconds": {k: round(v, 4) for k, v in sums.items()},
                       "early_rounds": len(early), "early_ratio": round(early_fraction, 4),
                       "early_detect_ratio": round(early_detect, 4), "final_eval_return": reports[-1].eval_return,
+                      "median_score_ms": round(median(score_ms), 1), "median_evaluate_ms": round(median(eval_ms), 1),
                       "target_ratio": TARGET, "meets_target": fraction <= TARGET}))
 
 
