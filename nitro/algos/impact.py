@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, normalize_slices
-from nitro.algos.sgd import adam, epoch_loss_from, minibatch_length, minibatch_sgd, policy_kl, policy_terms
+from nitro.algos.ppo import UpdateStats, adapt_kl_coeff, minibatch_advantages
+from nitro.algos.sgd import adam, epoch_loss_from, minibatch_sgd, policy_kl, policy_terms
 from nitro.algos.vtrace import vtrace_batches
 from nitro.config import IMPACTConfig
 from nitro.policy.models import ModelSpec, Policy
@@ -182,8 +182,7 @@ class IMPACTLearner:
             return impact_loss(logp, mb.logp_target, mb.weights, mb.adv, value, mb.vs, entropy, kl, clip=cfg.clip,
                                kl_coeff=kl_coeff, value_coeff=cfg.value_coeff, entropy_coeff=cfg.entropy_coeff)
 
-        mb_len = minibatch_length(n, cfg.minibatch_size)
-        per_epoch = (lambda g: {**g, "adv": normalize_slices(g["adv"], mb_len)}) if cfg.normalize_advantages else None
+        per_epoch = minibatch_advantages(n, cfg.minibatch_size) if cfg.normalize_advantages else None
         sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
                             epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss, per_epoch))

@@ -13,6 +13,7 @@ one update.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -128,6 +129,13 @@ def normalize_slices(x: torch.Tensor, size: int) -> torch.Tensor:
     return out
 
 
+def minibatch_advantages(n: int, minibatch_size: int) -> Callable[[dict], dict]:
+    """`epoch_loss_from`'s per_epoch map that standardises the advantages ("adv") of every minibatch of an
+    epoch in one pass (PPO's and IMPACT's normalize_advantages)."""
+    size = minibatch_length(n, minibatch_size)
+    return lambda fields: {**fields, "adv": normalize_slices(fields["adv"], size)}
+
+
 def standardize_batch(x: np.ndarray) -> np.ndarray:
     """Whole-batch standardisation as RLlib's PPO does it: (x - mean) / max(std, 1e-4), population std."""
     x64 = np.asarray(x, dtype=np.float64)
@@ -223,8 +231,7 @@ class PPOLearner:
                                       entropy_coeff=cfg.entropy_coeff)
             return LossTerms((critic, actor))  # the sum is ppo_loss; the critic's term runs on _term_pool()
 
-        mb_len = minibatch_length(n, cfg.minibatch_size)
-        per_epoch = (lambda g: {**g, "adv": normalize_slices(g["adv"], mb_len)}) if cfg.normalize_advantages else None
+        per_epoch = minibatch_advantages(n, cfg.minibatch_size) if cfg.normalize_advantages else None
         sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
                             epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss, per_epoch),
