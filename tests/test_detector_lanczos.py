@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nitro.detector.hvp import explicit_hessian, make_hvp, ppo_objective
-from nitro.detector.lanczos import extremes_delta, lanczos, reorthogonalize, tridiagonal_eigenvalues
+from nitro.detector.lanczos import lanczos, reorthogonalize, residual_delta, ritz_pairs
 from nitro.detector.solvers import eigsh_extremes, explicit_extremes, lobpcg_extremes
 from nitro.policy.models import ModelSpec, Policy
 
@@ -132,11 +132,13 @@ def test_tridiagonal_solver_and_delta_helper():
     rng = np.random.default_rng(0)
     d, e = rng.standard_normal(7), rng.standard_normal(6)
     dense = np.diag(d) + np.diag(e, 1) + np.diag(e, -1)
-    assert np.allclose(tridiagonal_eigenvalues(d, e), np.linalg.eigvalsh(dense))
-    assert np.allclose(tridiagonal_eigenvalues([2.0], []), [2.0])
-    assert extremes_delta([(1.0, -1.0)]) == 1.0
-    assert extremes_delta([(1.0, -1.0), (2.0, -1.0)]) == pytest.approx(0.5)
-    assert extremes_delta([(0.0, 0.0), (0.0, 0.0)]) == 0.0
+    assert np.allclose(ritz_pairs([2.0], [])[0], [2.0]) and ritz_pairs([2.0], [])[1] == pytest.approx([1.0])
+    values, last = ritz_pairs(d, e)
+    exact_values, exact_vectors = np.linalg.eigh(dense)
+    assert np.allclose(values, exact_values) and np.allclose(np.abs(last), np.abs(exact_vectors[-1]))
+    # the larger of the extremes' residual bounds beta |s_j|, relative to the larger extreme's magnitude
+    assert residual_delta(np.array([-1.0, 0.5, 2.0]), np.array([0.1, 0.9, -0.3]), 4.0) == pytest.approx(4.0 * 0.3 / 2.0)
+    assert residual_delta(np.zeros(2), np.ones(2), 1.0) == 0.0
 
 
 def tiny_policy_hvp(seed: int, n: int = 256, hidden=(8,)):
@@ -191,3 +193,17 @@ def test_early_stop_keeps_the_extremes_with_fewer_products():
     assert early.matvecs < full.matvecs
     assert abs(early.lambda_max - 9.0) < 1e-4 and abs(early.lambda_min + 7.0) < 1e-4
     assert early.converged
+
+
+def test_early_stop_is_not_fooled_by_a_slowly_converging_extreme():
+    """Bulk [-1, 1] with the bottom eigenvalue 0.05 below it: the smallest Ritz value creeps towards -1.05 by less
+    than 1e-3 of the scale a step, which a stop on the change of the Ritz values took for convergence (14 products,
+    1.6% off). The residual bound beta |s_j| does not shrink until the value is there."""
+    g = torch.Generator().manual_seed(1)
+    u, _ = torch.linalg.qr(torch.randn(400, 400, dtype=torch.float64, generator=g))
+    eigs = torch.cat([torch.tensor([-1.05, 3.0], dtype=torch.float64), torch.linspace(-1, 1, 398, dtype=torch.float64)])
+    h = u @ torch.diag(eigs) @ u.T
+    res = lanczos(lambda v: h @ v, 400, 20, seed=0, early_stop=True)
+    error = max(abs(res.lambda_max - 3.0), abs(res.lambda_min + 1.05)) / 3.0
+    assert error < 2e-3, (res.matvecs, error)
+    assert not res.converged or error <= res.convergence_delta  # a claimed convergence holds
