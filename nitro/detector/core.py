@@ -22,7 +22,7 @@ import torch
 
 from nitro.contracts import DETECTOR_SUBSET, LANCZOS_STEPS
 from nitro.detector.hvp import impact_objective, make_hvp, ppo_objective, select_subset
-from nitro.detector.lanczos import DEFAULT_TOL, lanczos
+from nitro.detector.lanczos import lanczos
 from nitro.detector.score import DEFAULT_EPS, convexity_ratio
 from nitro.detector.solvers import eigsh_extremes, explicit_extremes, lobpcg_extremes
 from nitro.errors import ConfigError
@@ -80,7 +80,7 @@ def _objective(algo: str, policy, samples, idx, normalize_advantages: bool, clip
 
 def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_size: int = DETECTOR_SUBSET,
            lanczos_steps: int = LANCZOS_STEPS, seed: int = 0, method: str = "lanczos", full_batch: bool = False,
-           normalize_advantages: bool = False, tol: float = DEFAULT_TOL, eps: float = DEFAULT_EPS,
+           normalize_advantages: bool = False, tol: float | None = None, eps: float = DEFAULT_EPS,
            max_explicit_dim: int = 4096, early_stop: bool = True, algo: str = "ppo") -> DetectionResult:
     """Extreme eigenvalues of the surrogate's Hessian w.r.t. policy.policy_parameters().
 
@@ -93,6 +93,8 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
     full_batch=True uses every row (the paper's "without subset" ablation).
     method: lanczos (default, k = lanczos_steps), eigsh, lobpcg, or explicit
     (dense Hessian, only up to max_explicit_dim parameters).
+    tol: the solver's convergence tolerance; None takes each solver's own default
+    (Lanczos: DEFAULT_TOL on its Ritz residual; eigsh and lobpcg: 1e-3).
     """
     if algo not in REQUIRED_FIELDS:
         raise ConfigError(f"unknown detector algo {algo!r}; allowed: {list(ALGOS)}")
@@ -117,12 +119,13 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
     params = [p for p in policy.policy_parameters() if p.requires_grad]
     with torch.enable_grad():
         hvp, dim = make_hvp(objective, params)
+        given = {} if tol is None else {"tol": tol}
         if method == "lanczos":
-            res = lanczos(hvp, dim, lanczos_steps, seed=seed, tol=tol, early_stop=early_stop)
+            res = lanczos(hvp, dim, lanczos_steps, seed=seed, early_stop=early_stop, **given)
         elif method == "eigsh":
-            res = eigsh_extremes(hvp, dim, ncv=max(lanczos_steps, 4), tol=tol, seed=seed)
+            res = eigsh_extremes(hvp, dim, ncv=max(lanczos_steps, 4), seed=seed, **given)
         elif method == "lobpcg":
-            res = lobpcg_extremes(hvp, dim, tol=tol, seed=seed)
+            res = lobpcg_extremes(hvp, dim, seed=seed, **given)
         else:
             if dim > max_explicit_dim:
                 raise ConfigError(f"method 'explicit' needs a Hessian of {dim} x {dim}; "
