@@ -10,7 +10,7 @@ round wall time itself. Target <= 0.03 (issue 18).
 Also printed, from the round reports: the same fraction over the first
 EARLY rounds alone. That is the worst case: the detector scores while the
 learner evaluates, and early episodes are short (Hopper falls within tens of
-steps), so evaluation hides little of the detector's ~13 Hessian-vector
+steps), so evaluation hides little of the detector's ~11 Hessian-vector
 products; and the median of the detector service's Score time per round
 against the evaluation it overlaps (what the detector wait is made of).
 NITRO_BENCH_ROUNDS shortens the job (e.g. 8 for a quick look).
