@@ -45,7 +45,8 @@ class EigResult:
     convergence_delta: the larger Ritz residual bound of the two extremes, relative
     to max(|lambda_max|, |lambda_min|): each lies within delta * that scale of an
     eigenvalue of the operator. 0.0 for an exact (invariant) result, 1.0 when the
-    products were not finite (lambda_max and lambda_min are then NaN).
+    products were not finite (lambda_max and lambda_min are then NaN) or every Ritz
+    value is 0 while beta > 0 (nothing is known yet).
     """
 
     lambda_max: float
