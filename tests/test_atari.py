@@ -11,10 +11,12 @@ import actor_fn.runtime as actor_runtime
 from nitro.data import codec
 from nitro.data.batching import split_batch, wants_compression
 from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
+from nitro.policy import cpu_ops
 from nitro.policy.envs import env_spaces, make_env
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import (
     AtariCNN,
+    OneDNNAtariCNNs,
     Policy,
     atari_cnn_pair_forward,
     fuse_atari_cnns,
@@ -127,6 +129,54 @@ def test_fused_actor_critic_forward_equals_the_two_networks(obs_shape):
     np.testing.assert_array_equal(a1, a0)  # same rng, same actions
     np.testing.assert_allclose(lp1, lp0, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(v1, v)
+
+
+@pytest.mark.skipif(not OneDNNAtariCNNs.available(), reason="oneDNN's prepacked ops are not in this torch build")
+@pytest.mark.parametrize("obs_shape", [(3, 84, 84), (3, 84, 82), (2, 61, 50)])  # layer-1 pads: even; 2 vs 3; uneven
+def test_prepacked_forward_equals_the_networks_at_any_row_count(obs_shape):
+    spec = spec_for_spaces(gym.spaces.Box(0, 255, obs_shape, np.uint8), gym.spaces.Discrete(5))
+    torch.manual_seed(3)
+    policy = Policy(spec)
+    with torch.no_grad():
+        for t in policy.parameters():
+            t.add_(0.05 * torch.randn_like(t))
+    nets = [dict(policy.actor.named_parameters()), dict(policy.critic.named_parameters())]
+    geometry = policy.actor.geometry
+    pair, actor = OneDNNAtariCNNs(nets, geometry, batch=16), OneDNNAtariCNNs(nets[:1], geometry, batch=16)
+    obs = torch.from_numpy(np.random.default_rng(4).integers(0, 256, (16, *obs_shape), dtype=np.uint8))
+    for rows in (16, 9, 1):  # packed for 16 rows; the last lockstep step and batch 1 run fewer
+        x = obs[:rows]
+        with torch.no_grad():
+            logits_ref, values_ref = policy.actor(x), policy.critic(x)
+            (logits, values), (alone,) = pair(x), actor(x)
+        assert logits.shape == (rows, 5) and values.shape == (rows, 1) and float(values_ref.abs().max()) > 1e-2
+        torch.testing.assert_close(logits, logits_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(values, values_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(alone, logits_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_runner_prepacks_once_per_version_and_falls_back_without_onednn(monkeypatch):
+    spec = spec_for_spaces(gym.spaces.Box(0, 255, (3, 84, 84), np.uint8), gym.spaces.Discrete(4))
+    torch.manual_seed(5)
+    policy = Policy(spec)
+    obs = np.random.default_rng(6).integers(0, 256, (8, 3, 84, 84), dtype=np.uint8)
+    with torch.no_grad():
+        x = torch.from_numpy(obs)
+        logits_ref, values_ref = policy.actor(x).numpy(), policy.value(x).numpy()
+    packed = PolicyRunner(spec, policy.numpy_state(), 0)
+    out, v = packed._heads_batch(obs, with_value=True)
+    built = packed._packed_cnn(("actor", "critic"), 8)
+    assert (built is not None) == OneDNNAtariCNNs.available()
+    packed._heads_batch(obs[:3], with_value=True)
+    assert packed._packed_cnn(("actor", "critic"), 3) is built  # cached per runner, whatever the row count
+    monkeypatch.setattr(cpu_ops, "ENABLED", False)  # NITRO_CPU_OPS=0: the dense-weight torch forward
+    dense = PolicyRunner(spec, policy.numpy_state(), 0)
+    out_d, v_d = dense._heads_batch(obs, with_value=True)
+    assert dense._packed_cnn(("actor", "critic"), 8) is None
+    for o, val in ((out, v), (out_d, v_d)):
+        np.testing.assert_allclose(o, logits_ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(val, values_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dense.value_batch(obs), packed.value_batch(obs), rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture

@@ -41,6 +41,18 @@ def _onednn_ok() -> bool:
 _ONEDNN = _onednn_ok()
 
 
+def _onednn_packed_ok() -> bool:
+    """oneDNN's weight prepacking and its convolution with a fused activation (the Atari CNN's inference)."""
+    ops = ("_reorder_linear_weight", "_reorder_convolution_weight", "_convolution_pointwise")
+    try:
+        return _ONEDNN and all(hasattr(torch.ops.mkldnn, name) for name in ops)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN_PACKED = _onednn_packed_ok()
+
+
 def _plain_cpu(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
     """A dense CPU tensor (or parameter) of one of `dtypes`; no subclass whose ops someone intercepts."""
     return t.device.type == "cpu" and t.dtype in dtypes and type(t) in (torch.Tensor, torch.nn.Parameter) \

@@ -263,6 +263,22 @@ class PolicyRunner:
             cache[net] = (params, atari_geometry(self.spec.obs_shape))
         return cache[net]
 
+    def _packed_cnn(self, nets: tuple[str, ...], batch: int):
+        """OneDNNAtariCNNs of the named nets ("actor", "critic"), prepacked for `batch` rows on first use (once
+        per runner = policy version), or None where oneDNN's prepacked ops are unavailable or refuse."""
+        cache = self.__dict__.setdefault("_packed", {})
+        if nets not in cache:
+            from nitro.policy.models import OneDNNAtariCNNs
+
+            cache[nets] = None
+            if OneDNNAtariCNNs.available():
+                try:
+                    cache[nets] = OneDNNAtariCNNs([self._torch_cnn(net)[0] for net in nets],
+                                                  self._torch_cnn(nets[0])[1], batch)
+                except RuntimeError:  # an unsupported CPU or build: the dense-weight forward below serves
+                    pass
+        return cache[nets]
+
     def _heads_batch(self, obs: np.ndarray, with_value: bool) -> tuple[np.ndarray, np.ndarray]:
         """Actor outputs (N, out) and values (N,) float32 for a batch of N observations."""
         n = len(obs)
@@ -273,6 +289,10 @@ class PolicyRunner:
 
             x = torch.from_numpy(np.ascontiguousarray(obs))
             with torch.inference_mode():
+                packed = self._packed_cnn(("actor", "critic") if with_value else ("actor",), n)
+                if packed is not None:
+                    outs = packed(x)
+                    return outs[0].numpy(), outs[1][:, 0].numpy() if with_value else np.zeros(n, dtype=np.float32)
                 if not with_value:
                     return atari_cnn_forward(x, *self._torch_cnn("actor")).numpy(), np.zeros(n, dtype=np.float32)
                 out, values = atari_cnn_pair_forward(x, *self._torch_cnn("pair"))  # ~0.7x the two nets' at 16-32
@@ -351,6 +371,8 @@ class PolicyRunner:
         critic = self._torch_cnn("critic")
         out = np.empty(len(obs), dtype=np.float32)
         with torch.inference_mode():
+            packed = self._packed_cnn(("critic",), chunk)
             for i in range(0, len(obs), chunk):
-                out[i:i + chunk] = atari_cnn_forward(torch.from_numpy(obs[i:i + chunk]), *critic)[:, 0].numpy()
+                x = torch.from_numpy(obs[i:i + chunk])
+                out[i:i + chunk] = (packed(x)[0] if packed else atari_cnn_forward(x, *critic))[:, 0].numpy()
         return out
