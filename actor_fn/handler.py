@@ -135,7 +135,8 @@ def handler(event: dict, context=None) -> dict:
     compress = event.get("compress")
     entry_ids = writer.append_batch(invocation_id=event["invocation_id"], round=event["round"],
                                     policy_version=event["policy_version"], batch=batch,
-                                    compress=None if compress is None else bool(compress))
+                                    compress=None if compress is None else bool(compress),
+                                    value_of=runner.value_batch)
     t_pushed = time.perf_counter()
     returns = batch["episode_returns"]
     return {

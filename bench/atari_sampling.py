@@ -8,7 +8,8 @@ VecSampler with one fused torch actor-critic CNN forward per step (actions and v
 together; only truncations' final observations and the envs' next observations take a
 separate critic pass). Reference, same run: one preprocessed environment (grayscale
 84x84, frame skip 4, 3 stacked frames) stepped with random actions drawn up front.
-Target ratio >= 0.75.
+Target ratio >= 0.75. Also measured at the largest N of the sweep: the sampler of an IMPACT job, whose policy
+versions say `behaviour_values` off, so no per-step critic (printed and in the JSON; not the figure).
 All single-threaded, as an actor function runs. Measurements are interleaved
 (round-robin, median of REPEATS); rates are steps per second of the process's CPU
 time (what a Lambda actor with its own vCPU is billed for; stable on a loaded
@@ -68,12 +69,17 @@ def main() -> None:
     env = make_env(ENV, seed=0)
     env.reset(seed=0)
     spec = spec_for_spaces(env.observation_space, env.action_space)
-    runner = PolicyRunner(spec, Policy(spec).numpy_state(), 0)
+    state = Policy(spec).numpy_state()
+    runner = PolicyRunner(spec, state, 0)
+    lean = PolicyRunner(spec, state, 0, behaviour_values=False)  # an IMPACT job's actors: no per-step values
+    n_lean = max(sweep)
     samplers = {n: make_sampler(ENV, 0, None, n) for n in sweep}
     rngs = {n: np.random.default_rng(n) for n in sweep}
     tasks = {"raw": raw_steps(env, steps)}
     for n in sweep:
         tasks[f"actor_{n}"] = lambda n=n: samplers[n].sample(runner, steps, rngs[n])
+    lean_sampler, lean_rng = make_sampler(ENV, 0, None, n_lean), np.random.default_rng(n_lean)
+    tasks["no_values"] = lambda: lean_sampler.sample(lean, steps, lean_rng)
     for fn in tasks.values():  # warm caches and lazy imports
         fn()
     rates = {c: {k: [] for k in tasks} for c in ("cpu", "wall")}
@@ -103,11 +109,15 @@ def main() -> None:
     best = max(sweep, key=lambda n: fig[f"actor_{n}"])
     ratio = fig[f"actor_{best}"] / fig["raw"]
     print(f"best envs_per_actor={best}: ratio {ratio:.3f} ({args.clock} clock; target >= {TARGET})")
+    print(f"without per-step values (an IMPACT job's actors), envs_per_actor={n_lean}: {cpu['no_values']:,.0f} "
+          f"[{wall['no_values']:,.0f}] steps/s  ratio {cpu['no_values'] / cpu['raw']:.3f} "
+          f"[{wall['no_values'] / wall['raw']:.3f}] against {cpu[f'actor_{n_lean}'] / cpu['raw']:.3f} with them")
     print(json.dumps({
         "benchmark": "atari_sampling", "env": ENV, "obs_shape": list(spec.obs_shape), "clock": args.clock,
         "figure": round(fig[f"actor_{best}"], 1), "reference": round(fig["raw"], 1), "ratio": round(ratio, 4),
         "best_envs_per_actor": best,
         "ratio_by_envs_per_actor": {n: round(fig[f"actor_{n}"] / fig["raw"], 4) for n in sweep},
+        "ratio_without_behaviour_values": {n_lean: round(fig["no_values"] / fig["raw"], 4)},
         "cpu_steps_per_s": {k: round(v, 1) for k, v in cpu.items()},
         "wall_steps_per_s": {k: round(v, 1) for k, v in wall.items()},
         "steps": steps, "scaler_max_envs_per_actor": cap, "repeats": repeats, "target_ratio": TARGET, "meets_target": ratio >= TARGET,

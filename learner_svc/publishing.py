@@ -33,12 +33,15 @@ def detector_subset(data: dict, fields, rng: np.random.Generator, extra: dict | 
 class Publisher:
     """One job's writes of policies and sample subsets; `retry(fn, what)` rides out a Redis restart."""
 
-    def __init__(self, client: redis.Redis, job_id: str, hmac_key: bytes, retry: Callable):
+    def __init__(self, client: redis.Redis, job_id: str, hmac_key: bytes, retry: Callable,
+                 behaviour_values: bool = True):
+        """behaviour_values: the job's learner reads the per-step values actors record (policy_to_blob)."""
         self.client, self.job_id, self.hmac_key, self.retry = client, job_id, hmac_key, retry
+        self.behaviour_values = behaviour_values
         self.policies = PolicyStore(client, job_id, ttl_s=POLICY_TTL_S)
 
     def policy(self, policy: Policy, version: int) -> None:
-        blob = policy_to_blob(policy, version, self.hmac_key)
+        blob = policy_to_blob(policy, version, self.hmac_key, self.behaviour_values)
         self.retry(lambda: self.policies.put(version, blob), "policy publish")
 
     def sample_subset(self, round_index: int, subset: dict) -> str:

@@ -63,7 +63,7 @@ from nitro.policy.models import spec_for_spaces
 from nitro.policy.rollout import evaluate
 from nitro.rpc import metrics
 from nitro.scaling.policies import reads_score
-from nitro.spec import algo_config
+from nitro.spec import BEHAVIOUR_VALUE_ALGOS, algo_config
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,8 @@ class RoundLoop(Generic[R]):
                                           init_log_std=self.cfg.init_log_std)
         self.learner = self.learner_class(self.model_spec, self.cfg, seed=self.spec.seed, device=self.device)
         self.services = Services(job.job_id, self.spec, self.cfg, deps)
-        self.publisher = Publisher(deps.redis, job.job_id, deps.hmac_key, self.redis_call)
+        self.publisher = Publisher(deps.redis, job.job_id, deps.hmac_key, self.redis_call,
+                                   behaviour_values=self.spec.algo in BEHAVIOUR_VALUE_ALGOS)
         self.policies = self.publisher.policies
         self.reader = TrajectoryReader(deps.redis, job.job_id, deps.hmac_key, consumer=f"learner-{job.job_id}")
         self.version = 0

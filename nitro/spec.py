@@ -35,6 +35,11 @@ from nitro.errors import ConfigError, UnknownEnvironmentError
 
 ALGOS = ("ppo", "impact")
 ASYNCHRONOUS_ALGOS = ("impact",)  # the learner trains while the actors sample (off-policy loop, V-trace)
+# Algorithms whose learner reads the values V(obs_t) actors record at every step (PPO's GAE and value clipping).
+# IMPACT's V-trace takes its target network's values, so its actors skip the per-step critic and record only the
+# bootstrap values (truncations' final observations, the batch's next observation): 2-18% more steps per
+# billed second (docs/algorithms.md, IMPACT).
+BEHAVIOUR_VALUE_ALGOS = ("ppo",)
 DETECTOR_FALLBACKS = ("i_min", "last")
 LEARNER_MODES = ("central", "stellaris")
 STALENESS_WEIGHTS = ("inverse", "exp", "none")  # nitro.algos.stellaris.staleness_weight

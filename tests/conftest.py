@@ -50,3 +50,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def fresh_handler(monkeypatch, hmac_key):
+    """The actor's Lambda handler with a cold execution environment (no warm key, sampler, runner or
+    Redis client) and `hmac_key` as its signing key."""
+    import actor_fn.handler as handler_mod
+    from actor_fn import runtime
+
+    monkeypatch.setenv("NITRO_HMAC_KEY", hmac_key.hex())
+    for name in ("key", "sampler", "sampler_key", "runner", "runner_key"):
+        monkeypatch.setattr(handler_mod._Warm, name, None)
+    monkeypatch.setattr(runtime, "WARM_CLIENTS", {})
+    yield handler_mod.handler
+    if handler_mod._Warm.sampler is not None:
+        handler_mod._Warm.sampler.close()

@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-import actor_fn.handler as handler_mod
-import actor_fn.runtime as actor_runtime
 from nitro.data import codec
 from nitro.data.batching import split_batch, wants_compression
 from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
@@ -177,17 +175,6 @@ def test_runner_prepacks_once_per_version_and_falls_back_without_onednn(monkeypa
         np.testing.assert_allclose(o, logits_ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(val, values_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dense.value_batch(obs), packed.value_batch(obs), rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture
-def fresh_handler(monkeypatch, hmac_key):
-    monkeypatch.setenv("NITRO_HMAC_KEY", hmac_key.hex())
-    for name in ("key", "sampler", "sampler_key", "runner", "runner_key"):
-        monkeypatch.setattr(handler_mod._Warm, name, None)
-    monkeypatch.setattr(actor_runtime, "WARM_CLIENTS", {})
-    yield handler_mod.handler
-    if handler_mod._Warm.sampler is not None:
-        handler_mod._Warm.sampler.close()
 
 
 def event(redis_server, **kw):

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import actor_fn.handler as handler_mod
-from actor_fn import runtime
 from nitro.algos.advantages import batch_gae
 from nitro.data.batching import split_batch
 from nitro.data.store import PolicyStore, TrajectoryReader
@@ -422,17 +421,6 @@ def test_scaler_passes_envs_per_actor_to_the_event_and_rejects_bad_values_over_g
                 assert "envs_per_actor" in err.value.details() and "[1, 256]" in err.value.details()
     finally:
         server.stop(None)
-
-
-@pytest.fixture
-def fresh_handler(monkeypatch, hmac_key):
-    monkeypatch.setenv("NITRO_HMAC_KEY", hmac_key.hex())
-    for name in ("key", "sampler", "sampler_key", "runner", "runner_key"):
-        monkeypatch.setattr(handler_mod._Warm, name, None)
-    monkeypatch.setattr(runtime, "WARM_CLIENTS", {})
-    yield handler_mod.handler
-    if handler_mod._Warm.sampler is not None:
-        handler_mod._Warm.sampler.close()
 
 
 def _event(redis_server, **kw):

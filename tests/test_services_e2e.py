@@ -35,6 +35,16 @@ def finished_job(client):
     return client.get(status.job_id), reports
 
 
+def published_behaviour_values(system, job_id: str) -> bool:
+    """Whether the job's latest policy version asks its actors to record per-step values."""
+    from nitro.data.redis_client import connect
+    from nitro.data.store import PolicyStore
+    from nitro.policy.model_spec import blob_to_doc
+
+    store = PolicyStore(connect(system.redis_url), job_id)
+    return blob_to_doc(store.get(store.latest()), bytes.fromhex(system.hmac_key))["behaviour_values"]
+
+
 def actor_bill_of_the_rounds_is_the_ledgers(system, job_id: str, reports) -> None:
     """Each round carries its own launches' Lambda bill on the cloud clock; together they are the job's."""
     from nitro.contracts import scaler_state_key
@@ -50,6 +60,7 @@ def test_three_rounds_streamed_with_complete_reports(finished_job, system):
     status, reports = finished_job
     actor_bill_of_the_rounds_is_the_ledgers(system, status.job_id, reports)
     assert status.state_name == "SUCCEEDED", status.message
+    assert published_behaviour_values(system, status.job_id) is True  # PPO's GAE reads them
     assert [r.round for r in reports] == [0, 1, 2]
     total = 0
     for r in reports:
@@ -237,6 +248,7 @@ def test_impact_asynchronous_three_rounds_through_the_services(client, system):
     assert all(math.isfinite(r.convexity_ratio) and 0.0 <= r.score <= 1.0 for r in reports)
     assert any(r.lambda_max != 0.0 for r in reports), "the detector scored IMPACT's surrogate"
     assert any("policy lag" in n for r in reports for n in r.notes)
+    assert published_behaviour_values(system, job.job_id) is False  # V-trace reads the target network's values
     actor_bill_of_the_rounds_is_the_ledgers(system, job.job_id, reports)
     learner = scrape(system.components["learner"].metrics_port)
     assert sample_value(learner["nitro_policy_lag"], "nitro_policy_lag_count") > 0

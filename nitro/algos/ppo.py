@@ -160,6 +160,9 @@ class UpdateStats:
 
 def collate(batches: list[dict], gamma: float, lam: float, reward_clip: float = 0.0) -> dict[str, np.ndarray]:
     """Concatenate actor batches after computing advantages per batch (each is contiguous)."""
+    if any("values" not in b for b in batches):  # GAE needs V(obs_t); actors leave it out only for IMPACT
+        raise ValueError("a batch has no per-step 'values': its actors sampled with behaviour_values off, which only "
+                         "learners outside nitro.spec.BEHAVIOUR_VALUE_ALGOS (IMPACT) accept")
     advs, rets = zip(*(batch_gae(b, gamma, lam, reward_clip) for b in batches))
     return {
         "obs": np.concatenate([b["obs"] for b in batches]),

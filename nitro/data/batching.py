@@ -13,6 +13,8 @@ the part, and bootstrapped from V at the cut (a shorter trace) just before it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -26,14 +28,24 @@ def wants_compression(batch: dict) -> bool:
     return isinstance(obs, np.ndarray) and obs.dtype == np.uint8 and obs.ndim >= 3
 
 
-def split_batch(batch: dict, parts: int) -> list[dict]:
-    """`parts` contiguous sub-batches of near-equal length (at least one step each)."""
+def split_batch(batch: dict, parts: int, value_of: Callable[[np.ndarray], np.ndarray] | None = None) -> list[dict]:
+    """`parts` contiguous sub-batches of near-equal length (at least one step each).
+
+    A batch without per-step `values` (its learner does not read them: nitro.policy.rollout) takes the
+    bootstrap values at the cuts from `value_of(observations)`, the actor's critic."""
     n = steps_of(batch)
     if not 1 <= parts <= max(n, 1):
         raise ValueError(f"cannot split a batch of {n} steps into {parts} parts")
     if parts == 1:
         return [batch]
     bounds = np.linspace(0, n, parts + 1).round().astype(int)
+    if "values" in batch:
+        values = batch["values"]
+    elif value_of is None:
+        raise ValueError("splitting a batch without per-step values needs value_of (the critic) for the cuts")
+    else:  # V at each cut's next observation; the rows in between are never read
+        values = np.zeros(n, dtype=np.float32)
+        values[bounds[1:-1]] = value_of(np.asarray(batch["obs"])[bounds[1:-1]])
     done = np.asarray(batch["terminated"]) | np.asarray(batch["truncated"])
     cut = batch.get("cut")  # a VecSampler's segment cuts bootstrap like truncations but end no episode
     ends = np.flatnonzero(done if cut is None else done & ~np.asarray(cut))  # j-th finished episode ended at ends[j]
@@ -42,7 +54,7 @@ def split_batch(batch: dict, parts: int) -> list[dict]:
     for a, b in zip(bounds[:-1], bounds[1:]):
         part = {k: (v[a:b] if k in per_step else v) for k, v in batch.items()}
         if b < n:
-            part["bootstrap_value"] = 0.0 if done[b - 1] else float(batch["values"][b])
+            part["bootstrap_value"] = 0.0 if done[b - 1] else float(values[b])
         mine = (ends >= a) & (ends < b)
         for k in ("episode_returns", "episode_lengths"):
             if k in batch:

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,10 +134,11 @@ class TrajectoryWriter:
         return self._xadd([(meta, payload)])[0]
 
     def append_batch(self, *, invocation_id: str, round: int, policy_version: int, batch: dict,
-                     compress: bool | None = None) -> list[str]:
+                     compress: bool | None = None, value_of: Callable | None = None) -> list[str]:
         """Append a batch as one entry, or as contiguous parts if it encodes above max_entry_bytes.
 
         compress=None compresses image observations (nitro.data.batching.wants_compression).
+        value_of: the critic, for the bootstrap values at the cuts of a batch without per-step values.
         Parts go in one MULTI/EXEC, so the learner never sees half of a split batch.
         Raises PayloadTooLargeError when even a single step is over the cap.
         """
@@ -154,7 +156,7 @@ class TrajectoryWriter:
                 raise PayloadTooLargeError(f"one step of the batch encodes above max_entry_bytes="
                                            f"{self.max_entry_bytes}; raise the cap or sample smaller observations")
             encoded = []
-            for i, piece in enumerate(split_batch(batch, parts)):
+            for i, piece in enumerate(split_batch(batch, parts, value_of)):
                 pmeta = (invocation_id, int(round), int(policy_version), steps_of(piece), i, parts)
                 encoded.append((pmeta, encode((*pmeta[:4], piece, i, parts), self._key, compress=compress)))
             if max(len(p) for _, p in encoded) <= self.max_entry_bytes:

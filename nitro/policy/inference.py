@@ -140,9 +140,12 @@ class NumpyAtariCNN:
 class PolicyRunner:
     """Acts with one policy version: `act(obs, rng)` -> (action, log_prob, value)."""
 
-    def __init__(self, spec: ModelSpec, state: dict[str, np.ndarray], version: int):
+    def __init__(self, spec: ModelSpec, state: dict[str, np.ndarray], version: int, behaviour_values: bool = True):
+        """behaviour_values=False: the learner does not read V(obs_t) per step (IMPACT), so the samplers
+        leave the batch's `values` out and evaluate the critic only for the bootstrap values."""
         self.spec = spec
         self.version = version
+        self.behaviour_values = bool(behaviour_values)
         self._torch_policy = None
         self._cnn = None
         if spec.arch == "mlp":
@@ -173,7 +176,9 @@ class PolicyRunner:
 
     @classmethod
     def from_doc(cls, doc: dict) -> "PolicyRunner":
-        return cls(doc["spec"], doc["state"], doc["version"])
+        """A runner for a policy document (nitro.policy.model_spec.blob_to_doc); one without `behaviour_values`
+        (an older learner's) records them."""
+        return cls(doc["spec"], doc["state"], doc["version"], doc.get("behaviour_values", True) is not False)
 
     def _normalize(self, obs: np.ndarray) -> np.ndarray:
         if not self.obs_norm:
@@ -208,7 +213,7 @@ class PolicyRunner:
             with torch.no_grad():
                 t = torch.as_tensor(np.asarray(obs)[None])
                 out = self._torch_policy.actor(self._torch_policy.normalize(t))[0].numpy()
-                value = float(self._torch_policy.value(t)[0])
+                value = float(self._torch_policy.value(t)[0]) if with_value else 0.0
             return out, value
         x = self._normalize(obs).reshape(-1)
         return self.actor(x), float(self.critic(x)[0]) if with_value else 0.0

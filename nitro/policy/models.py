@@ -284,12 +284,15 @@ class Policy(nn.Module):
         return params
 
 
-def policy_to_blob(policy: Policy, version: int, key: bytes) -> bytes:
-    """Serialise a policy version as a signed envelope of builtins and numpy arrays."""
+def policy_to_blob(policy: Policy, version: int, key: bytes, behaviour_values: bool = True) -> bytes:
+    """Serialise a policy version as a signed envelope of builtins and numpy arrays.
+
+    behaviour_values: whether actors sampling with it record V(obs_t) at every step (nitro.spec.BEHAVIOUR_VALUE_ALGOS);
+    a blob without the field (an older learner's) means they do."""
     from nitro.data import codec
 
     doc = {"format": POLICY_FORMAT, "version": int(version), "spec": policy.spec.to_dict(),
-           "state": policy.numpy_state()}
+           "state": policy.numpy_state(), "behaviour_values": bool(behaviour_values)}
     return codec.encode(doc, key)
 
 

@@ -13,7 +13,8 @@ Batch fields (numpy arrays of length T unless noted):
   terminated     bool: the episode ended in a terminal state at this step
   truncated      bool: the episode was cut by a time limit at this step
   logp           float32 behaviour log-probability of the action
-  values         float32 behaviour value estimate V(obs_t)
+  values         float32 behaviour value estimate V(obs_t); absent when the runner's `behaviour_values` is off
+                 (the job's learner does not read them: IMPACT, nitro.spec.BEHAVIOUR_VALUE_ALGOS)
   final_values   float32 V(final observation) at truncated steps, else 0
   bootstrap_value  float: V(observation after the last step), 0 if the last step ended an episode
   episode_returns, episode_lengths   lists for episodes that finished inside this batch
@@ -94,7 +95,8 @@ class Sampler:
         env, obs = self.env, self.obs
         ep_ret, ep_len = self.episode_return, self.episode_length
         # The critic costs less batched after the rollout than once per step; actions never need it.
-        defer = runner.deferred_values
+        record = runner.behaviour_values
+        defer = runner.deferred_values or not record
         for t in range(num_steps):
             action, lp, v = runner.act(obs, rng, with_value=not defer)
             obs_buf[t] = obs
@@ -115,15 +117,16 @@ class Sampler:
                 ep_lengths.append(ep_len)
                 ep_ret, ep_len = 0.0, 0
                 obs, _ = env.reset()
-        if defer:
+        if defer and record:
             values[:] = runner.value_batch(obs_buf)
         last_done = bool(terminated[-1] or truncated[-1]) if num_steps else True
         bootstrap = 0.0 if last_done else runner.value(obs)
         self.obs, self.episode_return, self.episode_length = obs, ep_ret, ep_len
         return {
             "obs": obs_buf, "actions": act_buf, "rewards": rewards, "terminated": terminated,
-            "truncated": truncated, "logp": logp, "values": values, "final_values": final_values,
-            "bootstrap_value": float(bootstrap), "episode_returns": ep_returns, "episode_lengths": ep_lengths,
+            "truncated": truncated, "logp": logp, **({"values": values} if record else {}),
+            "final_values": final_values, "bootstrap_value": float(bootstrap), "episode_returns": ep_returns,
+            "episode_lengths": ep_lengths,
         }
 
     def close(self) -> None:
@@ -188,7 +191,8 @@ class VecSampler:
         logp_tm = np.empty((horizon, n_envs), dtype=np.float32)
         # From ~8 envs the fused CNN pass gives values with the actions at little extra cost; the MLPs'
         # critic (and a CNN's at fewer envs) is cheaper as one batched pass over the whole rollout afterwards.
-        step_values = runner.step_values(n_envs)
+        record = runner.behaviour_values
+        step_values = record and runner.step_values(n_envs)
         val_tm = np.empty((horizon, n_envs), dtype=np.float32) if step_values else None
         rew_tm = np.empty((horizon, n_envs), dtype=np.float32)
         ends: list[tuple[int, int, bool, float, int]] = []  # (t, env, truncated, return, length)
@@ -241,11 +245,12 @@ class VecSampler:
         trunc_rows = [row for row, e in zip(rows, ends) if e[2]]
         truncated[trunc_rows] = True
         terminated[[row for row, e in zip(rows, ends) if not e[2]]] = True
-        # One batched critic pass: the rollout (unless valued per step), the truncations' final observations,
-        # the envs' next observations.
+        # One batched critic pass: the rollout (when recorded and not valued per step), the truncations' final
+        # observations, the envs' next observations.
         extra = [np.stack(trunc_obs)] if trunc_obs else []
-        all_values = runner.value_batch(np.concatenate([*([] if step_values else [obs_buf]), *extra, obs]))
-        if not step_values:
+        rollout = record and not step_values
+        all_values = runner.value_batch(np.concatenate([*([obs_buf] if rollout else []), *extra, obs]))
+        if rollout:
             values[:], all_values = all_values[:num_steps], all_values[num_steps:]
         final_values[trunc_rows] = all_values[:len(trunc_rows)]
         next_v = all_values[len(trunc_rows):]
@@ -263,9 +268,10 @@ class VecSampler:
         self.obs, self.episode_returns, self.episode_lengths = obs, ep_ret, ep_len
         return {
             "obs": obs_buf, "actions": act_buf, "rewards": rewards, "terminated": terminated,
-            "truncated": truncated, "logp": logp, "values": values, "final_values": final_values,
-            "bootstrap_value": float(bootstrap), "episode_returns": [ends[j][3] for j in order],
-            "episode_lengths": [ends[j][4] for j in order], "cut": cut,
+            "truncated": truncated, "logp": logp, **({"values": values} if record else {}),
+            "final_values": final_values, "bootstrap_value": float(bootstrap),
+            "episode_returns": [ends[j][3] for j in order], "episode_lengths": [ends[j][4] for j in order],
+            "cut": cut,
         }
 
     def close(self) -> None:

@@ -1,0 +1,134 @@
+"""Actors of a learner that does not read per-step values (IMPACT) skip the per-step critic.
+
+The learner says so in every policy version it publishes (`behaviour_values`, nitro.spec.BEHAVIOUR_VALUE_ALGOS);
+the samplers then leave `values` out of the batch and evaluate the critic only for the bootstrap values
+(truncations' final observations, the next observations), which must equal those of a run that records
+everything. Real environments, a real Redis and the real actor handler.
+"""
+
+import numpy as np
+import pytest
+
+from nitro.algos.impact import IMPACTLearner
+from nitro.algos.ppo import collate
+from nitro.config import IMPACTConfig
+from nitro.data.batching import split_batch
+from nitro.data.store import PolicyStore, TrajectoryReader
+from nitro.policy.envs import env_spaces
+from nitro.policy.inference import PolicyRunner
+from nitro.policy.model_spec import blob_to_doc
+from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
+from nitro.policy.rollout import make_sampler
+from nitro.spec import ALGOS, BEHAVIOUR_VALUE_ALGOS
+
+ENV = "CartPole-v1"
+KW = {"max_episode_steps": 15}  # a random policy meets both time limits and terminations
+
+
+def runners(env_id: str, env_kwargs: dict | None = None, **spec_kw) -> tuple[PolicyRunner, PolicyRunner]:
+    spec = spec_for_spaces(*env_spaces(env_id, **(env_kwargs or {})), **spec_kw)
+    state = Policy(spec).numpy_state()
+    return PolicyRunner(spec, state, 1), PolicyRunner(spec, state, 1, behaviour_values=False)
+
+
+def critic_calls(runner: PolicyRunner) -> tuple[list[int], list[bool]]:
+    """Record the row counts of the runner's batched critic calls and the with_value of its acting calls."""
+    rows, valued = [], []
+    batched, act, act_batch = runner.value_batch, runner.act, runner.act_batch
+    runner.value_batch = lambda obs, **kw: (rows.append(len(obs)), batched(obs, **kw))[1]
+    runner.act = lambda *a, with_value=True, **kw: (valued.append(with_value), act(*a, with_value=with_value,
+                                                                                      **kw))[1]
+    runner.act_batch = lambda *a, with_value=True, **kw: (valued.append(with_value),
+                                                          act_batch(*a, with_value=with_value, **kw))[1]
+    return rows, valued
+
+
+@pytest.mark.parametrize("env_id,n_envs,steps,kw,spec_kw", [
+    (ENV, 1, 300, KW, {}),
+    (ENV, 4, 300, KW, {"obs_norm": True}),
+    ("Pendulum-v1", 1, 90, {"max_episode_steps": 30}, {}),  # Box actions
+    ("Pendulum-v1", 3, 90, {"max_episode_steps": 20}, {}),
+    ("ALE/Qbert-v5", 8, 48, {"max_episode_steps": 10}, {}),  # the CNN: fused actor-critic pass when recording
+])
+def test_without_behaviour_values_the_batch_is_the_same_less_values(env_id, n_envs, steps, kw, spec_kw):
+    full, lean = runners(env_id, kw, **spec_kw)
+    (full_rows, full_acts), (rows, acts) = critic_calls(full), critic_calls(lean)
+    batches = []
+    for runner in (full, lean):
+        sampler = make_sampler(env_id, 7, kw, n_envs)
+        rng = np.random.default_rng(3)
+        batches.append([sampler.sample(runner, steps, rng) for _ in range(2)])  # the second continues episodes
+        sampler.close()
+    assert any(a["truncated"].any() for a in batches[0])  # bootstraps through time limits are exercised
+    for a, b in zip(*batches):
+        assert "values" in a and "values" not in b
+        assert set(a) - set(b) == {"values"}
+        for k in b:
+            if k in ("final_values", "bootstrap_value"):  # the critic on the same observations
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-5, err_msg=k)
+            elif isinstance(b[k], np.ndarray):
+                np.testing.assert_array_equal(b[k], a[k], err_msg=k)
+            else:
+                assert b[k] == a[k], k
+    # Recording, the critic runs on every step (batched afterwards, or fused into the acting pass); without,
+    # it sees only the bootstrap observations.
+    assert max(full_rows, default=0) >= steps or any(full_acts)
+    bootstraps = [int((b["truncated"] & ~b["cut"]).sum()) + n_envs for b in batches[1]] if n_envs > 1 else []
+    assert rows == bootstraps and not any(acts)  # one env values its few bootstraps one at a time
+
+
+def test_split_batch_without_values_takes_the_cut_bootstraps_from_the_critic():
+    full, lean = runners(ENV, KW)
+    batches = []
+    for runner in (full, lean):
+        sampler = make_sampler(ENV, 2, KW, 1)
+        batches.append(sampler.sample(runner, 240, np.random.default_rng(0)))
+        sampler.close()
+    with pytest.raises(ValueError, match="value_of"):
+        split_batch(batches[1], 3)
+    ref, parts = split_batch(batches[0], 3), split_batch(batches[1], 3, value_of=lean.value_batch)
+    assert len(parts) == 3
+    for p_ref, p in zip(ref, parts):
+        assert p["bootstrap_value"] == pytest.approx(p_ref["bootstrap_value"], abs=1e-5)
+        assert "values" not in p and len(p["rewards"]) == len(p_ref["rewards"])
+    assert split_batch(batches[1], 1) == [batches[1]]  # nothing to cut, no critic needed
+
+
+def test_the_flag_travels_in_the_signed_policy_document_and_defaults_on(hmac_key):
+    policy = Policy(spec_for_spaces(*env_spaces(ENV)))
+    for flag in (True, False):
+        doc = blob_to_doc(policy_to_blob(policy, 3, hmac_key, behaviour_values=flag), hmac_key)
+        assert doc["behaviour_values"] is flag and PolicyRunner.from_doc(doc).behaviour_values is flag
+    older = blob_to_doc(policy_to_blob(policy, 3, hmac_key), hmac_key)
+    del older["behaviour_values"]  # a policy published before the field existed
+    assert PolicyRunner.from_doc(older).behaviour_values is True
+    assert set(BEHAVIOUR_VALUE_ALGOS) == {"ppo"} and set(BEHAVIOUR_VALUE_ALGOS) < set(ALGOS)
+
+
+def _event(redis_server, **kw):
+    e = {"job_id": "bv", "round": 0, "policy_version": 1, "env_id": ENV, "env_kwargs": KW, "num_steps": 200,
+         "seed": 5, "invocation_id": "bv-1", "redis_url": redis_server.url, "reset_episodes": True}
+    e.update(kw)
+    return e
+
+
+def test_an_impact_policy_gets_batches_without_values_that_impact_learns_from_and_ppo_refuses(
+        fresh_handler, redis_server, redis_client, hmac_key):
+    spec = spec_for_spaces(*env_spaces(ENV))
+    policy = Policy(spec)
+    PolicyStore(redis_client, "bv").put(1, policy_to_blob(policy, 1, hmac_key, behaviour_values=False))
+    fresh_handler(_event(redis_server, envs_per_actor=4), None)
+    # A cap that forces a split: the parts' cut bootstraps come from the actor's critic.
+    summary = fresh_handler(_event(redis_server, invocation_id="bv-2", max_entry_bytes=3000), None)
+    assert summary["entries"] > 1
+    reader = TrajectoryReader(redis_client, "bv", hmac_key)
+    entries = reader.read(count=20, block_ms=1000)
+    reader.ack(entries)
+    batches = [e.batch for e in entries]
+    assert len(batches) == 1 + summary["entries"] and all("values" not in b for b in batches)
+    assert sum(len(b["rewards"]) for b in batches) == 400
+    learner = IMPACTLearner(spec, IMPACTConfig(minibatch_size=64, epochs=1))
+    stats = learner.update(batches)
+    assert stats.samples == 400 and np.isfinite(stats.value_loss)
+    with pytest.raises(ValueError, match="'values'"):
+        collate(batches, 0.99, 0.95)
