@@ -167,6 +167,8 @@ def test_runner_prepacks_once_per_version_and_falls_back_without_onednn(monkeypa
     assert (built is not None) == OneDNNAtariCNNs.available()
     packed._heads_batch(obs[:3], with_value=True)
     assert packed._packed_cnn(("actor", "critic"), 3) is built  # cached per runner, whatever the row count
+    np.testing.assert_allclose(packed.value_batch(obs), values_ref, rtol=1e-5, atol=1e-5)  # the critic alone
+    assert (packed._packed_cnn(("critic",), 64) is not None) == OneDNNAtariCNNs.available()
     monkeypatch.setattr(cpu_ops, "ENABLED", False)  # NITRO_CPU_OPS=0: the dense-weight torch forward
     dense = PolicyRunner(spec, policy.numpy_state(), 0)
     out_d, v_d = dense._heads_batch(obs, with_value=True)
@@ -175,6 +177,23 @@ def test_runner_prepacks_once_per_version_and_falls_back_without_onednn(monkeypa
         np.testing.assert_allclose(o, logits_ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(val, values_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dense.value_batch(obs), packed.value_batch(obs), rtol=1e-5, atol=1e-5)
+
+
+def test_a_prepacked_forward_that_fails_on_this_cpu_falls_back_to_the_dense_one(monkeypatch, caplog):
+    spec = spec_for_spaces(gym.spaces.Box(0, 255, (3, 84, 84), np.uint8), gym.spaces.Discrete(4))
+    policy = Policy(spec)
+    obs = np.random.default_rng(7).integers(0, 256, (8, 3, 84, 84), dtype=np.uint8)
+
+    def unsupported(self, x):
+        raise RuntimeError("could not create a primitive")
+
+    monkeypatch.setattr(OneDNNAtariCNNs, "available", staticmethod(lambda: True))
+    monkeypatch.setattr(OneDNNAtariCNNs, "__call__", unsupported)
+    runner = PolicyRunner(spec, policy.numpy_state(), 0)
+    out, v = runner._heads_batch(obs, with_value=True)
+    assert runner._packed_cnn(("actor", "critic"), 8) is None and "dense forward" in caplog.text
+    with torch.no_grad():
+        np.testing.assert_allclose(v, policy.value(torch.from_numpy(obs)).numpy(), rtol=1e-5, atol=1e-5)
 
 
 def event(redis_server, **kw):

@@ -8,9 +8,11 @@ everything. Real environments, a real Redis and the real actor handler.
 
 import numpy as np
 import pytest
+import torch
 
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.ppo import collate
+from nitro.algos.stellaris import compute_update
 from nitro.config import IMPACTConfig
 from nitro.data.batching import split_batch
 from nitro.data.store import PolicyStore, TrajectoryReader
@@ -27,6 +29,7 @@ KW = {"max_episode_steps": 15}  # a random policy meets both time limits and ter
 
 def runners(env_id: str, env_kwargs: dict | None = None, **spec_kw) -> tuple[PolicyRunner, PolicyRunner]:
     spec = spec_for_spaces(*env_spaces(env_id, **(env_kwargs or {})), **spec_kw)
+    torch.manual_seed(0)  # the same weights every run, so the batches (and where the splits fall) are fixed
     state = Policy(spec).numpy_state()
     return PolicyRunner(spec, state, 1), PolicyRunner(spec, state, 1, behaviour_values=False)
 
@@ -87,7 +90,7 @@ def test_split_batch_without_values_takes_the_cut_bootstraps_from_the_critic():
     with pytest.raises(ValueError, match="value_of"):
         split_batch(batches[1], 3)
     ref, parts = split_batch(batches[0], 3), split_batch(batches[1], 3, value_of=lean.value_batch)
-    assert len(parts) == 3
+    assert len(parts) == 3 and any(p["bootstrap_value"] != 0.0 for p in ref[:-1])  # a cut falls mid-episode
     for p_ref, p in zip(ref, parts):
         assert p["bootstrap_value"] == pytest.approx(p_ref["bootstrap_value"], abs=1e-5)
         assert "values" not in p and len(p["rewards"]) == len(p_ref["rewards"])
@@ -132,3 +135,6 @@ def test_an_impact_policy_gets_batches_without_values_that_impact_learns_from_an
     assert stats.samples == 400 and np.isfinite(stats.value_loss)
     with pytest.raises(ValueError, match="'values'"):
         collate(batches, 0.99, 0.95)
+    # Stellaris's learner functions in IMPACT mode take the same batches (V-trace on pi_2's values).
+    g, _ = compute_update(policy, batches, IMPACTConfig(minibatch_size=64, epochs=1), "impact", seed=1)
+    assert g.shape == (sum(p.numel() for p in policy.parameters()),) and np.isfinite(g).all() and np.abs(g).max() > 0

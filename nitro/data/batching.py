@@ -39,14 +39,16 @@ def split_batch(batch: dict, parts: int, value_of: Callable[[np.ndarray], np.nda
     if parts == 1:
         return [batch]
     bounds = np.linspace(0, n, parts + 1).round().astype(int)
+    done = np.asarray(batch["terminated"]) | np.asarray(batch["truncated"])
     if "values" in batch:
         values = batch["values"]
     elif value_of is None:
         raise ValueError("splitting a batch without per-step values needs value_of (the critic) for the cuts")
-    else:  # V at each cut's next observation; the rows in between are never read
+    else:  # V of the observation after each cut that falls mid-episode; no other row is read
         values = np.zeros(n, dtype=np.float32)
-        values[bounds[1:-1]] = value_of(np.asarray(batch["obs"])[bounds[1:-1]])
-    done = np.asarray(batch["terminated"]) | np.asarray(batch["truncated"])
+        rows = bounds[1:-1][~done[bounds[1:-1] - 1]]
+        if len(rows):
+            values[rows] = value_of(np.asarray(batch["obs"])[rows])
     cut = batch.get("cut")  # a VecSampler's segment cuts bootstrap like truncations but end no episode
     ends = np.flatnonzero(done if cut is None else done & ~np.asarray(cut))  # j-th finished episode ended at ends[j]
     per_step = {k for k, v in batch.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n}

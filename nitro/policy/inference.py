@@ -12,12 +12,14 @@ normalisation uses the torch model throughout. All runners expose `act`/`value`.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
 
 from nitro.policy.model_spec import LOG_STD_MAX, LOG_STD_MIN, OBS_CLIP, ModelSpec, same_pad
 
+log = logging.getLogger(__name__)
 _LOG_2PI = math.log(2.0 * math.pi)
 MLP_VALUE_CHUNK = 4096  # rows per batched numpy critic pass (value_batch)
 FUSED_MIN_BATCH = 8  # from this many observations a step the fused CNN pass also gives the values (step_values)
@@ -278,10 +280,15 @@ class PolicyRunner:
             cache[nets] = None
             if OneDNNAtariCNNs.available():
                 try:
-                    cache[nets] = OneDNNAtariCNNs([self._torch_cnn(net)[0] for net in nets],
-                                                  self._torch_cnn(nets[0])[1], batch)
-                except RuntimeError:  # an unsupported CPU or build: the dense-weight forward below serves
-                    pass
+                    packed = OneDNNAtariCNNs([self._torch_cnn(net)[0] for net in nets],
+                                             self._torch_cnn(nets[0])[1], batch)
+                    import torch
+
+                    with torch.inference_mode():  # a kernel the CPU lacks fails here, not inside a rollout
+                        packed(torch.zeros((1, *self.spec.obs_shape), dtype=torch.uint8))
+                    cache[nets] = packed
+                except RuntimeError as exc:  # an unsupported CPU or build: the dense-weight forward serves
+                    log.warning("oneDNN's prepacked Atari CNN is unavailable (%s); using the dense forward", exc)
         return cache[nets]
 
     def _heads_batch(self, obs: np.ndarray, with_value: bool) -> tuple[np.ndarray, np.ndarray]:
