@@ -53,6 +53,22 @@ def test_preprocessing_grayscale_84_frame_skip_and_configurable_stack():
     env4.close()
 
 
+def test_the_emulator_observation_fetched_as_grayscale_changes_nothing():
+    envs = [make_env(ENV), make_env(ENV, obs_type="rgb")]  # the default fetches grayscale, the wrapper ignores it
+    assert [e.unwrapped._obs_type for e in envs] == ["grayscale", "rgb"]
+    first = [e.reset(seed=3)[0] for e in envs]
+    np.testing.assert_array_equal(*first)
+    for a in np.random.default_rng(0).integers(0, envs[0].action_space.n, 200):
+        (o1, r1, te1, tr1, _), (o2, r2, te2, tr2, _) = (e.step(int(a)) for e in envs)
+        np.testing.assert_array_equal(o1, o2)
+        assert (r1, te1, tr1) == (r2, te2, tr2)
+        if te1 or tr1:
+            first = [e.reset()[0] for e in envs]
+            np.testing.assert_array_equal(*first)
+    for e in envs:
+        e.close()
+
+
 def test_cnn_forward_backward_shapes(spec, policy):
     assert spec.arch == "cnn" and spec.action_kind == "discrete" and not spec.obs_norm
     obs = torch.randint(0, 256, (5, 3, 84, 84), dtype=torch.uint8)

@@ -96,7 +96,11 @@ def make_env(env_id: str, seed: int | None = None, *, atari: AtariOptions | None
     if is_atari(registered):
         named = {k: kwargs.pop(k) for k in ATARI_OPTION_NAMES if k in kwargs}
         opts = dataclasses.replace(atari or AtariOptions(), **named)
-        # Frame skipping happens in the preprocessing wrapper, so the ALE env itself must not skip.
+        # Frame skipping happens in the preprocessing wrapper, so the ALE env itself must not skip. The wrapper
+        # reads each frame's grayscale screen from the emulator itself and drops the env's own observation, so
+        # that one is fetched as grayscale too (a third of RGB's bytes): the same observations and rewards,
+        # ~6% more steps a second for the raw env and the actor alike (docs/algorithms.md, Atari).
+        kwargs.setdefault("obs_type", "grayscale")
         env = gym.make(registered, frameskip=1, repeat_action_probability=0.0, **kwargs)
         env = gym.wrappers.AtariPreprocessing(
             env, noop_max=opts.noop_max, frame_skip=opts.frame_skip, screen_size=opts.screen_size,
