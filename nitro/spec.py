@@ -292,8 +292,12 @@ def _validate_env_kwargs(spec: TrainingSpec) -> None:
     if not spec.env_kwargs:
         return
     try:
-        make_env(spec.env_id, **spec.env_kwargs).close()
-    except Exception as exc:  # whatever the environment's constructor raises for arguments it rejects
+        env = make_env(spec.env_id, **spec.env_kwargs)
+        try:  # some arguments are only read at reset (an ALE env's obs_type="ram" fails the preprocessing there)
+            env.reset(seed=0)
+        finally:
+            env.close()
+    except Exception as exc:  # whatever the environment's constructor or reset raises for arguments it rejects
         raise InvalidSpec("env_kwargs", f"{spec.env_id} does not accept {spec.env_kwargs}: "
                           f"{type(exc).__name__}: {exc}"[:1000]) from None
 

@@ -208,6 +208,7 @@ def test_bad_model_flags_are_usage_errors(flags, capsys):
     ({"activation": "gelu"}, "activation", "['relu', 'tanh']"),
     ({"env_id": "ALE/Pong-v5", "hidden_sizes": [64]}, "hidden_sizes", "Atari CNN"),
     ({"env_kwargs": {"nope": 1}}, "env_kwargs", "does not accept"),
+    ({"env_id": "ALE/Pong-v5", "env_kwargs": {"obs_type": "ram"}}, "env_kwargs", "does not accept"),  # at reset
     ({"env_kwargs": {"render_mode": "human"}}, "env_kwargs", "reserved"),
     ({"env_kwargs": {"not a name": 1}}, "env_kwargs", "identifier"),
     ({"env_kwargs": {"x": float("inf")}}, "env_kwargs", "finite"),

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 _LOG_2PI = math.log(2.0 * math.pi)
 MLP_VALUE_CHUNK = 4096  # rows per batched numpy critic pass (value_batch)
 FUSED_MIN_BATCH = 8  # from this many observations a step the fused CNN pass also gives the values (step_values)
+_packed_failed = False  # a prepacked CNN failed its probe in this process: later versions take the dense forward
 
 
 class NumpyMLP:
@@ -137,6 +138,12 @@ class NumpyAtariCNN:
             wo, bo = self.heads_w[net]
             outs.append(x @ wo + bo)
         return outs
+
+
+def _note_packed_failure(exc: Exception) -> None:
+    global _packed_failed
+    _packed_failed = True
+    log.warning("oneDNN's prepacked Atari CNN is unavailable (%s); using the dense forward", exc)
 
 
 class PolicyRunner:
@@ -278,17 +285,18 @@ class PolicyRunner:
             from nitro.policy.models import OneDNNAtariCNNs
 
             cache[nets] = None
-            if OneDNNAtariCNNs.available():
+            if OneDNNAtariCNNs.available() and not _packed_failed:
                 try:
                     packed = OneDNNAtariCNNs([self._torch_cnn(net)[0] for net in nets],
                                              self._torch_cnn(nets[0])[1], batch)
                     import torch
 
-                    with torch.inference_mode():  # a kernel the CPU lacks fails here, not inside a rollout
-                        packed(torch.zeros((1, *self.spec.obs_shape), dtype=torch.uint8))
+                    # A kernel the CPU lacks fails here, not inside a rollout: probed at the packed row count.
+                    with torch.inference_mode():
+                        packed(torch.zeros((batch, *self.spec.obs_shape), dtype=torch.uint8))
                     cache[nets] = packed
                 except RuntimeError as exc:  # an unsupported CPU or build: the dense-weight forward serves
-                    log.warning("oneDNN's prepacked Atari CNN is unavailable (%s); using the dense forward", exc)
+                    _note_packed_failure(exc)
         return cache[nets]
 
     def _heads_batch(self, obs: np.ndarray, with_value: bool) -> tuple[np.ndarray, np.ndarray]:
