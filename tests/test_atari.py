@@ -188,7 +188,6 @@ def test_runner_prepacks_once_per_version_and_falls_back_without_onednn(monkeypa
     packed._heads_batch(obs[:3], with_value=True)
     assert packed._packed_cnn(("actor", "critic"), 3) is built  # cached per runner, whatever the row count
     np.testing.assert_allclose(packed.value_batch(obs), values_ref, rtol=1e-5, atol=1e-5)  # the critic alone
-    assert (packed._packed_cnn(("critic",), 64) is not None) == OneDNNAtariCNNs.available()
     monkeypatch.setattr(cpu_ops, "ENABLED", False)  # NITRO_CPU_OPS=0: the dense-weight torch forward
     dense = PolicyRunner(spec, policy.numpy_state(), 0)
     out_d, v_d = dense._heads_batch(obs, with_value=True)
@@ -196,10 +195,10 @@ def test_runner_prepacks_once_per_version_and_falls_back_without_onednn(monkeypa
     for o, val in ((out, v), (out_d, v_d)):
         np.testing.assert_allclose(o, logits_ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(val, values_ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dense.value_batch(obs), packed.value_batch(obs), rtol=1e-5, atol=1e-5)
 
 
 def test_a_prepacked_forward_that_fails_on_this_cpu_falls_back_to_the_dense_one(monkeypatch, caplog):
+    """A kernel the CPU lacks fails at the first call: that call and every later one take the dense forward."""
     spec = spec_for_spaces(gym.spaces.Box(0, 255, (3, 84, 84), np.uint8), gym.spaces.Discrete(4))
     policy = Policy(spec)
     obs = np.random.default_rng(7).integers(0, 256, (8, 3, 84, 84), dtype=np.uint8)
@@ -215,7 +214,7 @@ def test_a_prepacked_forward_that_fails_on_this_cpu_falls_back_to_the_dense_one(
     assert runner._packed_cnn(("actor", "critic"), 8) is None and "dense forward" in caplog.text
     with torch.no_grad():
         np.testing.assert_allclose(v, policy.value(torch.from_numpy(obs)).numpy(), rtol=1e-5, atol=1e-5)
-    caplog.clear()  # the next policy version neither rebuilds, probes nor warns again
+    caplog.clear()  # the next policy version neither rebuilds nor warns again
     later = PolicyRunner(spec, policy.numpy_state(), 1)
     later._heads_batch(obs, with_value=True)
     assert inference._packed_failed and later._packed_cnn(("actor", "critic"), 8) is None and not caplog.text

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 _LOG_2PI = math.log(2.0 * math.pi)
 MLP_VALUE_CHUNK = 4096  # rows per batched numpy critic pass (value_batch)
 FUSED_MIN_BATCH = 8  # from this many observations a step the fused CNN pass also gives the values (step_values)
-_packed_failed = False  # a prepacked CNN failed its probe in this process: later versions take the dense forward
+_packed_failed = False  # a prepacked CNN failed on this CPU: this process takes the dense forward from then on
 
 
 class NumpyMLP:
@@ -287,17 +287,24 @@ class PolicyRunner:
             cache[nets] = None
             if OneDNNAtariCNNs.available() and not _packed_failed:
                 try:
-                    packed = OneDNNAtariCNNs([self._torch_cnn(net)[0] for net in nets],
-                                             self._torch_cnn(nets[0])[1], batch)
-                    import torch
-
-                    # A kernel the CPU lacks fails here, not inside a rollout: probed at the packed row count.
-                    with torch.inference_mode():
-                        packed(torch.zeros((batch, *self.spec.obs_shape), dtype=torch.uint8))
-                    cache[nets] = packed
+                    cache[nets] = OneDNNAtariCNNs([self._torch_cnn(net)[0] for net in nets],
+                                                  self._torch_cnn(nets[0])[1], batch)
                 except RuntimeError as exc:  # an unsupported CPU or build: the dense-weight forward serves
                     _note_packed_failure(exc)
         return cache[nets]
+
+    def _packed_forward(self, nets: tuple[str, ...], x):
+        """The prepacked nets' outputs for the uint8 batch x, or None where they are unavailable or fail on this
+        CPU (a kernel it lacks fails at the first call; the dense forward then serves this process)."""
+        packed = self._packed_cnn(nets, len(x))
+        if packed is None:
+            return None
+        try:
+            return packed(x)
+        except RuntimeError as exc:
+            self._packed[nets] = None
+            _note_packed_failure(exc)
+            return None
 
     def _heads_batch(self, obs: np.ndarray, with_value: bool) -> tuple[np.ndarray, np.ndarray]:
         """Actor outputs (N, out) and values (N,) float32 for a batch of N observations."""
@@ -309,9 +316,8 @@ class PolicyRunner:
 
             x = torch.from_numpy(np.ascontiguousarray(obs))
             with torch.inference_mode():
-                packed = self._packed_cnn(("actor", "critic") if with_value else ("actor",), n)
-                if packed is not None:
-                    outs = packed(x)
+                outs = self._packed_forward(("actor", "critic") if with_value else ("actor",), x)
+                if outs is not None:
                     return outs[0].numpy(), outs[1][:, 0].numpy() if with_value else np.zeros(n, dtype=np.float32)
                 if not with_value:
                     return atari_cnn_forward(x, *self._torch_cnn("actor")).numpy(), np.zeros(n, dtype=np.float32)
@@ -380,7 +386,9 @@ class PolicyRunner:
         """V(obs_t) for a (T, *obs_shape) batch, float32.
 
         The CNN critic runs batched in torch, whose convolutions are ~2.5x cheaper per
-        sample at batch 64 than numpy's at batch 1 (one thread either way).
+        sample at batch 64 than numpy's at batch 1 (one thread either way). On dense weights: this pass runs
+        once per batch, where prepacking a policy version's weights (~1 ms) costs more than it saves (32 rows,
+        the Atari presets' batch: ~2 ms either way).
         """
         if self._cnn is None:
             return np.asarray([self.value(o) for o in obs], dtype=np.float32)
@@ -391,8 +399,6 @@ class PolicyRunner:
         critic = self._torch_cnn("critic")
         out = np.empty(len(obs), dtype=np.float32)
         with torch.inference_mode():
-            packed = self._packed_cnn(("critic",), chunk)
             for i in range(0, len(obs), chunk):
-                x = torch.from_numpy(obs[i:i + chunk])
-                out[i:i + chunk] = (packed(x)[0] if packed else atari_cnn_forward(x, *critic))[:, 0].numpy()
+                out[i:i + chunk] = atari_cnn_forward(torch.from_numpy(obs[i:i + chunk]), *critic)[:, 0].numpy()
         return out
