@@ -19,7 +19,8 @@ Event (JSON):
                         environment's episode, so the batch depends on the event only (reproducible runs)
   envs_per_actor  int   optional (default 1); environments stepped in lockstep with one batched inference
                         per step, in [1, min(256, num_steps)]; num_steps stays the total over all of them
-                        (nitro.rollout.VecSampler: env i's steps are one contiguous segment of the batch)
+                        (nitro.rollout.VecSampler: env i's steps are one contiguous segment of the batch;
+                        Atari ids on ALE's C++ vector env, nitro.policy.ale_vector)
 
 The HMAC key comes from NITRO_HMAC_KEY or NITRO_HMAC_KEY_FILE. A warm execution
 environment keeps its Redis connection, its environment (episodes continue
@@ -43,6 +44,7 @@ from nitro.data.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, Poli
 from nitro.errors import ConfigError
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.model_spec import blob_to_doc
+from nitro.policy.ale_vector import ALEVecSampler
 from nitro.policy.rollout import Sampler, VecSampler, make_sampler
 
 REQUIRED = {"job_id": str, "round": int, "policy_version": int, "env_id": str, "num_steps": int, "seed": int,
@@ -53,7 +55,7 @@ MAX_STEPS = 1_000_000
 class _Warm:
     """What survives between invocations in one execution environment."""
 
-    sampler: Sampler | VecSampler | None = None
+    sampler: Sampler | VecSampler | ALEVecSampler | None = None
     sampler_key: tuple | None = None
     runner: PolicyRunner | None = None
     runner_key: tuple | None = None
@@ -95,7 +97,8 @@ def _runner(client, job_id: str, version: int, key: bytes, clock: InvocationCloc
     return _Warm.runner
 
 
-def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int, envs: int = 1) -> Sampler | VecSampler:
+def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int,
+             envs: int = 1) -> Sampler | VecSampler | ALEVecSampler:
     sk = (job_id, env_id, tuple(sorted(env_kwargs.items())), envs)
     if _Warm.sampler_key != sk:
         if _Warm.sampler is not None:

@@ -8,8 +8,12 @@ VecSampler with one fused torch actor-critic CNN forward per step (actions and v
 together; only truncations' final observations and the envs' next observations take a
 separate critic pass). Reference, same run: one preprocessed environment (grayscale
 84x84, frame skip 4, 3 stacked frames) stepped with random actions drawn up front.
-Target ratio >= 0.75. Also measured at the largest N of the sweep: the sampler of an IMPACT job, whose policy
-versions say `behaviour_values` off, so no per-step critic (printed and in the JSON; not the figure).
+For N > 1 the envs are ALE's C++ vector env (nitro.policy.ale_vector, one thread), which the sampling
+path uses for Atari ids. Target ratio >= 0.75. Also measured at the largest N of the sweep (printed and in
+the JSON; not the figure): the sampler of an IMPACT job, whose policy versions say `behaviour_values` off, so
+no per-step critic; the same VecSampler on N of make_env's Python envs (NITRO_ALE_VECTOR=0, the path before
+the vector env); and the bare vector env stepping N envs with random actions, the C++ env's own rate, to
+which the actor is also compared.
 All single-threaded, as an actor function runs. Measurements are interleaved
 (round-robin, median of REPEATS); rates are steps per second of the process's CPU
 time (what a Lambda actor with its own vCPU is billed for; stable on a loaded
@@ -38,10 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from nitro.contracts import MIN_STEPS_PER_ENV  # noqa: E402
+from nitro.policy.ale_vector import ALEVecSampler  # noqa: E402
 from nitro.policy.envs import make_env  # noqa: E402
 from nitro.policy.inference import PolicyRunner  # noqa: E402
 from nitro.policy.models import Policy, spec_for_spaces  # noqa: E402
-from nitro.policy.rollout import make_sampler  # noqa: E402
+from nitro.policy.rollout import VecSampler, make_sampler  # noqa: E402
 
 ENV, TARGET = "ALE/Qbert-v5", 0.75
 
@@ -54,6 +59,16 @@ def raw_steps(env, steps: int):
             _, _, term, trunc, _ = env.step(int(a))
             if term or trunc:
                 env.reset()
+    return run
+
+
+def vector_steps(vec, steps: int):
+    n = vec.num_envs
+    actions = np.random.default_rng(0).integers(0, vec.single_action_space.n, (steps // n, n))
+
+    def run():
+        for a in actions:
+            vec.step(a)
     return run
 
 
@@ -80,6 +95,10 @@ def main() -> None:
         tasks[f"actor_{n}"] = lambda n=n: samplers[n].sample(runner, steps, rngs[n])
     lean_sampler, lean_rng = make_sampler(ENV, 0, None, n_lean), np.random.default_rng(n_lean)
     tasks["no_values"] = lambda: lean_sampler.sample(lean, steps, lean_rng)
+    python_envs, python_rng = VecSampler(ENV, n_lean, seed=0), np.random.default_rng(n_lean)
+    tasks["python_envs"] = lambda: python_envs.sample(runner, steps, python_rng)
+    vector = ALEVecSampler(ENV, n_lean, seed=0)
+    tasks["vector_env"] = vector_steps(vector.vec, steps)
     for fn in tasks.values():  # warm caches and lazy imports
         fn()
     rates = {c: {k: [] for k in tasks} for c in ("cpu", "wall")}
@@ -112,12 +131,18 @@ def main() -> None:
     print(f"without per-step values (an IMPACT job's actors), envs_per_actor={n_lean}: {cpu['no_values']:,.0f} "
           f"[{wall['no_values']:,.0f}] steps/s  ratio {cpu['no_values'] / cpu['raw']:.3f} "
           f"[{wall['no_values'] / wall['raw']:.3f}] against {cpu[f'actor_{n_lean}'] / cpu['raw']:.3f} with them")
+    print(f"envs_per_actor={n_lean} on make_env's Python envs (NITRO_ALE_VECTOR=0): {cpu['python_envs']:,.0f} "
+          f"[{wall['python_envs']:,.0f}] steps/s  ratio {cpu['python_envs'] / cpu['raw']:.3f}")
+    print(f"the bare vector env, {n_lean} envs, random actions: {cpu['vector_env']:,.0f} [{wall['vector_env']:,.0f}] "
+          f"steps/s; the actor at {n_lean} envs is {cpu[f'actor_{n_lean}'] / cpu['vector_env']:.3f} of it")
     print(json.dumps({
         "benchmark": "atari_sampling", "env": ENV, "obs_shape": list(spec.obs_shape), "clock": args.clock,
         "figure": round(fig[f"actor_{best}"], 1), "reference": round(fig["raw"], 1), "ratio": round(ratio, 4),
         "best_envs_per_actor": best,
         "ratio_by_envs_per_actor": {n: round(fig[f"actor_{n}"] / fig["raw"], 4) for n in sweep},
         "ratio_without_behaviour_values": {n_lean: round(fig["no_values"] / fig["raw"], 4)},
+        "ratio_on_python_envs": {n_lean: round(fig["python_envs"] / fig["raw"], 4)},
+        "ratio_to_bare_vector_env": {n_lean: round(fig[f"actor_{n_lean}"] / fig["vector_env"], 4)},
         "cpu_steps_per_s": {k: round(v, 1) for k, v in cpu.items()},
         "wall_steps_per_s": {k: round(v, 1) for k, v in wall.items()},
         "steps": steps, "scaler_max_envs_per_actor": cap, "repeats": repeats, "target_ratio": TARGET, "meets_target": ratio >= TARGET,

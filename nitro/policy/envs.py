@@ -106,13 +106,63 @@ def make_env(env_id: str, seed: int | None = None, *, atari: AtariOptions | None
         env = gym.wrappers.AtariPreprocessing(
             env, noop_max=opts.noop_max, frame_skip=opts.frame_skip, screen_size=opts.screen_size,
             terminal_on_life_loss=opts.terminal_on_life_loss, grayscale_obs=True, scale_obs=False)
-        env = gym.wrappers.FrameStackObservation(env, opts.frame_stack)
+        # Zeros before an episode's first frame (not copies of it): what ALE's C++ vector env stacks, so both
+        # backends of VecSampler and the evaluation env show a policy the same observations.
+        env = gym.wrappers.FrameStackObservation(env, opts.frame_stack, padding_type="zero")
     else:
         env = gym.make(registered, **kwargs)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
+
+
+# Besides the AtariOptions (terminal_on_life_loss off), the gym.make arguments of an ALE id that ALE's vector
+# env reproduces: the frame limits (gym.make's max_episode_steps caps the raw ALE env's frames, make_env's frame
+# skipping sitting above it, as the vector env's max_num_frames_per_episode does), the action set, and the type
+# of the observation the preprocessing discards. Anything else (mode, difficulty, ...) keeps the Python envs.
+_FRAME_LIMITS = ("max_num_frames_per_episode", "max_episode_steps")
+_ALE_VECTOR_GYM_KWARGS = frozenset({*_FRAME_LIMITS, "full_action_space", "obs_type"})
+
+
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def ale_vector_kwargs(env_id: str, env_kwargs: dict | None = None) -> dict | None:
+    """Keyword arguments of `ale_py.vector_env.AtariVectorEnv` whose sub-environments each behave as
+    `make_env(env_id, **env_kwargs)` does, or None where the vector env cannot reproduce it.
+
+    Same frames, rewards and episode ends for the same actions (tests/test_ale_vector.py), but for two things.
+    The no-op starts (noop_max > 0) draw from another random generator. And the vector env counts an episode's
+    frames from the end of its reset (the ROM's start-up frames and the no-ops), where make_env's ALE env counts
+    max_num_frames_per_episode (108,000 by default) from the reset itself: under that limit an episode can run a
+    few steps longer (Berzerk: 5 of 27,000, plus up to noop_max / frame_skip); under gym.make's
+    max_episode_steps, which counts from the end of the reset too, it ends at the same step. None for: non-ALE ids, ids
+    registered with a step limit of their own, terminal_on_life_loss (the vector env's episodic life continues
+    the game where make_env resets it), and any gym.make argument not in _ALE_VECTOR_GYM_KWARGS.
+    """
+    registered = resolve_env_id(env_id)
+    if not is_atari(registered):
+        return None
+    spec = gym.spec(registered)
+    if spec.entry_point != "ale_py.env:AtariEnv" or spec.max_episode_steps is not None:
+        return None
+    kwargs = dict(env_kwargs or {})
+    opts = dataclasses.replace(AtariOptions(), **{k: kwargs.pop(k) for k in ATARI_OPTION_NAMES if k in kwargs})
+    limits = [n for n in (kwargs.get(k, spec.kwargs.get(k)) for k in _FRAME_LIMITS) if n is not None]
+    full_action_space = kwargs.get("full_action_space", spec.kwargs.get("full_action_space", False))
+    if opts.terminal_on_life_loss or not set(kwargs) <= _ALE_VECTOR_GYM_KWARGS \
+            or kwargs.get("obs_type", "grayscale") not in ("grayscale", "rgb") \
+            or not all(map(_positive_int, (opts.frame_skip, opts.frame_stack, opts.screen_size, *limits))) \
+            or not limits or not (isinstance(opts.noop_max, int) and opts.noop_max >= 0) \
+            or not isinstance(full_action_space, bool):
+        return None
+    return {"game": spec.kwargs["game"], "frameskip": opts.frame_skip, "stack_num": opts.frame_stack,
+            "img_height": opts.screen_size, "img_width": opts.screen_size, "noop_max": opts.noop_max,
+            "grayscale": True, "maxpool": True, "repeat_action_probability": 0.0, "episodic_life": False,
+            "reward_clipping": False, "use_fire_reset": False, "full_action_space": full_action_space,
+            "max_num_frames_per_episode": min(limits)}
 
 
 def env_spaces(env_id: str, **kwargs) -> tuple[gym.Space, gym.Space]:

@@ -52,10 +52,30 @@ def env_seed(seed: int | None, index: int) -> int | None:
 
 
 def make_sampler(env_id: str, seed: int | None = None, env_kwargs: dict | None = None, envs_per_actor: int = 1):
-    """The sampler an actor uses: the single-env Sampler for 1 env, else a VecSampler of `envs_per_actor` envs."""
+    """The sampler an actor uses: the single-env Sampler for 1 env; for N > 1 envs of an Atari id, ALE's C++
+    vector env where it reproduces the job's env (nitro.policy.ale_vector), else a VecSampler of N envs."""
     if envs_per_actor == 1:
         return Sampler(env_id, seed=seed, env_kwargs=env_kwargs)
+    from nitro.policy.ale_vector import ALEVecSampler, vector_kwargs_for
+
+    vector_kwargs = vector_kwargs_for(env_id, env_kwargs)
+    if vector_kwargs is not None:
+        return ALEVecSampler(env_id, envs_per_actor, seed=seed, vector_kwargs=vector_kwargs)
     return VecSampler(env_id, envs_per_actor, seed=seed, env_kwargs=env_kwargs)
+
+
+def check_num_envs(num_envs: int) -> None:
+    if not 1 <= num_envs <= MAX_ENVS_PER_ACTOR:
+        raise ValueError(f"envs_per_actor must be in [1, {MAX_ENVS_PER_ACTOR}], got {num_envs}")
+
+
+def lockstep_layout(num_steps: int, n_envs: int) -> tuple[list[int], np.ndarray]:
+    """Each env's step count (num_steps // n_envs, one more for the first num_steps % n_envs: longest first) and
+    the row where its segment starts in the env-major batch."""
+    if not 1 <= n_envs <= max(num_steps, 1):
+        raise ValueError(f"cannot spread {num_steps} steps over {n_envs} environments (at least one each)")
+    lengths = [num_steps // n_envs + (i < num_steps % n_envs) for i in range(n_envs)]
+    return lengths, np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 
 
 class Sampler:
@@ -142,8 +162,7 @@ class VecSampler:
     """
 
     def __init__(self, env_id: str, num_envs: int, seed: int | None = None, env_kwargs: dict | None = None):
-        if not 1 <= num_envs <= MAX_ENVS_PER_ACTOR:
-            raise ValueError(f"envs_per_actor must be in [1, {MAX_ENVS_PER_ACTOR}], got {num_envs}")
+        check_num_envs(num_envs)
         self.env_id = env_id
         self.envs = []
         try:
@@ -178,10 +197,7 @@ class VecSampler:
 
     def sample(self, runner: PolicyRunner, num_steps: int, rng: np.random.Generator) -> dict:
         n_envs, envs = len(self.envs), self.envs
-        if not 1 <= n_envs <= max(num_steps, 1):
-            raise ValueError(f"cannot spread {num_steps} steps over {n_envs} environments (at least one each)")
-        lengths = [num_steps // n_envs + (i < num_steps % n_envs) for i in range(n_envs)]  # longest first
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        lengths, starts = lockstep_layout(num_steps, n_envs)
         horizon = lengths[0]
         # Observations go straight to their env-major rows of the batch (an Atari step's 16 rows are 340 KB:
         # a time-major copy and the gather after it cost ~1% of the sampling); the small per-step fields are
@@ -229,54 +245,74 @@ class VecSampler:
                 obs[i] = ob
             rew_tm[t, :k] = rews
 
-        act_buf = np.empty((num_steps, *act_tm.shape[2:]), dtype=act_tm.dtype)
-        rewards, logp = np.empty(num_steps, dtype=np.float32), np.empty(num_steps, dtype=np.float32)
-        values = np.empty(num_steps, dtype=np.float32)
-        for i, (a, n) in enumerate(zip(starts, lengths)):
-            act_buf[a:a + n] = act_tm[:n, i]
-            rewards[a:a + n], logp[a:a + n] = rew_tm[:n, i], logp_tm[:n, i]
-            if step_values:
-                values[a:a + n] = val_tm[:n, i]
-        terminated = np.zeros(num_steps, dtype=bool)
-        truncated = np.zeros(num_steps, dtype=bool)
-        cut = np.zeros(num_steps, dtype=bool)
-        final_values = np.zeros(num_steps, dtype=np.float32)
-        rows = [int(starts[i]) + t for t, i, *_ in ends]
-        trunc_rows = [row for row, e in zip(rows, ends) if e[2]]
-        truncated[trunc_rows] = True
-        terminated[[row for row, e in zip(rows, ends) if not e[2]]] = True
-        # One batched critic pass: the rollout (when recorded and not valued per step), the truncations' final
-        # observations, the envs' next observations.
-        extra = [np.stack(trunc_obs)] if trunc_obs else []
-        rollout = record and not step_values
-        all_values = runner.value_batch(np.concatenate([*([obs_buf] if rollout else []), *extra, obs]))
-        if rollout:
-            values[:], all_values = all_values[:num_steps], all_values[num_steps:]
-        final_values[trunc_rows] = all_values[:len(trunc_rows)]
-        next_v = all_values[len(trunc_rows):]
-        bootstrap = 0.0
-        for i in range(n_envs):  # every env has at least one step
-            last = int(starts[i]) + lengths[i] - 1
-            if terminated[last] or truncated[last]:
-                continue
-            if i == n_envs - 1:  # the batch's last step: the usual bootstrap
-                bootstrap = float(next_v[i])
-            else:  # cut mid-episode: bootstrap from V(next observation) as at a time limit
-                truncated[last] = cut[last] = True
-                final_values[last] = next_v[i]
-        order = sorted(range(len(ends)), key=rows.__getitem__)
         self.obs, self.episode_returns, self.episode_lengths = obs, ep_ret, ep_len
-        return {
-            "obs": obs_buf, "actions": act_buf, "rewards": rewards, "terminated": terminated,
-            "truncated": truncated, "logp": logp, **({"values": values} if record else {}),
-            "final_values": final_values, "bootstrap_value": float(bootstrap),
-            "episode_returns": [ends[j][3] for j in order], "episode_lengths": [ends[j][4] for j in order],
-            "cut": cut,
-        }
+        return lockstep_batch(runner, starts, lengths, obs_buf, act_tm, logp_tm, val_tm, rew_tm, ends, trunc_obs,
+                              obs)
 
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def lockstep_batch(runner: PolicyRunner, starts: np.ndarray, lengths: list[int], obs_buf: np.ndarray,
+                   act_tm: np.ndarray, logp_tm: np.ndarray, val_tm: np.ndarray | None, rew_tm: np.ndarray,
+                   ends: list[tuple[int, int, bool, float, int]], trunc_obs: list[np.ndarray],
+                   next_obs: np.ndarray, unrecorded_ends: list[tuple[int, float, int]] = ()) -> dict:
+    """The env-major batch (module docstring) of a lockstep rollout of len(lengths) envs.
+
+    obs_buf already env-major; act_tm, logp_tm, rew_tm (and val_tm when the runner valued each step) time-major
+    (horizon, n_envs); `ends` (t, env, truncated by a limit, return, length) for the episodes that ended at a
+    recorded step, `trunc_obs` the truncations' final observations in the order of their `ends`; `next_obs`
+    (n_envs, ...) the observation that follows each env's last recorded step. `unrecorded_ends` (env, return,
+    length): episodes that ended at a step an env took after its last recorded one (a backend whose envs
+    cannot sit out the last lockstep step); they are listed after that env's segment and change no row.
+    """
+    num_steps, n_envs = len(obs_buf), len(lengths)
+    record, step_values = runner.behaviour_values, val_tm is not None
+    act_buf = np.empty((num_steps, *act_tm.shape[2:]), dtype=act_tm.dtype)
+    rewards, logp = np.empty(num_steps, dtype=np.float32), np.empty(num_steps, dtype=np.float32)
+    values = np.empty(num_steps, dtype=np.float32)
+    for i, (a, n) in enumerate(zip(starts, lengths)):
+        act_buf[a:a + n] = act_tm[:n, i]
+        rewards[a:a + n], logp[a:a + n] = rew_tm[:n, i], logp_tm[:n, i]
+        if step_values:
+            values[a:a + n] = val_tm[:n, i]
+    terminated = np.zeros(num_steps, dtype=bool)
+    truncated = np.zeros(num_steps, dtype=bool)
+    cut = np.zeros(num_steps, dtype=bool)
+    final_values = np.zeros(num_steps, dtype=np.float32)
+    rows = [int(starts[i]) + t for t, i, *_ in ends]
+    trunc_rows = [row for row, e in zip(rows, ends) if e[2]]
+    truncated[trunc_rows] = True
+    terminated[[row for row, e in zip(rows, ends) if not e[2]]] = True
+    # One batched critic pass: the rollout (when recorded and not valued per step), the truncations' final
+    # observations, the envs' next observations.
+    extra = [np.stack(trunc_obs)] if trunc_obs else []
+    rollout = record and not step_values
+    all_values = runner.value_batch(np.concatenate([*([obs_buf] if rollout else []), *extra, next_obs]))
+    if rollout:
+        values[:], all_values = all_values[:num_steps], all_values[num_steps:]
+    final_values[trunc_rows] = all_values[:len(trunc_rows)]
+    next_v = all_values[len(trunc_rows):]
+    bootstrap = 0.0
+    for i in range(n_envs):  # every env has at least one step
+        last = int(starts[i]) + lengths[i] - 1
+        if terminated[last] or truncated[last]:
+            continue
+        if i == n_envs - 1:  # the batch's last step: the usual bootstrap
+            bootstrap = float(next_v[i])
+        else:  # cut mid-episode: bootstrap from V(next observation) as at a time limit
+            truncated[last] = cut[last] = True
+            final_values[last] = next_v[i]
+    listed = [((row, 0), ret, length) for row, (_, _, _, ret, length) in zip(rows, ends)]
+    listed += [((int(starts[i]) + lengths[i] - 1, 1), ret, length) for i, ret, length in unrecorded_ends]
+    listed.sort(key=lambda e: e[0])
+    return {
+        "obs": obs_buf, "actions": act_buf, "rewards": rewards, "terminated": terminated,
+        "truncated": truncated, "logp": logp, **({"values": values} if record else {}),
+        "final_values": final_values, "bootstrap_value": float(bootstrap),
+        "episode_returns": [e[1] for e in listed], "episode_lengths": [e[2] for e in listed], "cut": cut,
+    }
 
 
 def evaluate(runner: PolicyRunner, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,
