@@ -42,9 +42,9 @@ from nitro.contracts import MAX_ENVS_PER_ACTOR
 from nitro.data import codec
 from nitro.data.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
 from nitro.errors import ConfigError
+from nitro.policy.ale_vector import ALEVecSampler
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.model_spec import blob_to_doc
-from nitro.policy.ale_vector import ALEVecSampler
 from nitro.policy.rollout import Sampler, VecSampler, make_sampler
 
 REQUIRED = {"job_id": str, "round": int, "policy_version": int, "env_id": str, "num_steps": int, "seed": int,

@@ -6,21 +6,24 @@ batches must be identical, through terminations, frame-limit truncations, segmen
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import actor_fn.handler as handler_mod
+from nitro.data.batching import split_batch
 from nitro.data.store import PolicyStore, TrajectoryReader
 from nitro.policy.ale_vector import ENABLE_VAR, ALEVecSampler
-from nitro.policy.envs import ale_vector_kwargs, env_spaces, make_env
+from nitro.policy.envs import ale_vector_kwargs, env_spaces, make_env, resolve_env_id
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
-from nitro.policy.rollout import Sampler, VecSampler, make_sampler
+from nitro.policy.rollout import Sampler, VecSampler, env_seed, make_sampler
 
 # Berzerk under a near-uniform policy ends episodes in ~140-230 steps; a limit of 800 frames cuts them at 200
-# steps, so a few hundred steps per env see both terminations and truncations. (gym.make's max_episode_steps,
-# which counts frames from the end of the reset as the vector env does; see nitro.policy.envs.ale_vector_kwargs.)
+# steps, so a few hundred steps per env see both terminations and truncations. (gym.make's max_episode_steps:
+# with no no-ops it counts frames from the end of the reset, as the vector env does, where the ALE env's own
+# max_num_frames_per_episode counts Berzerk's start-up frames too; nitro.policy.envs.ale_vector_kwargs.)
 BERZERK, BERZERK_KW = "ALE/Berzerk-v5", {"noop_max": 0, "max_episode_steps": 800}
 
 
@@ -65,10 +68,15 @@ def test_vector_kwargs_carry_make_envs_preprocessing():
     ("ALE/Qbert-v5", {"max_episode_steps": 0}),
     ("ALE/Qbert-v5", {"max_num_frames_per_episode": True}),
     ("ALE/Qbert-v5", {"noop_max": -1}),
+    ("ALE/Qbert-v5", {"noop_max": 1}),  # make_env: always one no-op; the vector env: never
+    ("ALE/QbertModeForTests-v5", None),  # registered with a mode of its own
 ])
 def test_settings_the_vector_env_cannot_reproduce_keep_the_python_envs(env_id, kw):
+    if env_id == "ALE/QbertModeForTests-v5" and env_id not in gym.registry:
+        resolve_env_id("ALE/Qbert-v5")  # registers ale_py's ids (and its entry point)
+        gym.register(env_id, entry_point="ale_py.env:AtariEnv", kwargs={"game": "qbert", "mode": 0})
     assert ale_vector_kwargs(env_id, kw) is None
-    if env_id.startswith("ALE/") and kw.keys() <= {"terminal_on_life_loss", "mode"}:
+    if env_id.startswith("ALE/") and (kw or {}).keys() <= {"terminal_on_life_loss", "mode"}:
         sampler = make_sampler(env_id, 0, kw, 2)
         assert type(sampler) is VecSampler
         sampler.close()
@@ -109,42 +117,74 @@ def test_batches_equal_the_python_envs_through_episode_ends(n_envs, steps, runne
     python.close()
 
 
-def test_uneven_steps_record_the_same_rows_and_leave_the_extra_step_out():
-    """30 steps over 4 envs: envs 2 and 3 take the last lockstep step unrecorded. The Python envs stepping
-    32 (every env 8) draw the same actions, so the batch is theirs less those two rows, the two segments cut
-    where the rows were; an episode that ended at such a step is still listed, and both samplers are then in
-    the same state. 768 = 4 x 192 steps first puts each env's 200th step, its frame-limit truncation, last."""
+def expected_uneven(want: dict, n_envs: int, runner: PolicyRunner) -> dict:
+    """What the vector env's (8 n - 2)-step batch must be, from the Python envs' 8 n-step batch with the same
+    actions: that batch less the 8th step of the last two envs, whose segments end one step earlier. The
+    second-to-last env's segment is cut there, bootstrapped from V(the left-out step's observation); the last
+    env's is the batch's end, so that value is the bootstrap. An episode that ended at a left-out step stays
+    listed, at its env's last row."""
+    removed = [(n_envs - 2) * 8 + 7, (n_envs - 1) * 8 + 7]
+    keep = np.setdiff1d(np.arange(8 * n_envs), removed)
+    out = {k: (v[keep] if isinstance(v, np.ndarray) else v) for k, v in want.items()}
+    v_removed = runner.value_batch(want["obs"][removed])
+    cut_row = (n_envs - 2) * 8 + 6
+    out["truncated"], out["cut"], out["final_values"] = out["truncated"].copy(), out["cut"].copy(), \
+        out["final_values"].copy()
+    out["truncated"][cut_row] = out["cut"][cut_row] = True
+    out["final_values"][cut_row] = v_removed[0]
+    out["bootstrap_value"] = float(v_removed[1])
+    done = want["terminated"] | (want["truncated"] & ~want["cut"])
+    rows = [int(r) for r in np.flatnonzero(done)]
+    position = {r: i for i, r in enumerate(keep)}
+    if set(rows) & set(removed):
+        out["episode_rows"] = [position[r] if r in position else position[r - 1] for r in rows]
+    return out
+
+
+def assert_batch_close(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        if k in ("values", "final_values", "bootstrap_value"):  # the same critic in other batch compositions
+            np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        elif isinstance(v, np.ndarray):
+            np.testing.assert_array_equal(got[k], v, err_msg=k)
+        else:
+            assert got[k] == v, k
+
+
+@pytest.mark.parametrize("n_envs,runner_kw", [(4, {}), (8, {}), (4, {"behaviour_values": False})])
+def test_uneven_steps_record_the_same_rows_and_leave_the_extra_step_out(n_envs, runner_kw):
+    """8 n - 2 steps over n envs: the last two envs take the last lockstep step unrecorded. The Python envs
+    stepping 8 n (every env 8) draw the same actions, so both samplers end each call in the same state, and the
+    vector env's batch follows from theirs (expected_uneven). 192 n steps first put each env's 200th step, its
+    time-limit truncation, at the left-out step; later an uneven call leaves out a step mid-episode."""
     env_id, kw = "ALE/Pong-v5", {"noop_max": 0, "max_episode_steps": 800}  # Pong lasts; 200-step limit
-    runner = runner_for(env_id, kw, seed=1)
-    vector, python = ALEVecSampler(env_id, 4, seed=5, env_kwargs=kw), VecSampler(env_id, 4, seed=5, env_kwargs=kw)
+    runner = runner_for(env_id, kw, seed=1, **runner_kw)
+    vector, python = ALEVecSampler(env_id, n_envs, seed=5, env_kwargs=kw), \
+        VecSampler(env_id, n_envs, seed=5, env_kwargs=kw)
     rngs = np.random.default_rng(2), np.random.default_rng(2)
-    got, want = (s.sample(runner, 768, g) for s, g in zip((vector, python), rngs))
-    assert_same_batch(got, want)
-
-    got, want = vector.sample(runner, 30, rngs[0]), python.sample(runner, 32, rngs[1])
-    removed = [2 * 8 + 7, 3 * 8 + 7]  # env 2's and env 3's 8th step
-    assert want["truncated"][removed].all() and not want["cut"][removed].any()  # each ended at its limit
-    keep = np.setdiff1d(np.arange(32), removed)
-    for k in ("obs", "actions", "rewards", "logp", "terminated"):
-        np.testing.assert_array_equal(got[k], want[k][keep], err_msg=k)
-    np.testing.assert_allclose(got["values"], want["values"][keep], rtol=1e-5, atol=1e-6)
-    # Env 2's segment (rows 16-22 of 30) is cut where the left-out step starts, bootstrapped from that
-    # observation's value; env 3's is the batch's last, so that value is the batch's bootstrap.
-    expect_trunc, expect_cut = want["truncated"][keep].copy(), want["cut"][keep].copy()
-    expect_trunc[22] = expect_cut[22] = True
-    np.testing.assert_array_equal(got["truncated"], expect_trunc)
-    np.testing.assert_array_equal(got["cut"], expect_cut)
-    final = want["final_values"][keep].copy()
-    final[22] = want["values"][23]
-    np.testing.assert_allclose(got["final_values"], final, rtol=1e-5, atol=1e-6)
-    assert got["bootstrap_value"] == pytest.approx(float(want["values"][31]), rel=1e-5, abs=1e-6)
-    assert want["bootstrap_value"] == 0.0 and not got["terminated"][-1] and not got["truncated"][-1]
-    # The four episodes ended at their 200th step, two of them at a left-out step: all listed, in env order.
-    assert got["episode_returns"] == want["episode_returns"] and len(got["episode_returns"]) == 4
-    assert got["episode_lengths"] == want["episode_lengths"] == [200] * 4
-
-    got, want = vector.sample(runner, 64, rngs[0]), python.sample(runner, 64, rngs[1])
-    assert_same_batch(got, want)  # fresh episodes everywhere: the same state again
+    for call, per_env in enumerate((192, 8, 16, 8, 16)):
+        uneven = per_env == 8
+        steps = per_env * n_envs
+        got, want = vector.sample(runner, steps - 2 * uneven, rngs[0]), python.sample(runner, steps, rngs[1])
+        if not uneven:
+            assert_same_batch(got, want)
+            continue
+        assert_batch_close(got, expected_uneven(want, n_envs, runner))
+        if call == 1:  # every env's steps 193-200: all episodes end at their 200th step
+            assert got["episode_lengths"] == [200] * n_envs and got["episode_rows"][-2:] == \
+                [(n_envs - 2) * 8 + 6, 8 * n_envs - 3]
+            # Split, each part lists the episodes that ended in it, those at a left-out step included.
+            parts = split_batch(got, 3, value_of=runner.value_batch)
+            assert sum((p["episode_returns"] for p in parts), []) == got["episode_returns"]
+            starts = np.cumsum([0] + [len(p["rewards"]) for p in parts[:-1]])
+            for p, start in zip(parts, starts):
+                assert [r + start for r in p["episode_rows"]] == \
+                    [r for r in got["episode_rows"] if start <= r < start + len(p["rewards"])]
+        else:  # steps 17-24 of fresh episodes: the left-out step is mid-episode
+            assert not got["episode_returns"] and "episode_rows" not in got and got["cut"][(n_envs - 2) * 8 + 6]
+    assert vector.episode_lengths.tolist() == python.episode_lengths  # same state at the end
+    assert vector.episode_returns.tolist() == python.episode_returns
     vector.close()
     python.close()
 
@@ -167,6 +207,36 @@ def test_seeds_reproduce_the_run_and_reseed_restarts_it():
     assert not np.array_equal(unseeded[0].obs, unseeded[1].obs)
     for s in unseeded:
         s.close()
+
+
+@pytest.mark.parametrize("kw", [
+    {"frame_skip": 2, "frame_stack": 4, "screen_size": 64},
+    {"full_action_space": True, "obs_type": "rgb", "frame_stack": 1},
+    {"max_num_frames_per_episode": 240, "frame_skip": 3},  # truncations at 80 steps
+])
+def test_other_preprocessing_settings_give_the_python_envs_batches(kw):
+    kw = {"noop_max": 0, **kw}
+    runner = runner_for("ALE/SpaceInvaders-v5", kw)
+    got, want = (cls("ALE/SpaceInvaders-v5", 2, seed=4, env_kwargs=kw).sample(runner, 200, np.random.default_rng(0))
+                 for cls in (ALEVecSampler, VecSampler))
+    assert got["obs"].shape == (200, kw.get("frame_stack", 3), kw.get("screen_size", 84), kw.get("screen_size", 84))
+    assert_same_batch(got, want)
+    if "max_num_frames_per_episode" in kw:
+        assert (got["truncated"] & ~got["cut"]).sum() == 2
+
+
+def test_env_i_is_seeded_as_the_python_envs_seed_it():
+    kw = ale_vector_kwargs("ALE/Qbert-v5")  # no-op starts on: the seed decides them
+    sampler = ALEVecSampler("ALE/Qbert-v5", 3, seed=2**40 + 7)
+    from ale_py.vector_env import AtariVectorEnv
+
+    for i in range(3):
+        one = AtariVectorEnv(kw["game"], 1, num_threads=1, autoreset_mode="SameStep",
+                             **{k: v for k, v in kw.items() if k != "game"})
+        obs, _ = one.reset(seed=np.array([env_seed(2**40 + 7, i) % 2**31]))
+        np.testing.assert_array_equal(sampler.obs[i], obs[0])
+        one.close()
+    sampler.close()
 
 
 def test_a_box_policy_is_refused_with_a_clear_error():

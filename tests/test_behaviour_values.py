@@ -52,6 +52,8 @@ def critic_calls(runner: PolicyRunner) -> tuple[list[int], list[bool]]:
     ("Pendulum-v1", 1, 90, {"max_episode_steps": 30}, {}),  # Box actions
     ("Pendulum-v1", 3, 90, {"max_episode_steps": 20}, {}),
     ("ALE/Qbert-v5", 8, 48, {"max_episode_steps": 10}, {}),  # the CNN: fused actor-critic pass when recording
+    # The Python envs (terminal_on_life_loss keeps them) rather than ALE's vector env
+    ("ALE/Qbert-v5", 8, 48, {"max_episode_steps": 10, "terminal_on_life_loss": True}, {}),
 ])
 def test_without_behaviour_values_the_batch_is_the_same_less_values(env_id, n_envs, steps, kw, spec_kw):
     full, lean = runners(env_id, kw, **spec_kw)

@@ -50,7 +50,10 @@ def split_batch(batch: dict, parts: int, value_of: Callable[[np.ndarray], np.nda
         if len(rows):
             values[rows] = value_of(np.asarray(batch["obs"])[rows])
     cut = batch.get("cut")  # a VecSampler's segment cuts bootstrap like truncations but end no episode
-    ends = np.flatnonzero(done if cut is None else done & ~np.asarray(cut))  # j-th finished episode ended at ends[j]
+    if "episode_rows" in batch:  # listed where no row ends them too (nitro.policy.rollout, episode_rows)
+        ends = np.asarray(batch["episode_rows"], dtype=np.int64)
+    else:  # the j-th finished episode ended at ends[j]
+        ends = np.flatnonzero(done if cut is None else done & ~np.asarray(cut))
     per_step = {k for k, v in batch.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n}
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -61,5 +64,7 @@ def split_batch(batch: dict, parts: int, value_of: Callable[[np.ndarray], np.nda
         for k in ("episode_returns", "episode_lengths"):
             if k in batch:
                 part[k] = [x for x, m in zip(batch[k], mine) if m]
+        if "episode_rows" in batch:
+            part["episode_rows"] = [int(r) - int(a) for r, m in zip(ends, mine) if m]
         out.append(part)
     return out

@@ -1,18 +1,21 @@
 """Atari actors with several envs on ALE's own C++ vector env (`ale_py.vector_env.AtariVectorEnv`).
 
 The N emulators, their frame skipping, max-pooling, resizing and frame stacking run in C++ on one worker
-thread (the calling thread waits, so the process's CPU time is one core's, as an actor's), about 18% more
-steps a second than N of make_env's Python-wrapped envs (docs/algorithms.md, Atari). Each sub-environment
+thread (the calling thread waits, so the process's CPU time is one core's, as an actor's): an actor at 16
+Qbert envs samples 14-17% more steps a CPU second than on 16 of make_env's Python-wrapped envs
+(docs/algorithms.md, "Atari on ALE's C++ vector env"). Each sub-environment
 shows the policy what `make_env` would: `nitro.policy.envs.ale_vector_kwargs` maps the job's env_kwargs and
 refuses what the vector env cannot reproduce, and then the Python VecSampler serves. The batch is the
 VecSampler's (nitro.policy.rollout, same layout and bootstrapping, built by `lockstep_batch`).
 
 One difference: the vector env steps all its envs or none, so when `num_steps` is not a multiple of N the
-envs with one step fewer (the last num_steps % N ... N - 1) still take the last lockstep step. That step is
-not in the batch: the env's segment ends before it and is cut there like any segment (bootstrapped from the
+envs with one step fewer (the last N - num_steps % N) still take the last lockstep step. That step is not in
+the batch: the env's segment ends before it and is cut there like any segment (bootstrapped from the
 observation the step started from), its reward counts towards the episode's return, and an episode it ends
-is listed after the segment. At most N - 1 such steps an invocation; none when N divides num_steps (the
-presets' 512 and 32 steps with 2, 4, 8 or 16 envs).
+is listed after the segment, the batch then carrying `episode_rows` (nitro.policy.rollout) for splitting.
+At most N - 1 such steps an invocation; none when N divides num_steps (512 steps with 2, 4, 8 or 16 envs).
+The same step also draws its action noise for all N envs, where the Python VecSampler draws it for the envs
+that step, so the two backends' generators part there.
 
 NITRO_ALE_VECTOR=0 in an actor's environment keeps the Python envs (for comparisons and as a way out).
 """

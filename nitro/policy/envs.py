@@ -129,24 +129,33 @@ def _positive_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
+# What a registered ALE id's own kwargs may hold for the vector env to reproduce it (make_env overrides frameskip
+# and repeat_action_probability; a registration with mode or difficulty, say, keeps the Python envs).
+_ALE_VECTOR_SPEC_KWARGS = frozenset({"game", "frameskip", "repeat_action_probability", "full_action_space",
+                                     "max_num_frames_per_episode", "obs_type"})
+
+
 def ale_vector_kwargs(env_id: str, env_kwargs: dict | None = None) -> dict | None:
     """Keyword arguments of `ale_py.vector_env.AtariVectorEnv` whose sub-environments each behave as
     `make_env(env_id, **env_kwargs)` does, or None where the vector env cannot reproduce it.
 
-    Same frames, rewards and episode ends for the same actions (tests/test_ale_vector.py), but for two things.
-    The no-op starts (noop_max > 0) draw from another random generator. And the vector env counts an episode's
-    frames from the end of its reset (the ROM's start-up frames and the no-ops), where make_env's ALE env counts
-    max_num_frames_per_episode (108,000 by default) from the reset itself: under that limit an episode can run a
-    few steps longer (Berzerk: 5 of 27,000, plus up to noop_max / frame_skip); under gym.make's
-    max_episode_steps, which counts from the end of the reset too, it ends at the same step. None for: non-ALE ids, ids
-    registered with a step limit of their own, terminal_on_life_loss (the vector env's episodic life continues
-    the game where make_env resets it), and any gym.make argument not in _ALE_VECTOR_GYM_KWARGS.
+    With no-op starts off (noop_max=0) the same frames, rewards and episode ends for the same actions
+    (tests/test_ale_vector.py). With them on, three differences: the vector env draws 0 to noop_max - 1 no-ops
+    from its own generator where make_env draws 1 to noop_max (noop_max=1, a fixed single no-op for make_env,
+    therefore keeps the Python envs); and it counts an episode's frames from the end of its reset, where
+    make_env's limits count the no-op frames (gym.make's max_episode_steps) and also the ROM's start-up frames
+    (max_num_frames_per_episode, 108,000 by default), so a truncated episode can run up to
+    noop_max / frame_skip steps longer (and a few more for the start-up frames: 5 for Berzerk, in 27,000).
+    None for: non-ALE ids, ids registered with a step limit or settings of their own, terminal_on_life_loss
+    (the vector env's episodic life continues the game where make_env resets it), and any gym.make argument
+    not in _ALE_VECTOR_GYM_KWARGS.
     """
     registered = resolve_env_id(env_id)
     if not is_atari(registered):
         return None
     spec = gym.spec(registered)
-    if spec.entry_point != "ale_py.env:AtariEnv" or spec.max_episode_steps is not None:
+    if spec.entry_point != "ale_py.env:AtariEnv" or spec.max_episode_steps is not None \
+            or not set(spec.kwargs) <= _ALE_VECTOR_SPEC_KWARGS or "game" not in spec.kwargs:
         return None
     kwargs = dict(env_kwargs or {})
     opts = dataclasses.replace(AtariOptions(), **{k: kwargs.pop(k) for k in ATARI_OPTION_NAMES if k in kwargs})
@@ -155,7 +164,7 @@ def ale_vector_kwargs(env_id: str, env_kwargs: dict | None = None) -> dict | Non
     if opts.terminal_on_life_loss or not set(kwargs) <= _ALE_VECTOR_GYM_KWARGS \
             or kwargs.get("obs_type", "grayscale") not in ("grayscale", "rgb") \
             or not all(map(_positive_int, (opts.frame_skip, opts.frame_stack, opts.screen_size, *limits))) \
-            or not limits or not (isinstance(opts.noop_max, int) and opts.noop_max >= 0) \
+            or not limits or not (isinstance(opts.noop_max, int) and opts.noop_max >= 0 and opts.noop_max != 1) \
             or not isinstance(full_action_space, bool):
         return None
     return {"game": spec.kwargs["game"], "frameskip": opts.frame_skip, "stack_num": opts.frame_stack,

@@ -28,7 +28,10 @@ set and `final_values` holds V(the env's next observation), which is the
 `bootstrap_value` that env would have had alone. Such steps are also marked in
   cut            bool (T,): a segment cut, not an episode end (only in batches of N > 1 envs)
 so nitro.batching can tell cuts from finished episodes. Episode lists are ordered by
-the position in the batch of the step that ended them. `num_steps` is the total over
+the position in the batch of the step that ended them. A batch that also lists episodes
+ended by a step left out of it (nitro.policy.ale_vector: an uneven last lockstep step) carries
+  episode_rows   list[int]: the row each listed episode ended at, for those the env's last row
+so that splitting the batch hands every episode to the right part. `num_steps` is the total over
 the N envs (env i gets num_steps // N steps, one more for the first num_steps % N).
 """
 
@@ -312,6 +315,7 @@ def lockstep_batch(runner: PolicyRunner, starts: np.ndarray, lengths: list[int],
         "truncated": truncated, "logp": logp, **({"values": values} if record else {}),
         "final_values": final_values, "bootstrap_value": float(bootstrap),
         "episode_returns": [e[1] for e in listed], "episode_lengths": [e[2] for e in listed], "cut": cut,
+        **({"episode_rows": [e[0][0] for e in listed]} if unrecorded_ends else {}),
     }
 
 
