@@ -13,7 +13,7 @@ import torch
 
 import actor_fn.handler as handler_mod
 from nitro.data.batching import split_batch
-from nitro.data.store import PolicyStore, TrajectoryReader
+from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
 from nitro.policy.ale_vector import ENABLE_VAR, ALEVecSampler
 from nitro.policy.envs import ale_vector_kwargs, env_spaces, make_env, resolve_env_id
 from nitro.policy.inference import PolicyRunner
@@ -72,14 +72,19 @@ def test_vector_kwargs_carry_make_envs_preprocessing():
     ("ALE/QbertModeForTests-v5", None),  # registered with a mode of its own
 ])
 def test_settings_the_vector_env_cannot_reproduce_keep_the_python_envs(env_id, kw):
-    if env_id == "ALE/QbertModeForTests-v5" and env_id not in gym.registry:
+    registered = env_id == "ALE/QbertModeForTests-v5"
+    if registered:
         resolve_env_id("ALE/Qbert-v5")  # registers ale_py's ids (and its entry point)
         gym.register(env_id, entry_point="ale_py.env:AtariEnv", kwargs={"game": "qbert", "mode": 0})
-    assert ale_vector_kwargs(env_id, kw) is None
-    if env_id.startswith("ALE/") and (kw or {}).keys() <= {"terminal_on_life_loss", "mode"}:
-        sampler = make_sampler(env_id, 0, kw, 2)
-        assert type(sampler) is VecSampler
-        sampler.close()
+    try:
+        assert ale_vector_kwargs(env_id, kw) is None
+        if env_id.startswith("ALE/") and (kw or {}).keys() <= {"terminal_on_life_loss", "mode"}:
+            sampler = make_sampler(env_id, 0, kw, 2)
+            assert type(sampler) is VecSampler
+            sampler.close()
+    finally:
+        if registered:
+            gym.registry.pop(env_id)
 
 
 def test_make_sampler_takes_the_vector_env_for_atari_and_can_be_switched_off(monkeypatch):
@@ -153,7 +158,7 @@ def assert_batch_close(got: dict, want: dict) -> None:
 
 
 @pytest.mark.parametrize("n_envs,runner_kw", [(4, {}), (8, {}), (4, {"behaviour_values": False})])
-def test_uneven_steps_record_the_same_rows_and_leave_the_extra_step_out(n_envs, runner_kw):
+def test_uneven_steps_record_the_same_rows_and_leave_the_extra_step_out(n_envs, runner_kw, redis_client, hmac_key):
     """8 n - 2 steps over n envs: the last two envs take the last lockstep step unrecorded. The Python envs
     stepping 8 n (every env 8) draw the same actions, so both samplers end each call in the same state, and the
     vector env's batch follows from theirs (expected_uneven). 192 n steps first put each env's 200th step, its
@@ -174,13 +179,22 @@ def test_uneven_steps_record_the_same_rows_and_leave_the_extra_step_out(n_envs, 
         if call == 1:  # every env's steps 193-200: all episodes end at their 200th step
             assert got["episode_lengths"] == [200] * n_envs and got["episode_rows"][-2:] == \
                 [(n_envs - 2) * 8 + 6, 8 * n_envs - 3]
-            # Split, each part lists the episodes that ended in it, those at a left-out step included.
+            # Split, each part lists the episodes that ended in it, those at a left-out step included; also
+            # through the stream, where a batch above max_entry_bytes goes as signed parts.
             parts = split_batch(got, 3, value_of=runner.value_batch)
-            assert sum((p["episode_returns"] for p in parts), []) == got["episode_returns"]
-            starts = np.cumsum([0] + [len(p["rewards"]) for p in parts[:-1]])
-            for p, start in zip(parts, starts):
-                assert [r + start for r in p["episode_rows"]] == \
-                    [r for r in got["episode_rows"] if start <= r < start + len(p["rewards"])]
+            writer = TrajectoryWriter(redis_client, f"uneven{n_envs}", hmac_key, max_entry_bytes=250_000)
+            writer.append_batch(invocation_id="u-1", round=0, policy_version=0, batch=got, compress=False,
+                                value_of=runner.value_batch)
+            reader = TrajectoryReader(redis_client, f"uneven{n_envs}", hmac_key)
+            streamed = [e.batch for e in reader.read(count=10, block_ms=1000)]
+            assert len(streamed) >= 3
+            for split in (parts, streamed):
+                for k in ("episode_returns", "episode_lengths"):
+                    assert sum((p[k] for p in split), []) == got[k], k
+                starts = np.cumsum([0] + [len(p["rewards"]) for p in split[:-1]])
+                for p, start in zip(split, starts):
+                    assert [r + start for r in p["episode_rows"]] == \
+                        [r for r in got["episode_rows"] if start <= r < start + len(p["rewards"])]
         else:  # steps 17-24 of fresh episodes: the left-out step is mid-episode
             assert not got["episode_returns"] and "episode_rows" not in got and got["cut"][(n_envs - 2) * 8 + 6]
     assert vector.episode_lengths.tolist() == python.episode_lengths  # same state at the end

@@ -13,7 +13,8 @@ envs with one step fewer (the last N - num_steps % N) still take the last lockst
 the batch: the env's segment ends before it and is cut there like any segment (bootstrapped from the
 observation the step started from), its reward counts towards the episode's return, and an episode it ends
 is listed after the segment, the batch then carrying `episode_rows` (nitro.policy.rollout) for splitting.
-At most N - 1 such steps an invocation; none when N divides num_steps (512 steps with 2, 4, 8 or 16 envs).
+At most N - 1 such steps an invocation, none when N divides num_steps (512 steps with 2, 4, 8 or 16 envs);
+they are emulated (and take CPU time) but are not counted as the invocation's env steps.
 The same step also draws its action noise for all N envs, where the Python VecSampler draws it for the envs
 that step, so the two backends' generators part there.
 

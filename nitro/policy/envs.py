@@ -140,12 +140,14 @@ def ale_vector_kwargs(env_id: str, env_kwargs: dict | None = None) -> dict | Non
     `make_env(env_id, **env_kwargs)` does, or None where the vector env cannot reproduce it.
 
     With no-op starts off (noop_max=0) the same frames, rewards and episode ends for the same actions
-    (tests/test_ale_vector.py). With them on, three differences: the vector env draws 0 to noop_max - 1 no-ops
-    from its own generator where make_env draws 1 to noop_max (noop_max=1, a fixed single no-op for make_env,
-    therefore keeps the Python envs); and it counts an episode's frames from the end of its reset, where
-    make_env's limits count the no-op frames (gym.make's max_episode_steps) and also the ROM's start-up frames
-    (max_num_frames_per_episode, 108,000 by default), so a truncated episode can run up to
-    noop_max / frame_skip steps longer (and a few more for the start-up frames: 5 for Berzerk, in 27,000).
+    (tests/test_ale_vector.py), but for one thing: the vector env counts an episode's frames from the end of
+    its reset, where the ALE env under make_env counts max_num_frames_per_episode (108,000 by default) from
+    the reset itself, which on some ROMs includes start-up frames, so an episode truncated by that limit can
+    run a few steps longer (Berzerk: 5, in 27,000). gym.make's max_episode_steps counts as the vector env does.
+    With no-op starts on, more: the vector env draws 0 to noop_max - 1 no-ops from its own generator where
+    make_env draws 1 to noop_max (noop_max=1, a fixed single no-op for make_env, therefore keeps the Python
+    envs), and neither limit counts the no-op frames there while both do under make_env, so a truncated
+    episode can run up to noop_max / frame_skip steps longer (7 at the defaults).
     None for: non-ALE ids, ids registered with a step limit or settings of their own, terminal_on_life_loss
     (the vector env's episodic life continues the game where make_env resets it), and any gym.make argument
     not in _ALE_VECTOR_GYM_KWARGS.
