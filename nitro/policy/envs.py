@@ -86,6 +86,11 @@ def resolve_env_id(env_id: str) -> str:
 ATARI_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(AtariOptions))
 
 
+def pop_atari_options(kwargs: dict, base: AtariOptions | None = None) -> AtariOptions:
+    """`base` (default AtariOptions()) with the AtariOptions fields named in `kwargs`, which are removed from it."""
+    return dataclasses.replace(base or AtariOptions(), **{k: kwargs.pop(k) for k in ATARI_OPTION_NAMES if k in kwargs})
+
+
 def make_env(env_id: str, seed: int | None = None, *, atari: AtariOptions | None = None, **kwargs) -> gym.Env:
     """Build the environment, with Atari preprocessing for ALE ids, and seed it.
 
@@ -95,8 +100,7 @@ def make_env(env_id: str, seed: int | None = None, *, atari: AtariOptions | None
     """
     registered = resolve_env_id(env_id)
     if is_atari(registered):
-        named = {k: kwargs.pop(k) for k in ATARI_OPTION_NAMES if k in kwargs}
-        opts = dataclasses.replace(atari or AtariOptions(), **named)
+        opts = pop_atari_options(kwargs, atari)
         # Frame skipping happens in the preprocessing wrapper, so the ALE env itself must not skip. The wrapper
         # reads each frame's grayscale screen from the emulator itself and drops the env's own observation, so
         # that one is fetched as grayscale too (a third of RGB's bytes): the same observations and rewards,
@@ -160,7 +164,7 @@ def ale_vector_kwargs(env_id: str, env_kwargs: dict | None = None) -> dict | Non
             or not set(spec.kwargs) <= _ALE_VECTOR_SPEC_KWARGS or "game" not in spec.kwargs:
         return None
     kwargs = dict(env_kwargs or {})
-    opts = dataclasses.replace(AtariOptions(), **{k: kwargs.pop(k) for k in ATARI_OPTION_NAMES if k in kwargs})
+    opts = pop_atari_options(kwargs)
     limits = [n for n in (kwargs.get(k, spec.kwargs.get(k)) for k in _FRAME_LIMITS) if n is not None]
     full_action_space = kwargs.get("full_action_space", spec.kwargs.get("full_action_space", False))
     if opts.terminal_on_life_loss or not set(kwargs) <= _ALE_VECTOR_GYM_KWARGS \
