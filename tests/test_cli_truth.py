@@ -162,9 +162,11 @@ def test_a_resumed_round_does_not_wait_out_the_deadline_for_actors_that_died_wit
     it after LOST_BATCH_GRACE_S, not at the end of the (CLI default) 120 s round deadline."""
     job, deadline_s = "dead-wave", 120.0
     with client_of(system_dir) as client:
-        # One SGD epoch: the resumed round's sampling is what is checked, and the preset's ten epochs over
-        # each round's 4,000 samples were most of the job's time.
-        client.start_training({**SPEC, "rounds": 3, "steps_per_actor": 2000, "job_id": job,
+        # Round 1's actors must still run when the system is killed, a few ms after their wave's lease
+        # appears: 50,000 CartPole steps keep each busy for about a second (2,000 took ~50 ms on a warm
+        # worker, and CI once saw both batches land before the kill). One SGD epoch: the resumed round's
+        # sampling is what is checked, and the preset's ten epochs were most of the job's time.
+        client.start_training({**SPEC, "rounds": 3, "steps_per_actor": 50_000, "job_id": job,
                                "round_deadline_s": deadline_s, "hyperparameters": {"epochs": 1}})
         wait_for_round(client, job, 0)
     with redis_of(system_dir) as r:
@@ -183,6 +185,8 @@ def test_a_resumed_round_does_not_wait_out_the_deadline_for_actors_that_died_wit
     print(f"resumed round 1: sample phase {sample:.1f} s; notes {list(resumed.notes)}")
     assert sample < deadline_s / 4, (sample, resumed.notes)
     took_over = [n for n in resumed.notes if n.startswith("took over")]
+    assert not any("2/2 batches" in n for n in took_over), ("round 1's actors finished before the kill, so this "
+                                                           "run could not check its subject", resumed.notes)
     assert len(took_over) == 1 and "no longer running" in took_over[0], resumed.notes
     waited = float(re.search(r"batches in ([\d.]+) s", took_over[0]).group(1))
     assert waited < LOST_BATCH_GRACE_S + 10, took_over[0]
