@@ -59,6 +59,16 @@ def wait_for_wave(r: redis.Redis, job_id: str, round_index: int, timeout_s: floa
                f"round {round_index}'s actors running", poll_s=0.01)
 
 
+def wait_for_launch(r: redis.Redis, job_id: str, round_index: int, timeout_s: float = 120) -> None:
+    """Until the learner has launched (or is launching) round `round_index`: its wave counter exists. Unlike
+    the wave's liveness lease this record stays after the actors return, so a short wave cannot slip by
+    unseen; wait_for_wave is for a test that needs the actors still running."""
+    from nitro.contracts import waves_key
+
+    wait_until(lambda: r.exists(waves_key(job_id, round_index)), timeout_s, f"round {round_index}'s launch",
+               poll_s=0.01)
+
+
 def serving_again(state_dir: Path, name: str, old_pid: int) -> bool:
     comp = component(state_dir, name)
     return comp["pid"] != old_pid and local_health.probe(name, comp, state_dir) == "SERVING"

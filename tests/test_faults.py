@@ -20,7 +20,7 @@ import pytest
 from nitro.client.sdk import NitroClient
 from nitro.contracts import stream_key
 from nitro.data.redis_client import connect
-from tests.faultkit import busy_worker, wait_for_round, wait_for_wave
+from tests.faultkit import busy_worker, wait_for_launch, wait_for_round
 from tests.system import start_system
 
 pytestmark = pytest.mark.timeout(600)
@@ -105,7 +105,9 @@ def kill_a_busy_worker(system, timeout_s=60.0) -> bool:
 
 
 def test_actor_worker_killed_mid_invocation(system):
-    long = 15 * STEPS  # 1-3 s per invocation (machines differ by 3x): the kill lands mid-invocation
+    # ~1.5 s per invocation on a fast machine (CartPole at ~40k steps/s): busy_worker's 0.25 s look and the kill
+    # land well inside it (30,000 steps left only ~2.5x margin once actors got faster).
+    long = 30 * STEPS
     with NitroClient(system.learner_address) as client:
         # 3 rounds: the kill lands in round 1 (2 at the latest); the job goes on past the fault.
         job = client.start_training(spec(rounds=3, steps=long, scaler={"policy": "fixed", "fixed_actors": 2,
@@ -125,7 +127,7 @@ def test_redis_restarted_mid_round(system):
         job = client.start_training(spec(rounds=3))  # restarted in round 1; round 2 reads the stream after it
         wait_for_round(client, job.job_id, 0)
         with connect(system.redis_url) as r:  # a fixed sleep could land after a fast machine's last round
-            wait_for_wave(r, job.job_id, 1)
+            wait_for_launch(r, job.job_id, 1)
         assert client.get(job.job_id).state_name == "RUNNING"
         system._redis.restart()  # same port, same data dir: AOF brings the stream and groups back
         for _ in client.watch(job.job_id):
@@ -161,8 +163,8 @@ def test_learner_killed_and_resumed(system):
     with NitroClient(system.learner_address) as client:
         job = client.start_training(spec(rounds=4))  # killed in round 2; round 3 follows the resumed one
         wait_for_round(client, job.job_id, 1)
-    with connect(system.redis_url) as r:  # into round 2's sampling (a fixed sleep could miss it on a fast machine)
-        wait_for_wave(r, job.job_id, 2)
+    with connect(system.redis_url) as r:  # into round 2 (a fixed sleep could miss it on a fast machine)
+        wait_for_launch(r, job.job_id, 2)
     os.kill(system.components["learner"].pid, signal.SIGKILL)
     system.components["learner"].proc.wait(10)
     # A new learner process on the same data dir resumes the interrupted job by itself.

@@ -140,9 +140,9 @@ def test_a_killed_actor_worker_leaves_a_trace(system_dir):
     """The endpoint logs the worker's death, the scaler its retry, the round report says what happened."""
     import psutil
 
-    long = 30000  # 1-3 s per invocation (machines differ by 3x), as in test_faults: the kill lands mid-invocation
+    long = 60000  # ~1.5 s per invocation on a fast machine, as in test_faults: the kill lands mid-invocation
     with client_of(system_dir) as client:
-        # One SGD epoch: the preset's ten over each round's 60,000 samples would be most of the job's time.
+        # One SGD epoch: the preset's ten over each round's 120,000 samples would be most of the job's time.
         job = client.start_training({**SPEC, "rounds": 3, "steps_per_actor": long, "job_id": "worker-killed",
                                      "hyperparameters": {"epochs": 1}}).job_id
         wait_for_round(client, job, 0)
