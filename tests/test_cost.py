@@ -253,14 +253,15 @@ def test_invocation_clock_counts_cpu_and_redis_wait_not_other_waits():
     from nitro.clock import InvocationClock
 
     clock = InvocationClock()
-    time.sleep(0.2)  # waiting outside a Redis call (e.g. for a busy core) is not billed on the cloud clock
+    time.sleep(0.5)  # waiting outside a Redis call (e.g. for a busy core) is not billed on the cloud clock
     with clock.io():
         time.sleep(0.1)  # waiting on Redis is
     t = time.process_time()
     while time.process_time() - t < 0.1:  # 100 ms of CPU work
         pass
     report = clock.report(cold=False)
-    assert 0.1 * 1e3 <= report["io_wall_ms"] < 0.18 * 1e3
-    assert 0.19 * 1e3 <= report["modelled_ms"] < 0.3 * 1e3, report
+    # Upper bounds well below the 0.5 s outside wait, with room for a sleep that overruns on a loaded runner.
+    assert 0.1 * 1e3 <= report["io_wall_ms"] < 0.4 * 1e3, report
+    assert 0.19 * 1e3 <= report["modelled_ms"] < 0.45 * 1e3, report
     assert report["init_ms"] == 0.0
     assert clock.report(cold=True)["init_ms"] > 0  # a cold one reports the process's CPU before it began
