@@ -44,6 +44,7 @@ from nitro.v1 import detector_pb2, detector_pb2_grpc
 log = logging.getLogger("detector_svc")
 
 STATE_TTL_S = 7 * 24 * 3600
+RATIO_LOOKBACK = 4  # windows of rounds a Score reads back before falling back to every stored ratio
 DEFAULTS = {"subset_size": DETECTOR_SUBSET, "lanczos_steps": LANCZOS_STEPS, "window": SCORE_WINDOW, "decay": SCORE_DECAY}
 
 
@@ -72,6 +73,23 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
             self._policy_cache[job_id] = policy
             while len(self._policy_cache) > 16:
                 self._policy_cache.pop(next(iter(self._policy_cache)))
+
+    def _store_ratio(self, job_id: str, round_index: int, ratio: float, window: int) -> list[float]:
+        """Store round `round_index`'s ratio; the newest `window` stored ratios of rounds up to it, oldest first.
+
+        Reads the last RATIO_LOOKBACK windows of rounds, not the whole hash (which grows by a round a round);
+        only when those hold fewer than `window` ratios (rounds without a score) does it read all of them."""
+        key = detector_ratios_key(job_id)
+        first = max(0, round_index - RATIO_LOOKBACK * window + 1)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, str(round_index), repr(ratio))
+        pipe.expire(key, STATE_TTL_S)
+        pipe.hmget(key, [str(k) for k in range(first, round_index + 1)])
+        ratios = [float(v) for v in pipe.execute()[-1] if v is not None]
+        if len(ratios) < window and first > 0:
+            stored = sorted((int(k), float(v)) for k, v in self.redis.hgetall(key).items())
+            ratios = [r for k, r in stored if k <= round_index]
+        return ratios[-window:]
 
     def Score(self, request, context):
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
@@ -120,14 +138,8 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
             self._checkin(request.job_id, policy)
-        key = detector_ratios_key(request.job_id)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(key, str(request.round), repr(res.ratio))
-        pipe.expire(key, STATE_TTL_S)
-        pipe.hgetall(key)
-        stored = pipe.execute()[-1]
-        history = sorted((int(k), float(v)) for k, v in stored.items() if int(k) <= request.round)
-        window = ScoreWindow.from_list([r for _, r in history], size=p["window"])
+        window = ScoreWindow.from_list(self._store_ratio(request.job_id, request.round, res.ratio, p["window"]),
+                                       size=p["window"])
         score = window.score(request.round, p["decay"])
         seconds = time.perf_counter() - t0
         metrics.DETECTOR_SECONDS.observe(seconds)

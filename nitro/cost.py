@@ -268,6 +268,11 @@ class CostLedger:
     cloud_seconds: float = 0.0
 
     @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The ledger's counters: the hash fields from_fields reads (what a reader asks Redis for)."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
     def from_fields(cls, fields: Mapping) -> "CostLedger":
         """The ledger in a stored hash (str or bytes keys and values); a missing counter is 0 and the hash's
         other fields are not the ledger's."""

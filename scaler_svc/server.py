@@ -67,6 +67,16 @@ def strip_password(url: str) -> str:
     return f"{scheme}{sep}{rest.split('@')[-1]}" if sep else url
 
 
+# The state hash's fields each handler reads (docs/architecture.md lists the hash).
+PLAN_FIELDS = (*cost.CostLedger.field_names(), "policy_state", "rounds_planned")
+COST_FIELDS = (*cost.CostLedger.field_names(), "budget_usd", "budget_clock", "fleet_actors", "i_max")
+
+
+def state_fields(fields: tuple[str, ...], values: list) -> dict:
+    """{field: value} (str) for the fields of an HMGET that are set."""
+    return {f: v.decode() for f, v in zip(fields, values) if v is not None}
+
+
 def check_job_id(job_id: str, context) -> None:
     if not is_job_id(job_id):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: must be {JOB_ID_RULE}")
@@ -139,9 +149,10 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         self._init_ms: dict[str, float] = {}  # function name -> init CPU a fresh worker last reported
 
     # -- state ---------------------------------------------------------------------------
-    def _state(self, job_id: str) -> dict:
-        raw = self.redis.hgetall(scaler_state_key(job_id))
-        return {k.decode(): v.decode() for k, v in raw.items()}
+    def _state(self, job_id: str, fields: tuple[str, ...]) -> dict:
+        """The named fields of the job's state hash that are set. Never the whole hash: it keeps every round's
+        plan, so reading it all would make each round's bookkeeping grow with the job's length."""
+        return state_fields(fields, self.redis.hmget(scaler_state_key(job_id), fields))
 
     # -- RPCs ----------------------------------------------------------------------------
     def _check_plan(self, request, context) -> tuple[str, object, RoundInputs, str, int]:
@@ -190,7 +201,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
     def Plan(self, request, context):
         base, policy, inputs, clock, memory = self._check_plan(request, context)
         key = scaler_state_key(request.job_id)
-        cached = self._state(request.job_id).get(f"plan:{request.round}")
+        cached = self.redis.hget(key, f"plan:{request.round}")
         if cached:  # a retried Plan: same answer, learner time not billed again
             return scaler_pb2.PlanResponse(**json.loads(cached))
 
@@ -199,11 +210,11 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         add_charge(pipe, key, learner)
         pipe.hset(key, mapping={"fleet_actors": fleet_actors(policy, inputs.i_max), "budget_usd": request.budget_usd,
                                 "budget_clock": clock})
-        pipe.execute()
+        pipe.hmget(key, PLAN_FIELDS)  # the ledger with this charge, in the same transaction
+        st = state_fields(PLAN_FIELDS, pipe.execute()[-1])
         metrics.COST_USD.labels("learner").inc(learner.usd)
         metrics.CLOUD_COST_USD.labels("learner").inc(learner.cloud_usd)
 
-        st = self._state(request.job_id)
         ledger = cost.CostLedger.from_fields(st)
         inputs = dataclasses.replace(inputs, budget_left_usd=ledger.budget_left(request.budget_usd, clock))
         desired, new_state, reason = decide(policy, json.loads(st.get("policy_state", "{}")), inputs,
@@ -289,7 +300,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         actors = kind == "actor"
         # Cloud clock: which invocations would start cold on AWS (beyond the sandboxes the job's earlier
         # launches left warm), and their init CPU (measured by fresh workers, remembered per job).
-        st = self._state(request.job_id)
+        st = self._state(request.job_id, (f"warm_sandboxes:{kind}", f"init_ms:{kind}"))
         warm = int(st.get(f"warm_sandboxes:{kind}", 0))
         cold_ids = {inv.invocation_id for inv in invocations[:cost.cold_invocations(len(invocations), warm)]}
         init_ms = float(st.get(f"init_ms:{kind}") or self._init_ms.get(request.function_name)
@@ -356,7 +367,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
 
     def GetCost(self, request, context):
         check_job_id(request.job_id, context)
-        st = self._state(request.job_id)
+        st = self._state(request.job_id, COST_FIELDS)
         if not st:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no cost records for job {request.job_id!r}")
         budget, clock = float(st.get("budget_usd", 0.0)), st.get("budget_clock", "cloud")

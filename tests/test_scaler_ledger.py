@@ -156,6 +156,28 @@ def test_get_cost_reports_both_bills_and_the_serverful_comparator(svc, redis_cli
     assert err.value.args[0] == grpc.StatusCode.NOT_FOUND
 
 
+def test_plan_and_get_cost_read_the_same_state_however_many_rounds_the_job_planned(svc, redis_client):
+    """The hash keeps every round's plan; a round's bookkeeping must not read them all (it grew with the job)."""
+    plan(svc, round=0, budget=100.0)
+
+    def reply_bytes(call) -> int:  # what Redis sent back while `call` ran (plus one INFO reply, ~2 KB)
+        before = redis_client.info("stats")["total_net_output_bytes"]
+        call()
+        return redis_client.info("stats")["total_net_output_bytes"] - before
+
+    def bookkeeping(k):
+        return (reply_bytes(lambda: plan(svc, round=k, budget=100.0)),
+                reply_bytes(lambda: svc.GetCost(scaler_pb2.GetCostRequest(job_id="j"), Context())))
+
+    short = bookkeeping(1)
+    # 3,000 stored plans as a long job leaves them (~700 KB of hash)
+    redis_client.hset(scaler_state_key("j"), mapping={f"plan:{k}": '{"actors": 4, "reason": "%s"}' % ("x" * 200)
+                                                      for k in range(2, 3002)})
+    long = bookkeeping(3002)
+    assert long[0] < short[0] + 512 and long[1] < short[1] + 512, (short, long)
+    assert plan(svc, round=3002, budget=100.0).actors == 4  # and a retried plan still finds its own
+
+
 @pytest.mark.parametrize("memory", [-1, -1024, 1, 127, 10241, 2**31 - 1])
 @pytest.mark.parametrize("rpc", ["Plan", "Launch"])
 def test_an_actor_memory_outside_lambdas_limits_is_invalid(svc, rpc, memory):
