@@ -283,6 +283,12 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             return slots
         return slots[:int(max(0.0, cost.budget_left_usd) // per_actor)]
 
+    def superseded_versions(self) -> tuple[int, ...]:
+        """On-policy data is only used at the version it was sampled with, so all but the newest two versions
+        can go: the previous one serves the closed round's stragglers until their batches are dropped as
+        stale. Without this a long job kept every version for POLICY_TTL_S (an hour of ~0.5 MB blobs)."""
+        return (self.version - 2,) if self.version >= 2 else ()
+
     # -- the hooks of RoundLoop.train ------------------------------------------------------------
     def open(self, resume: bool) -> End | None:
         if resume:

@@ -3,7 +3,7 @@ for the detector."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import redis
@@ -40,13 +40,23 @@ class Publisher:
         self.behaviour_values = behaviour_values
         self.policies = PolicyStore(client, job_id, ttl_s=POLICY_TTL_S)
 
-    def policy(self, policy: Policy, version: int) -> None:
+    def policy(self, policy: Policy, version: int, drop: Iterable[int] = ()) -> None:
+        """Publish `version`; delete the versions in `drop`, which nobody will ask for any more."""
         blob = policy_to_blob(policy, version, self.hmac_key, self.behaviour_values)
-        self.retry(lambda: self.policies.put(version, blob), "policy publish")
+        self.retry(lambda: self.policies.put(version, blob, drop), "policy publish")
 
     def sample_subset(self, round_index: int, subset: dict) -> str:
-        """Write the round's sample subset (signed, expiring); returns its key."""
+        """Write the round's sample subset (signed, expiring); returns its key. The previous round's subset
+        goes: every loop has its score (or gave up on it) before it writes the next round's."""
         key = sample_key(self.job_id, round_index)
         blob = codec.encode(subset, self.hmac_key)
-        self.retry(lambda: self.client.set(key, blob, ex=POLICY_TTL_S), "sample subset write")
+
+        def write():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(key, blob, ex=POLICY_TTL_S)
+            if round_index > 0:
+                pipe.delete(sample_key(self.job_id, round_index - 1))
+            pipe.execute()
+
+        self.retry(write, "sample subset write")
         return key

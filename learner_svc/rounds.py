@@ -323,7 +323,12 @@ class RoundLoop(Generic[R]):
 
     # -- data plane ---------------------------------------------------------------------
     def publish(self) -> None:
-        self.publisher.policy(self.learner.policy, self.version)
+        self.publisher.policy(self.learner.policy, self.version, self.superseded_versions())
+
+    def superseded_versions(self) -> tuple[int, ...]:
+        """Published versions to delete with the next publish, which nobody will ask for any more. None by
+        default: they expire after POLICY_TTL_S (a loop whose actors may sample with older versions keeps them)."""
+        return ()
 
     def write_sample_subset(self, round_index: int, extra: dict | None = None) -> str:
         """The round's sample subset for the detector, stored under its sample key; "" when nothing is scored

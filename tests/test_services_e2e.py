@@ -89,6 +89,20 @@ def test_three_rounds_streamed_with_complete_reports(finished_job, system):
     assert status.total_env_steps == total and status.checkpoint_path
 
 
+def test_a_finished_ppo_job_leaves_only_its_newest_two_policies_and_last_sample_subset(system, finished_job):
+    """On-policy data is used only at the version it was sampled with: older versions and scored subsets go
+    (they used to stay for an hour, ~0.5 MB a round for Hopper)."""
+    from nitro.contracts import latest_policy_key, policy_key, sample_key
+    from nitro.data.redis_client import connect
+
+    status, reports = finished_job
+    r = connect(system.redis_url)
+    job, latest = status.job_id, int(connect(system.redis_url).get(latest_policy_key(status.job_id)))
+    assert latest == len(reports)  # version 0, then one per round's update
+    assert [v for v in range(latest + 1) if r.exists(policy_key(job, v))] == [latest - 1, latest]
+    assert [k for k in range(len(reports)) if r.exists(sample_key(job, k))] == [len(reports) - 1]
+
+
 def test_metrics_scraped_from_every_service(system, finished_job):
     comps = system.components
     learner = scrape(comps["learner"].metrics_port)

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,10 +84,14 @@ class PolicyStore:
             raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
         self._r, self.job_id, self.ttl_s = client, check_job_id(job_id), int(ttl_s)
 
-    def put(self, version: int, blob: bytes) -> None:
+    def put(self, version: int, blob: bytes, drop: Iterable[int] = ()) -> None:
+        """Publish `version` as the latest; delete the versions in `drop` in the same transaction."""
         pipe = self._r.pipeline(transaction=True)
         pipe.set(policy_key(self.job_id, version), blob, ex=self.ttl_s)
         pipe.set(latest_policy_key(self.job_id), version, ex=self.ttl_s)
+        stale = [policy_key(self.job_id, v) for v in drop]
+        if stale:
+            pipe.delete(*stale)
         pipe.execute()
 
     def get(self, version: int) -> bytes:
