@@ -27,7 +27,7 @@ from nitro import cost  # noqa: E402
 from nitro.data.redis_client import connect  # noqa: E402
 from nitro.local.redis_server import LocalRedis  # noqa: E402
 from nitro.v1 import common_pb2, scaler_pb2  # noqa: E402
-from scaler_svc.server import ScalerServicer  # noqa: E402
+from scaler_svc.server import ScalerServicer, launch_fields  # noqa: E402
 
 WINDOW, TARGET, JOB = 200, 1.5, "job-bench"
 
@@ -56,7 +56,7 @@ def main() -> None:
             scaler.Plan(scaler_pb2.PlanRequest(job_id=JOB, round=k, budget_usd=1e5, learner_seconds=0.4,
                                                cloud_learner_seconds=0.4, steps_per_actor=512, score=0.5,
                                                scaler=spec, rounds=args.rounds), Context())
-            scaler._state(JOB, ("warm_sandboxes:actor", "init_ms:actor"))  # what Launch reads
+            scaler._state(JOB, launch_fields("actor"))  # what Launch reads
             scaler.GetCost(scaler_pb2.GetCostRequest(job_id=JOB), Context())
             per_round.append(time.perf_counter() - t0)
     finally:

@@ -72,6 +72,11 @@ PLAN_FIELDS = (*cost.CostLedger.field_names(), "policy_state", "rounds_planned")
 COST_FIELDS = (*cost.CostLedger.field_names(), "budget_usd", "budget_clock", "fleet_actors", "i_max")
 
 
+def launch_fields(kind: str) -> tuple[str, str]:
+    """What Launch reads: the job's warm sandboxes and the init CPU fresh workers reported, for `kind`."""
+    return f"warm_sandboxes:{kind}", f"init_ms:{kind}"
+
+
 def state_fields(fields: tuple[str, ...], values: list) -> dict:
     """{field: value} (str) for the fields of an HMGET that are set."""
     return {f: v.decode() for f, v in zip(fields, values) if v is not None}
@@ -300,10 +305,11 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         actors = kind == "actor"
         # Cloud clock: which invocations would start cold on AWS (beyond the sandboxes the job's earlier
         # launches left warm), and their init CPU (measured by fresh workers, remembered per job).
-        st = self._state(request.job_id, (f"warm_sandboxes:{kind}", f"init_ms:{kind}"))
-        warm = int(st.get(f"warm_sandboxes:{kind}", 0))
+        warm_field, init_field = launch_fields(kind)
+        st = self._state(request.job_id, (warm_field, init_field))
+        warm = int(st.get(warm_field, 0))
         cold_ids = {inv.invocation_id for inv in invocations[:cost.cold_invocations(len(invocations), warm)]}
-        init_ms = float(st.get(f"init_ms:{kind}") or self._init_ms.get(request.function_name)
+        init_ms = float(st.get(init_field) or self._init_ms.get(request.function_name)
                         or self.prices.lambda_init_ms)
         cloud: dict[str, float] = {}  # invocation id -> modelled seconds
 
@@ -319,7 +325,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             pipe = self.redis.pipeline(transaction=False)
             add_charge(pipe, key, charge)
             if o.measured_init_ms > 0:
-                pipe.hset(key, f"init_ms:{kind}", o.measured_init_ms)
+                pipe.hset(key, init_field, o.measured_init_ms)
                 self._init_ms[request.function_name] = o.measured_init_ms
             pipe.expire(key, STATE_TTL_S)
             pipe.execute()
@@ -344,7 +350,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
                                                           on_done=account)
         # Only invocations that ran leave a sandbox behind (a throttled or refused one never started).
-        self.redis.hset(key, f"warm_sandboxes:{kind}", max(warm, sum(o.requests > 0 for o in outcomes)))
+        self.redis.hset(key, warm_field, max(warm, sum(o.requests > 0 for o in outcomes)))
         cloud_seconds = max(cloud.values(), default=0.0)
         return scaler_pb2.LaunchResponse(
             launched=len(invocations), succeeded=sum(o.ok for o in outcomes),

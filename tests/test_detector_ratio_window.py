@@ -40,10 +40,18 @@ def test_a_rescored_earlier_round_sees_only_ratios_up_to_it(svc):
     assert svc._store_ratio("job-a", 10, -1.0, 6) == [5.0, 6.0, 7.0, 8.0, 9.0, -1.0]
 
 
+def test_a_rescored_round_after_a_gap_reaches_back_past_the_gap_but_not_past_itself(svc):
+    stored = {k: float(k) for k in (*range(3), *range(200, 260))}
+    for k, ratio in stored.items():
+        svc._store_ratio("job-a", k, ratio, 6)
+    stored[150] = -1.0  # scored late (a resumed learner), with nothing stored for rounds 3-149
+    assert svc._store_ratio("job-a", 150, -1.0, 6) == newest_ratios(stored, 150, 6) == [0.0, 1.0, 2.0, -1.0]
+
+
 def test_a_long_job_reads_a_few_windows_of_rounds_not_its_whole_history(svc, redis_client):
     key = detector_ratios_key("job-a")
     redis_client.hset(key, mapping={str(k): repr(0.5) for k in range(5000)})
     before = redis_client.info("stats")["total_net_output_bytes"]
     assert svc._store_ratio("job-a", 5000, 0.25, 6) == [0.5] * 5 + [0.25]
     read = redis_client.info("stats")["total_net_output_bytes"] - before
-    assert read < 4096 + RATIO_LOOKBACK * 6 * 16, read  # one INFO reply (~2 KB) and the windows' ratios
+    assert read < 4096 + RATIO_LOOKBACK * 6 * 16, read  # one INFO reply (~1 KB) and the windows' ratios

@@ -160,7 +160,7 @@ def test_plan_and_get_cost_read_the_same_state_however_many_rounds_the_job_plann
     """The hash keeps every round's plan; a round's bookkeeping must not read them all (it grew with the job)."""
     plan(svc, round=0, budget=100.0)
 
-    def reply_bytes(call) -> int:  # what Redis sent back while `call` ran (plus one INFO reply, ~2 KB)
+    def reply_bytes(call) -> int:  # what Redis sent back while `call` ran (plus one INFO reply, ~1 KB)
         before = redis_client.info("stats")["total_net_output_bytes"]
         call()
         return redis_client.info("stats")["total_net_output_bytes"] - before
@@ -175,7 +175,53 @@ def test_plan_and_get_cost_read_the_same_state_however_many_rounds_the_job_plann
                                                       for k in range(2, 3002)})
     long = bookkeeping(3002)
     assert long[0] < short[0] + 512 and long[1] < short[1] + 512, (short, long)
-    assert plan(svc, round=3002, budget=100.0).actors == 4  # and a retried plan still finds its own
+    planned = stored(redis_client, "j")["rounds_planned"]
+    plan(svc, round=3002, budget=100.0)  # a retried plan still finds its own: nothing planned or billed again
+    assert stored(redis_client, "j")["rounds_planned"] == planned == "3"
+
+
+def test_a_policy_with_state_gets_it_back_from_the_hash(svc):
+    """KungFu never scales down: the actors it chose are in the policy state Plan stores and reads back."""
+    first = plan(svc, round=0, policy="kungfu", i_min=2, i_max=16, gradient_noise_scale=10.0)
+    assert first.actors == 2  # anchored on the first noise scale
+    assert plan(svc, round=1, policy="kungfu", i_min=2, i_max=16, gradient_noise_scale=40.0).actors == 8
+    assert plan(svc, round=2, policy="kungfu", i_min=2, i_max=16, gradient_noise_scale=10.0).actors == 8
+
+
+class Recorder:
+    """An invoker whose every invocation succeeds in 100 ms; fresh workers report `init_ms` of init CPU."""
+
+    def __init__(self, init_ms: float = 0.0):
+        self.init_ms = init_ms
+
+    def invoke_all(self, function_name, invocations, deadline_s, on_done=None):
+        from scaler_svc.invoker import InvocationOutcome
+
+        outs = [InvocationOutcome(i.invocation_id, ok=True, duration_ms=100.0, billed_ms=100, attempts=1,
+                                  billed_attempts_ms=100, requests=1, modelled_ms=100.0, modelled_attempts_ms=100.0,
+                                  measured_init_ms=self.init_ms) for i in invocations]
+        for o in outs:
+            on_done(o)
+        return outs, 0.001
+
+
+def launch(svc, actors: int, wave: int):
+    return svc.Launch(scaler_pb2.LaunchRequest(job_id="j", round=0, wave=wave, policy_version=0, actors=actors,
+                                               steps_per_actor=100, env_id="CartPole-v1", function_name="fn",
+                                               deadline_s=10.0), Context())
+
+
+def test_launch_reads_the_jobs_warm_sandboxes_and_measured_init_from_the_hash(redis_client):
+    """What one scaler replica learned (sandboxes left warm, a fresh worker's init CPU), another reads back."""
+    first = launch(ScalerServicer(redis_client, Recorder(init_ms=750.0), P, "redis://x"), 3, wave=0)
+    assert [r.modelled_cold for r in first.invocations] == [True] * 3
+    replica = ScalerServicer(redis_client, Recorder(), P, "redis://x")  # remembers nothing in memory
+    second = launch(replica, 5, wave=1)
+    assert sorted(r.modelled_cold for r in second.invocations) == [False] * 3 + [True] * 2
+    charge = lambda cold: cost.invocation_charge("actor", requests=1, billed_ms=100, modelled_ms=100.0,  # noqa: E731
+                                                 init_ms=750.0, cold=cold, steps=100, memory_mb=1024, prices=P)
+    assert second.cloud_cost_usd == pytest.approx(3 * charge(False).cloud_usd + 2 * charge(True).cloud_usd)
+    assert P.lambda_init_ms != 750.0  # so the default init would have given another bill
 
 
 @pytest.mark.parametrize("memory", [-1, -1024, 1, 127, 10241, 2**31 - 1])
