@@ -64,6 +64,9 @@ class OffPolicyStats(RoundStats):
 class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
     learner_class = IMPACTLearner
     learner: GradientLearner
+    # Versions are published once a round, at its close: the newest serves the round sampling now, the one
+    # before the closed round's stragglers, and one more those of the round before (late data is still used).
+    keep_versions = 3
 
     def __init__(self, job, deps):
         super().__init__(job, deps)

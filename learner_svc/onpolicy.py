@@ -129,6 +129,9 @@ class TakenOver:
 class OnPolicyLoop(RoundLoop[SampledRound]):
     learner_class = PPOLearner
     learner: GradientLearner
+    # On-policy data is used only at the version it was sampled with: the newest version, and the one before
+    # for the closed round's stragglers (their batches are dropped as stale; a late retry fails to load it).
+    keep_versions = 2
     inherit_round: int | None = None  # the round a resumed learner redoes: its waves may be out already
     next_plan: scaler_pb2.PlanResponse  # the plan of the round about to begin
 
@@ -282,12 +285,6 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         if per_actor <= 0:
             return slots
         return slots[:int(max(0.0, cost.budget_left_usd) // per_actor)]
-
-    def superseded_versions(self) -> tuple[int, ...]:
-        """On-policy data is only used at the version it was sampled with, so all but the newest two versions
-        can go: the previous one serves the closed round's stragglers until their batches are dropped as
-        stale. Without this a long job kept every version for POLICY_TTL_S (an hour of ~0.5 MB blobs)."""
-        return (self.version - 2,) if self.version >= 2 else ()
 
     # -- the hooks of RoundLoop.train ------------------------------------------------------------
     def open(self, resume: bool) -> End | None:

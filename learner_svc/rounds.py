@@ -89,6 +89,9 @@ class RoundLoop(Generic[R]):
     learner_class: LearnerFactory  # set by subclasses
     learner: Learner
     cpu_only = False  # True where the model stays on the CPU whatever the learner's device
+    # How many of its newest published versions a loop keeps in Redis, deleting older ones as it publishes;
+    # None: all, until they expire (POLICY_TTL_S). A long job otherwise holds an hour of versions.
+    keep_versions: int | None = None
 
     def __init__(self, job: Job, deps: LearnerDeps):
         self.job, self.deps, self.spec = job, deps, job.spec
@@ -121,6 +124,7 @@ class RoundLoop(Generic[R]):
         self._exported_duplicates = 0
         self.counted_before: dict[str, bool] = {}  # from the checkpoint: see commit's `counted`
         self.resumed = False  # the next report is the first of a resumed learner
+        self.kept_versions: list[int] = []  # versions this learner published and still keeps (keep_versions)
 
     # -- the job's life ---------------------------------------------------------------------
     def run(self, resume: bool = False) -> None:
@@ -323,12 +327,14 @@ class RoundLoop(Generic[R]):
 
     # -- data plane ---------------------------------------------------------------------
     def publish(self) -> None:
-        self.publisher.policy(self.learner.policy, self.version, self.superseded_versions())
-
-    def superseded_versions(self) -> tuple[int, ...]:
-        """Published versions to delete with the next publish, which nobody will ask for any more. None by
-        default: they expire after POLICY_TTL_S (a loop whose actors may sample with older versions keeps them)."""
-        return ()
+        """Publish the current version; with keep_versions, delete (in the same transaction) this learner's
+        older versions beyond the newest keep_versions. Versions a learner before a resume published expire."""
+        if self.keep_versions is None:
+            self.publisher.policy(self.learner.policy, self.version)
+            return
+        kept = [v for v in self.kept_versions if v != self.version] + [self.version]
+        self.publisher.policy(self.learner.policy, self.version, drop=kept[:-self.keep_versions])
+        self.kept_versions = kept[-self.keep_versions:]
 
     def write_sample_subset(self, round_index: int, extra: dict | None = None) -> str:
         """The round's sample subset for the detector, stored under its sample key; "" when nothing is scored

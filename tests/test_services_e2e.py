@@ -89,18 +89,25 @@ def test_three_rounds_streamed_with_complete_reports(finished_job, system):
     assert status.total_env_steps == total and status.checkpoint_path
 
 
-def test_a_finished_ppo_job_leaves_only_its_newest_two_policies_and_last_sample_subset(system, finished_job):
-    """On-policy data is used only at the version it was sampled with: older versions and scored subsets go
-    (they used to stay for an hour, ~0.5 MB a round for Hopper)."""
+def left_in_redis(system, job_id: str, rounds: int) -> tuple[int, list[int], list[int]]:
+    """(the latest policy version, the versions still stored, the rounds whose sample subset is still stored)."""
     from nitro.contracts import latest_policy_key, policy_key, sample_key
     from nitro.data.redis_client import connect
 
-    status, reports = finished_job
     r = connect(system.redis_url)
-    job, latest = status.job_id, int(connect(system.redis_url).get(latest_policy_key(status.job_id)))
+    latest = int(r.get(latest_policy_key(job_id)))
+    return (latest, [v for v in range(latest + 1) if r.exists(policy_key(job_id, v))],
+            [k for k in range(rounds) if r.exists(sample_key(job_id, k))])
+
+
+def test_a_finished_ppo_job_leaves_only_its_newest_two_policies_and_last_sample_subset(system, finished_job):
+    """On-policy data is used only at the version it was sampled with: older versions and scored subsets go
+    (they used to stay for an hour, ~0.5 MB a round for Hopper)."""
+    status, reports = finished_job
+    latest, versions, subsets = left_in_redis(system, status.job_id, len(reports))
     assert latest == len(reports)  # version 0, then one per round's update
-    assert [v for v in range(latest + 1) if r.exists(policy_key(job, v))] == [latest - 1, latest]
-    assert [k for k in range(len(reports)) if r.exists(sample_key(job, k))] == [len(reports) - 1]
+    assert versions == [latest - 1, latest]
+    assert subsets == [len(reports) - 1]
 
 
 def test_metrics_scraped_from_every_service(system, finished_job):
@@ -263,6 +270,10 @@ def test_impact_asynchronous_three_rounds_through_the_services(client, system):
     assert any(r.lambda_max != 0.0 for r in reports), "the detector scored IMPACT's surrogate"
     assert any("policy lag" in n for r in reports for n in r.notes)
     assert published_behaviour_values(system, job.job_id) is False  # V-trace reads the target network's values
+    latest, versions, subsets = left_in_redis(system, job.job_id, len(reports))
+    # published at the start and at each round's close (many updates apart): the newest three stay
+    assert len(versions) == 3 and versions[-1] == latest and 0 not in versions, (latest, versions)
+    assert subsets == [len(reports) - 1]
     actor_bill_of_the_rounds_is_the_ledgers(system, job.job_id, reports)
     learner = scrape(system.components["learner"].metrics_port)
     assert sample_value(learner["nitro_policy_lag"], "nitro_policy_lag_count") > 0

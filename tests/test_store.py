@@ -66,6 +66,15 @@ def test_policy_put_get_latest(redis_client):
     assert 0 < redis_client.ttl(f"nitro:{JOB}:policy:latest") <= 60
 
 
+def test_policy_put_drops_the_versions_it_is_told_to(redis_client):
+    store = PolicyStore(redis_client, JOB, ttl_s=60)
+    for v in range(4):
+        store.put(v, b"w%d" % v)
+    store.put(4, b"w4", drop=[0, 1, 7])  # 7 was never published: nothing to delete
+    assert [v for v in range(5) if redis_client.exists(policy_key(JOB, v))] == [2, 3, 4]
+    assert store.latest() == 4
+
+
 def test_policy_not_found(redis_client):
     store = PolicyStore(redis_client, JOB)
     with pytest.raises(PolicyNotFoundError) as exc:
