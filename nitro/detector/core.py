@@ -21,13 +21,15 @@ import numpy as np
 import torch
 
 from nitro.contracts import DETECTOR_SUBSET, LANCZOS_STEPS
-from nitro.detector.hvp import impact_objective, make_hvp, ppo_objective, select_subset
+from nitro.detector.hvp import make_hvp, ppo_surrogate, select_subset, surrogate_objective
 from nitro.detector.lanczos import lanczos
+from nitro.detector.mlp_hvp import gaussian_mlp_hvp
 from nitro.detector.score import DEFAULT_EPS, convexity_ratio
 from nitro.detector.solvers import eigsh_extremes, explicit_extremes, lobpcg_extremes
 from nitro.errors import ConfigError
 
 METHODS = ("lanczos", "eigsh", "lobpcg", "explicit")
+HVP_IMPLS = ("auto", "autograd")
 REQUIRED = ("obs", "actions", "logp", "advantages")
 # Sample fields each algorithm's surrogate needs; the learner writes these into the detector's subset.
 REQUIRED_FIELDS = {"ppo": REQUIRED, "impact": ("obs", "actions", "logp_target", "is_weights", "advantages")}
@@ -69,19 +71,23 @@ def _tensors(samples: Mapping[str, np.ndarray], idx: np.ndarray, normalize_advan
     return obs, actions, floats, adv
 
 
-def _objective(algo: str, policy, samples, idx, normalize_advantages: bool, clip: float):
+def _surrogate(algo: str, samples, idx, normalize_advantages: bool, clip: float):
+    """(obs, actions, the algorithm's surrogate as a function of the policy's log-probabilities of them)."""
     if algo == "impact":
+        from nitro.algos.impact import impact_surrogate
+
         obs, actions, (logp_target, weights), adv = _tensors(samples, idx, normalize_advantages,
                                                              ("logp_target", "is_weights"))
-        return impact_objective(policy, obs, actions, logp_target, weights, adv, clip)
-    obs, actions, (logp,), adv = _tensors(samples, idx, normalize_advantages, ("logp",))
-    return ppo_objective(policy, obs, actions, logp, adv, clip)
+        return obs, actions, lambda logp: impact_surrogate(logp, logp_target, weights, adv, clip)
+    obs, actions, (logp_old,), adv = _tensors(samples, idx, normalize_advantages, ("logp",))
+    return obs, actions, lambda logp: ppo_surrogate(logp, logp_old, adv, clip)
 
 
 def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_size: int = DETECTOR_SUBSET,
            lanczos_steps: int = LANCZOS_STEPS, seed: int = 0, method: str = "lanczos", full_batch: bool = False,
            normalize_advantages: bool = False, tol: float | None = None, eps: float = DEFAULT_EPS,
-           max_explicit_dim: int = 4096, early_stop: bool = True, algo: str = "ppo") -> DetectionResult:
+           max_explicit_dim: int = 4096, early_stop: bool = True, algo: str = "ppo",
+           hvp_impl: str = "auto") -> DetectionResult:
     """Extreme eigenvalues of the surrogate's Hessian w.r.t. policy.policy_parameters().
 
     algo: "ppo" (clipped surrogate against the behaviour policy) or "impact"
@@ -95,9 +101,13 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
     (dense Hessian, only up to max_explicit_dim parameters).
     tol: the solver's convergence tolerance; None takes each solver's own default
     (Lanczos: DEFAULT_TOL on its Ritz residual; eigsh and lobpcg: 1e-3).
+    hvp_impl: "auto" (nitro.detector.mlp_hvp's written-out products for a Gaussian MLP policy,
+    autograd's double backward otherwise) or "autograd" (always).
     """
     if algo not in REQUIRED_FIELDS:
         raise ConfigError(f"unknown detector algo {algo!r}; allowed: {list(ALGOS)}")
+    if hvp_impl not in HVP_IMPLS:
+        raise ConfigError(f"unknown hvp_impl {hvp_impl!r}; allowed: {list(HVP_IMPLS)}")
     if method not in METHODS:
         raise ConfigError(f"unknown detector method {method!r}; allowed: {list(METHODS)}")
     if not 0.0 < clip < 1.0:
@@ -115,10 +125,12 @@ def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_siz
     if n == 0:
         raise ConfigError("detector samples are empty: need at least one step")
     idx = np.arange(n) if full_batch else select_subset(n, subset_size, seed)
-    objective = _objective(algo, policy, samples, idx, normalize_advantages, clip)
+    obs, actions, surrogate = _surrogate(algo, samples, idx, normalize_advantages, clip)
     params = [p for p in policy.policy_parameters() if p.requires_grad]
     with torch.enable_grad():
-        hvp, dim = make_hvp(objective, params)
+        # The written-out products for a Gaussian MLP (the same H v, ~1.3x faster), else autograd's.
+        written = gaussian_mlp_hvp(policy, obs, actions, surrogate) if hvp_impl == "auto" else None
+        hvp, dim = written or make_hvp(surrogate_objective(policy, obs, actions, surrogate), params)
         given = {} if tol is None else {"tol": tol}
         if method == "lanczos":
             res = lanczos(hvp, dim, lanczos_steps, seed=seed, early_stop=early_stop, **given)

@@ -143,16 +143,29 @@ class _WeightGrad(torch.autograd.Function):
         return dg, dx
 
 
+def _use_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x @ weight.T (+ bias) goes to oneDNN: 2-D float32 CPU operands, at least ONEDNN_MIN_MACS."""
+    return ENABLED and _ONEDNN and x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1] \
+        and x.shape[0] * weight.numel() >= ONEDNN_MIN_MACS \
+        and _plain_cpu(x, (torch.float32,)) and _plain_cpu(weight, (torch.float32,)) \
+        and (bias is None or (_plain_cpu(bias, (torch.float32,)) and bias.shape == weight.shape[:1]
+                              and bias.is_contiguous()))  # oneDNN reads the bias as a dense (out,) array
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias); through oneDNN for a 2-D float32 CPU input when the product has at least
     ONEDNN_MIN_MACS multiply-adds."""
-    if ENABLED and _ONEDNN and x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1] \
-            and x.shape[0] * weight.numel() >= ONEDNN_MIN_MACS \
-            and _plain_cpu(x, (torch.float32,)) and _plain_cpu(weight, (torch.float32,)) \
-            and (bias is None or (_plain_cpu(bias, (torch.float32,)) and bias.shape == weight.shape[:1]
-                                  and bias.is_contiguous())):  # oneDNN reads the bias as a dense (out,) array
+    if _use_onednn(x, weight, bias):
         return _OneDNNLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)  # also what names a shape mismatch clearly
+
+
+def matmul_t(a: torch.Tensor, b_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b_t.T (+ bias), not recorded by autograd; by oneDNN where `linear` would use it (a transposed
+    operand is read in place). For hand-written derivatives (nitro.detector.mlp_hvp)."""
+    if _use_onednn(a, b_t, bias):
+        return _onednn(a, b_t, bias)
+    return F.linear(a, b_t, bias)
 
 
 class _NumpyTanh(torch.autograd.Function):
