@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from nitro.contracts import DETECTOR_SUBSET, LANCZOS_STEPS
-from nitro.detector.hvp import make_hvp, ppo_surrogate, select_subset, surrogate_objective
+from nitro.detector.hvp import impact_surrogate_of, make_hvp, ppo_surrogate_of, select_subset, surrogate_objective
 from nitro.detector.lanczos import lanczos
 from nitro.detector.mlp_hvp import gaussian_mlp_hvp
 from nitro.detector.score import DEFAULT_EPS, convexity_ratio
@@ -74,13 +74,11 @@ def _tensors(samples: Mapping[str, np.ndarray], idx: np.ndarray, normalize_advan
 def _surrogate(algo: str, samples, idx, normalize_advantages: bool, clip: float):
     """(obs, actions, the algorithm's surrogate as a function of the policy's log-probabilities of them)."""
     if algo == "impact":
-        from nitro.algos.impact import impact_surrogate
-
         obs, actions, (logp_target, weights), adv = _tensors(samples, idx, normalize_advantages,
                                                              ("logp_target", "is_weights"))
-        return obs, actions, lambda logp: impact_surrogate(logp, logp_target, weights, adv, clip)
+        return obs, actions, impact_surrogate_of(logp_target, weights, adv, clip)
     obs, actions, (logp_old,), adv = _tensors(samples, idx, normalize_advantages, ("logp",))
-    return obs, actions, lambda logp: ppo_surrogate(logp, logp_old, adv, clip)
+    return obs, actions, ppo_surrogate_of(logp_old, adv, clip)
 
 
 def detect(policy, samples: Mapping[str, np.ndarray], *, clip: float, subset_size: int = DETECTOR_SUBSET,

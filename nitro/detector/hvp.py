@@ -58,19 +58,29 @@ def surrogate_objective(policy, obs: torch.Tensor, actions: torch.Tensor,
     return lambda: surrogate(policy.log_prob(policy.distribution(obs), actions))
 
 
+def ppo_surrogate_of(logp_old: torch.Tensor, adv: torch.Tensor, clip: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The PPO surrogate on fixed samples as a function of the policy's log-probabilities of them."""
+    return lambda logp: ppo_surrogate(logp, logp_old, adv, clip)
+
+
+def impact_surrogate_of(logp_target: torch.Tensor, is_weights: torch.Tensor, adv: torch.Tensor,
+                        clip: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """IMPACT's surrogate (nitro.algos.impact.impact_surrogate) on fixed samples, of the log-probabilities."""
+    from nitro.algos.impact import impact_surrogate
+
+    return lambda logp: impact_surrogate(logp, logp_target, is_weights, adv, clip)
+
+
 def ppo_objective(policy, obs: torch.Tensor, actions: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
                   clip: float) -> Callable[[], torch.Tensor]:
     """The PPO surrogate of `policy` on fixed samples, as a closure."""
-    return surrogate_objective(policy, obs, actions, lambda logp: ppo_surrogate(logp, logp_old, adv, clip))
+    return surrogate_objective(policy, obs, actions, ppo_surrogate_of(logp_old, adv, clip))
 
 
 def impact_objective(policy, obs: torch.Tensor, actions: torch.Tensor, logp_target: torch.Tensor,
                      is_weights: torch.Tensor, adv: torch.Tensor, clip: float) -> Callable[[], torch.Tensor]:
-    """IMPACT's surrogate of `policy` on fixed samples (nitro.algos.impact.impact_surrogate), as a closure."""
-    from nitro.algos.impact import impact_surrogate
-
-    return surrogate_objective(policy, obs, actions,
-                               lambda logp: impact_surrogate(logp, logp_target, is_weights, adv, clip))
+    """IMPACT's surrogate of `policy` on fixed samples, as a closure."""
+    return surrogate_objective(policy, obs, actions, impact_surrogate_of(logp_target, is_weights, adv, clip))
 
 
 def select_subset(n: int, size: int = DETECTOR_SUBSET, seed: int = 0) -> np.ndarray:

@@ -24,7 +24,6 @@ parameters); the detector then uses `make_hvp`. Its products agree with make_hvp
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -40,8 +39,8 @@ def gaussian_mlp_hvp(policy, obs: torch.Tensor, actions: torch.Tensor,
                      surrogate: Callable[[torch.Tensor], torch.Tensor]
                      ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int] | None:
     """(hvp, dim) over policy.policy_parameters() for L = surrogate(log pi(actions | obs)), or None when the
-    policy is not a Gaussian MLP this module covers. `surrogate` maps the (n,) log-probabilities to the
-    scalar objective and must be a sum or mean of per-sample terms (each a function of its own l_t)."""
+    policy is not a Gaussian MLP this module covers or `surrogate` is not a sum of per-sample terms (checked:
+    its Hessian in the log-probabilities must be diagonal). The products use a snapshot of the weights."""
     if not isinstance(policy, Policy):  # another module with the objective's interface (tests' float64 ones)
         return None
     spec = policy.spec
@@ -50,8 +49,8 @@ def gaussian_mlp_hvp(policy, obs: torch.Tensor, actions: torch.Tensor,
             or not all(p.requires_grad for p in params):
         return None
     actor = policy.actor
-    weights = [layer.weight.detach() for layer in actor.layers] + [actor.out.weight.detach()]
-    biases = [layer.bias.detach() for layer in actor.layers] + [actor.out.bias.detach()]
+    weights = [layer.weight.detach().clone() for layer in actor.layers] + [actor.out.weight.detach().clone()]
+    biases = [layer.bias.detach().clone() for layer in actor.layers] + [actor.out.bias.detach().clone()]
     if any(w.dtype != torch.float32 for w in weights):
         return None
     tanh = spec.activation == "tanh"
@@ -60,7 +59,7 @@ def gaussian_mlp_hvp(policy, obs: torch.Tensor, actions: torch.Tensor,
         xs = [policy.normalize(obs).reshape(len(obs), -1)]
         for w, b in zip(weights[:-1], biases[:-1]):
             z = cpu_ops.matmul_t(xs[-1], w, b)
-            xs.append(torch.tanh(z) if tanh else z.clamp_min(0.0))
+            xs.append(cpu_ops.tanh(z) if tanh else z.clamp_min(0.0))
         mu = cpu_ops.matmul_t(xs[-1], weights[-1], biases[-1])
         derivs = [1.0 - x * x if tanh else (x > 0).to(x.dtype) for x in xs[1:]]
         s = policy.log_std.detach()
@@ -70,13 +69,26 @@ def gaussian_mlp_hvp(policy, obs: torch.Tensor, actions: torch.Tensor,
         diff = actions.to(mu.dtype) - mu
         d = diff * inv_var  # dl/dmu
         u2m1 = diff * diff * inv_var - 1.0  # dl/ds (before the clamp's factor)
-        logp = (-0.5 * (u2m1 + 1.0) - s_c).sum(-1) - 0.5 * mu.shape[1] * math.log(2 * math.pi)
+        # The log-probabilities exactly as the autograd objective computes them, so that a sample next to the
+        # clip range is clipped (or not) on both paths alike.
+        logp = policy.log_prob(policy.distribution(obs), actions)
     with torch.enable_grad():
         leaf = logp.detach().requires_grad_(True)
         (c1,) = torch.autograd.grad(surrogate(leaf), leaf, create_graph=True)
-        c2 = torch.autograd.grad(c1.sum(), leaf, allow_unused=True)[0] if c1.requires_grad else None
-    c1 = c1.detach().to(mu.dtype)
-    c2 = torch.zeros_like(c1) if c2 is None else c2.detach().to(mu.dtype)
+        if c1.requires_grad:
+            (c2,) = torch.autograd.grad(c1.sum(), leaf, retain_graph=True, allow_unused=True)
+            # grad(c1.sum()) sums the rows of the Hessian in l: the diagonal only for a separable surrogate.
+            probe = torch.randn(len(leaf), generator=torch.Generator().manual_seed(0), dtype=leaf.dtype)
+            (h_probe,) = torch.autograd.grad(c1, leaf, probe, allow_unused=True)
+            c2 = torch.zeros_like(c1) if c2 is None else c2
+            h_probe = torch.zeros_like(c1) if h_probe is None else h_probe
+            if not (torch.isfinite(c2).all() and torch.isfinite(h_probe).all()):
+                return None  # non-finite samples: autograd's products carry the NaN to the solver as before
+            if not torch.allclose(h_probe, c2 * probe, rtol=1e-4, atol=1e-6 * float(c2.abs().max()) + 1e-30):
+                return None
+        else:  # linear in l
+            c2 = torch.zeros_like(c1)
+    c1, c2 = c1.detach().to(mu.dtype), c2.detach().to(mu.dtype)
     with torch.no_grad():
         # The first-order backward: delta_l (the gradient at layer l's pre-activation) and, for the R pass,
         # e_l * dD_l/dx_l (tanh: -2 e_l x_l; ReLU: 0), e_l being the gradient at x_l.
