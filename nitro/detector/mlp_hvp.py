@@ -60,7 +60,10 @@ def gaussian_mlp_hvp(policy, obs: torch.Tensor, actions: torch.Tensor,
         for w, b in zip(weights[:-1], biases[:-1]):
             z = cpu_ops.matmul_t(xs[-1], w, b)
             xs.append(cpu_ops.tanh(z) if tanh else z.clamp_min(0.0))
-        mu = cpu_ops.matmul_t(xs[-1], weights[-1], biases[-1])
+        # The mean and log-probabilities exactly as the autograd objective computes them, so that a sample next
+        # to the clip range is clipped (or not) on both paths alike.
+        dist = policy.distribution(obs)
+        mu, logp = dist.mean, policy.log_prob(dist, actions)
         derivs = [1.0 - x * x if tanh else (x > 0).to(x.dtype) for x in xs[1:]]
         s = policy.log_std.detach()
         free = ((s >= LOG_STD_MIN) & (s <= LOG_STD_MAX)).to(mu.dtype)  # clamp passes derivatives here only
@@ -69,9 +72,6 @@ def gaussian_mlp_hvp(policy, obs: torch.Tensor, actions: torch.Tensor,
         diff = actions.to(mu.dtype) - mu
         d = diff * inv_var  # dl/dmu
         u2m1 = diff * diff * inv_var - 1.0  # dl/ds (before the clamp's factor)
-        # The log-probabilities exactly as the autograd objective computes them, so that a sample next to the
-        # clip range is clipped (or not) on both paths alike.
-        logp = policy.log_prob(policy.distribution(obs), actions)
     with torch.enable_grad():
         leaf = logp.detach().requires_grad_(True)
         (c1,) = torch.autograd.grad(surrogate(leaf), leaf, create_graph=True)
