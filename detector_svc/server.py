@@ -33,7 +33,7 @@ from nitro.data.redis_client import connect, url_from_env, warn_if_not_persisten
 from nitro.data.store import PolicyNotFoundError, PolicyStore
 from nitro.detector.core import ALGOS as DETECTOR_ALGOS
 from nitro.detector.core import detect
-from nitro.detector.score import ScoreWindow
+from nitro.detector.score import FAILED_RATIO, round_score, window_ratios
 from nitro.errors import ConfigError
 from nitro.policy.models import Policy, blob_to_doc
 from nitro.rpc import auth, metrics
@@ -75,21 +75,23 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
                 self._policy_cache.pop(next(iter(self._policy_cache)))
 
     def _store_ratio(self, job_id: str, round_index: int, ratio: float, window: int) -> list[float]:
-        """Store round `round_index`'s ratio; the newest `window` stored ratios of rounds up to it, oldest first.
+        """Store round `round_index`'s entry (its ratio, or FAILED_RATIO); the stored entries of rounds up to it,
+        oldest first and its own last, holding the newest `window` valid ratios among them (window_ratios).
 
         Reads the last RATIO_LOOKBACK windows of rounds, not the whole hash (which grows by a round a round);
-        only when those hold fewer than `window` ratios (rounds without a score) does it read all of them."""
+        only when those hold fewer than `window` valid ratios (rounds without a score, failed detections) does it
+        read all of them."""
         key = detector_ratios_key(job_id)
         first = max(0, round_index - RATIO_LOOKBACK * window + 1)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(key, str(round_index), repr(ratio))
+        pipe.hset(key, str(round_index), repr(float(ratio)))
         pipe.expire(key, STATE_TTL_S)
         pipe.hmget(key, [str(k) for k in range(first, round_index + 1)])
-        ratios = [float(v) for v in pipe.execute()[-1] if v is not None]
-        if len(ratios) < window and first > 0:
+        entries = [float(v) for v in pipe.execute()[-1] if v is not None]
+        if len(window_ratios(entries, window)) < window and first > 0:
             stored = sorted((int(k), float(v)) for k, v in self.redis.hgetall(key).items())
-            ratios = [r for k, r in stored if k <= round_index]
-        return ratios[-window:]
+            entries = [r for k, r in stored if k <= round_index]
+        return entries
 
     def Score(self, request, context):
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
@@ -138,9 +140,9 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
             self._checkin(request.job_id, policy)
-        window = ScoreWindow.from_list(self._store_ratio(request.job_id, request.round, res.ratio, p["window"]),
-                                       size=p["window"])
-        score = window.score(request.round, p["decay"])
+        entry = res.ratio if res.finite else FAILED_RATIO  # stored for bookkeeping, in no window (window_ratios)
+        window, score = round_score(self._store_ratio(request.job_id, request.round, entry, p["window"]),
+                                    request.round, p["decay"], p["window"])
         seconds = time.perf_counter() - t0
         metrics.DETECTOR_SECONDS.observe(seconds)
         metrics.set_job(metrics.BOOSTING_SCORE, request.job_id, score)

@@ -7,7 +7,17 @@ import math
 
 import pytest
 
-from nitro.detector.score import DEFAULT_EPS, FLAT_SCORE, ScoreWindow, boosting_score, convexity_ratio, ratio_bounds
+from nitro.detector.score import (
+    DEFAULT_EPS,
+    FAILED_RATIO,
+    FLAT_SCORE,
+    ScoreWindow,
+    boosting_score,
+    convexity_ratio,
+    ratio_bounds,
+    round_score,
+    window_ratios,
+)
 from nitro.errors import ConfigError
 
 INF, NAN = math.inf, math.nan
@@ -129,3 +139,37 @@ def test_score_window_is_immutable_bounded_and_serialisable():
         ScoreWindow(size=0)
     with pytest.raises(AttributeError):
         w.values = ()  # frozen
+
+
+def job_scores(entries: dict[int, float], decay: float = 0.96, size: int = 6) -> dict[int, tuple[list[float], float]]:
+    """Each stored round's window and score, as the service computes them from the job's stored entries."""
+    out = {}
+    for k in sorted(entries):
+        window, score = round_score([entries[j] for j in sorted(entries) if j <= k], k, decay, size)
+        out[k] = (window.to_list(), score)
+    return out
+
+
+@pytest.mark.parametrize("failed", [{5}, {1}, {5, 6}, set(range(4, 14)), {0, 2, 9, 17}])
+def test_a_failed_detection_scores_0_and_changes_no_later_rounds_score(failed):
+    """Issue 39 item 4: a failed detection stored as R = 100 scored 0 itself, but as every later window's
+    maximum it made the next rounds score ~0.88, 0.85, ... (boosting on a failure). Now the failed round scores 0
+    and every later round scores as in the same job where that round stored nothing."""
+    ratios = {k: 0.6 + 0.4 * math.sin(1.3 * k) for k in range(24)}  # R in [0.2, 1.0], no two alike
+    with_failures = job_scores({k: FAILED_RATIO if k in failed else r for k, r in ratios.items()})
+    without = job_scores({k: r for k, r in ratios.items() if k not in failed})
+    for k in sorted(failed):
+        assert with_failures[k][1] == 0.0, k
+    for k in without:
+        assert with_failures[k] == without[k], k  # every other round: the same window and score
+    assert any(without[k][1] > 0.3 for k in without if k > min(failed))  # there were scores to disturb
+
+
+def test_window_ratios_skip_failed_detections_and_keep_the_newest():
+    assert window_ratios([1.0, FAILED_RATIO, 2.0, NAN, 3.0, INF, 4.0], 3) == [2.0, 3.0, 4.0]
+    assert window_ratios([FAILED_RATIO, FAILED_RATIO], 6) == []
+    assert window_ratios([CAP, 1.0], 6) == [CAP, 1.0]  # a real R of 100 (a convex Hessian) is a ratio
+    window, score = round_score([1.0, 2.0, FAILED_RATIO], 2)
+    assert window.to_list() == [1.0, 2.0] and score == 0.0  # its own detection failed: 0, not round 1's rank
+    with pytest.raises(ConfigError, match="size"):
+        window_ratios([1.0], 0)

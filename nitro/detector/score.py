@@ -13,8 +13,12 @@ lambda_min = 0 (no jump from +inf to -inf) and bounds it:
 -1 is reached by a negative definite Hessian with equal extremes; 1/eps by a
 positive semi-definite one ("fully convex"). Inputs out of order are sorted;
 infinities are clamped to +-1e300 first; a zero Hessian gives 0.0; a NaN
-input gives R_CAP, which makes that round's own score 0 (a failed detection
-never triggers spending).
+input gives R_CAP (a finite number for reports and metrics, not a ratio to rank).
+
+A failed detection (non-finite eigenvalues, DetectionResult.finite False) is
+stored among a job's ratios as FAILED_RATIO and never enters a score window
+(window_ratios, the one place that rule lives): the round scores 0 and later
+rounds score as if it had stored nothing (round_score).
 
 S_k = (R_max - R_k) / (R_max - R_min) * d^k over the last n ratios (newest
 last, k = round index from 0): a low R relative to the recent past means a
@@ -27,7 +31,7 @@ cheap choice). The result is always a finite number in [0, 1].
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from nitro.contracts import SCORE_DECAY, SCORE_WINDOW
@@ -37,6 +41,9 @@ DEFAULT_EPS = 1e-2
 FLAT_SCORE = 0.0
 _HUGE = 1e300
 _FLAT_REL = 1e-12
+FAILED_RATIO = math.nan
+"""What a failed detection is stored as among a job's ratios: it keeps the round's place (a retried Score
+overwrites it) but is no ratio, so no window holds it (window_ratios)."""
 
 
 def ratio_bounds(eps: float = DEFAULT_EPS) -> tuple[float, float]:
@@ -108,3 +115,22 @@ class ScoreWindow:
     @classmethod
     def from_list(cls, values: Sequence[float], size: int = SCORE_WINDOW) -> "ScoreWindow":
         return cls(tuple(values), size)
+
+
+def window_ratios(stored: Iterable[float], size: int = SCORE_WINDOW) -> list[float]:
+    """The ratios a score window holds from a job's stored entries (oldest first): the newest `size` of them that
+    are not failed detections (FAILED_RATIO, or any other non-finite entry)."""
+    if size < 1:
+        raise ConfigError(f"invalid value for size: must be an integer >= 1, got {size!r}")
+    return [r for r in (float(x) for x in stored) if math.isfinite(r)][-size:]
+
+
+def round_score(stored: Sequence[float], round_index: int, decay: float = SCORE_DECAY,
+                size: int = SCORE_WINDOW) -> tuple[ScoreWindow, float]:
+    """Round `round_index`'s window and score from the job's stored entries of rounds up to it, oldest first and
+    its own last. The window holds the newest `size` valid ratios (window_ratios). A round whose own detection
+    failed scores FLAT_SCORE, and as no window holds its entry, every later round scores as if it had stored none."""
+    window = ScoreWindow.from_list(window_ratios(stored, size), size)
+    if not window_ratios(stored[-1:], 1):  # nothing stored for this round, or its detection failed
+        return window, FLAT_SCORE
+    return window, window.score(round_index, decay)
