@@ -22,6 +22,8 @@ from pathlib import Path
 
 from nitro.client import results
 from nitro.client.sdk import NitroClient
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
+from nitro.cost import Prices
 from nitro.local.system import LocalSystem
 
 
@@ -66,7 +68,10 @@ def run_one(client: NitroClient, run: Run, out_dir: Path) -> dict:
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a run cut short is redone from scratch
     run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps(asdict(run), indent=2) + "\n")
+    # What the run's reports are billed at: the local system's scaler runs with the default prices (a later
+    # re-pricing reads the reports back in these units: experiments/equal_cost.py).
+    billing = {"prices": Prices().to_dict(), "actor_memory_mb": run.extra.get("actor_memory_mb", DEFAULT_ACTOR_MEMORY_MB)}
+    (run_dir / "run.json").write_text(json.dumps({**asdict(run), "billing": billing}, indent=2) + "\n")
     t0 = time.time()
     job = client.start_training(run.spec())
     reports = []

@@ -192,6 +192,14 @@ FLOOR_ACTORS = 64  # "nitro-floor": F of the floor round(F * d_f^(k^2)) (the aut
 FLOOR_DECAY = 0.96  # "nitro-floor": d_f
 
 
+# Lambda gives a function CPU in proportion to its memory: one full vCPU at 1,769 MB (AWS Lambda developer guide,
+# "Configure Lambda function memory"). An actor is single-threaded and CPU-bound, so below that size it runs
+# 1769/M times longer for the same GB-seconds, and above it pays for vCPUs it cannot use: 1,769 MB is the
+# cheapest size per sample (docs/cost.md works it out), and the default.
+LAMBDA_FULL_VCPU_MB = 1769
+DEFAULT_ACTOR_MEMORY_MB = LAMBDA_FULL_VCPU_MB
+
+
 def default_fixed_actors(algo: str) -> int:
     """Actors per round of "fixed" when the spec gives no count: the algorithm's, else FIXED_ACTORS."""
     return FIXED_ACTORS_BY_ALGO.get(algo, FIXED_ACTORS)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nitro.contracts import FUNCTION_KINDS
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB, FUNCTION_KINDS, LAMBDA_FULL_VCPU_MB
 from nitro.errors import ConfigError
 
 MB_PER_GB = 1024.0
@@ -44,9 +44,16 @@ VM_BILLING = ("per_second", "per_hour")
 class Prices:
     """Unit prices in USD (defaults: the paper's, AWS us-east-2)."""
 
-    learner_usd_per_hour: float = 3.06  # p3.2xlarge
+    # The learner server is priced as the machine whose speed the cloud clock measures: this machine's CPU
+    # (2 vCPUs of an Ice Lake Xeon, what a c6i.large is); a GPU server's price belongs with a GPU-measured update
+    # (docs/cost.md). The paper's p3.2xlarge was $3.06/h.
+    learner_instance: str = "c6i.large"
+    learner_usd_per_hour: float = 0.085
     lambda_usd_per_gb_second: float = 0.0000166667
     lambda_usd_per_million_requests: float = 0.20
+    # Memory at which a function gets one full vCPU; below it CPU-bound work runs full/M times longer
+    # (`lambda_cpu_slowdown`). 0 models every size as a full vCPU (the model before 2026-12-02).
+    lambda_full_vcpu_mb: float = float(LAMBDA_FULL_VCPU_MB)
     provisioned_usd_per_gb_second: float = 0.0000041667  # while configured, used or not
     provisioned_duration_usd_per_gb_second: float = 0.0000097222  # duration on provisioned instances
     provisioned_billing_increment_s: float = 300.0  # AWS rounds a configured period up to 5 minutes
@@ -65,7 +72,7 @@ class Prices:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name == "actor_vm_name":
+            if f.name in ("actor_vm_name", "learner_instance"):
                 if not isinstance(v, str) or not v:
                     raise ConfigError(f"invalid value for prices.{f.name}: must be a non-empty string")
             elif f.name == "actor_vm_billing":
@@ -160,6 +167,23 @@ def modelled_invocation_ms(cpu_ms: float, io_cpu_ms: float, io_wall_ms: float) -
     cpu, io_cpu, io_wall = (_check(n, v) for n, v in
                             (("cpu_ms", cpu_ms), ("io_cpu_ms", io_cpu_ms), ("io_wall_ms", io_wall_ms)))
     return max(0.0, cpu - io_cpu) + io_wall
+
+
+def lambda_cpu_slowdown(memory_mb: float, prices: Prices) -> float:
+    """How much longer CPU-bound work takes in a function of `memory_mb` than on a full vCPU: Lambda allocates
+    CPU in proportion to memory, a full vCPU at `prices.lambda_full_vcpu_mb` (1,769 MB). An actor is
+    single-threaded, so more memory than that buys nothing (1.0)."""
+    m = _check("memory_mb", memory_mb)
+    if m <= 0:
+        raise ConfigError(f"invalid value for memory_mb: must be > 0, got {memory_mb!r}")
+    return max(1.0, prices.lambda_full_vcpu_mb / m)
+
+
+def lambda_duration_ms(modelled_ms: float, cpu_ms: float, memory_mb: float, prices: Prices) -> float:
+    """An invocation's duration at `memory_mb`: its `modelled_ms` on a full vCPU (`modelled_invocation_ms`),
+    of which `cpu_ms` is CPU-bound work, slowed by the memory's CPU share; waiting on Redis is not."""
+    cpu = min(_check("cpu_ms", cpu_ms), _check("modelled_ms", modelled_ms))
+    return modelled_ms + cpu * (lambda_cpu_slowdown(memory_mb, prices) - 1.0)
 
 
 def modelled_billed_ms(modelled_ms: float, init_ms: float = 0.0) -> int:
@@ -314,15 +338,19 @@ def learner_charge(seconds: float, cloud_seconds: float, prices: Prices) -> Char
                    "cloud_seconds": float(cloud_seconds)}, usd, cloud_usd)
 
 
-def invocation_charge(kind: str, *, requests: int, billed_ms: int, modelled_ms: float, init_ms: float, cold: bool,
-                      steps: int, memory_mb: float, prices: Prices) -> Charge:
+def invocation_charge(kind: str, *, requests: int, billed_ms: int, modelled_ms: float, cpu_ms: float,
+                      init_ms: float, cold: bool, steps: int, memory_mb: float, prices: Prices) -> Charge:
     """One invocation, all its attempts: `requests` that reached the platform, their `billed_ms` (this machine)
-    and `modelled_ms` (the cloud clock, plus `init_ms` when `cold`), and the env `steps` it delivered (0 when it
-    failed; counted for actors only). Learner functions are billed at the same prices in counters of their own,
-    so the actors' cost per step stays theirs. An invocation that never reached the platform costs nothing."""
+    and `modelled_ms` (the cloud clock on a full vCPU, of which `cpu_ms` is CPU-bound, plus `init_ms` when
+    `cold`), and the env `steps` it delivered (0 when it failed; counted for actors only). The cloud clock runs
+    the CPU-bound work (and the init) at the CPU share of `memory_mb` (`lambda_cpu_slowdown`). Learner functions
+    are billed at the same prices in counters of their own, so the actors' cost per step stays theirs. An
+    invocation that never reached the platform costs nothing."""
     if kind not in FUNCTION_KINDS:
         raise ConfigError(f"invalid value for kind: must be one of {list(FUNCTION_KINDS)}, got {kind!r}")
-    seconds, [cloud_ms] = cloud_launch([(modelled_ms, init_ms, cold)], prices)
+    slow = lambda_cpu_slowdown(memory_mb, prices)
+    seconds, [cloud_ms] = cloud_launch([(lambda_duration_ms(modelled_ms, cpu_ms, memory_mb, prices),
+                                         _check("init_ms", init_ms) * slow, cold)], prices)
     cloud_ms = cloud_ms if requests else 0
     usd = lambda_cost(billed_ms, requests, memory_mb, prices)
     cloud_usd = lambda_cost(cloud_ms, requests, memory_mb, prices) if requests else 0.0
@@ -374,6 +402,12 @@ def estimate_round(ledger: CostLedger, clock: str, *, rounds_planned: int, last_
 
 # -- reference pricing: the cloud model at fixed speeds (docs/cost.md) --------------------
 
+# What the reports of runs before 2026-12-02 were billed at: the paper's GPU learner price for CPU-measured time,
+# and 1,024 MB actors modelled on a full vCPU. Calibrating old reports needs them (an old bill is read back in
+# their units); pricing with them reproduces the old tables (the "old" pricing).
+PAPER_PRICES = Prices(learner_instance="p3.2xlarge", learner_usd_per_hour=3.06, lambda_full_vcpu_mb=0.0)
+LEGACY_ACTOR_MEMORY_MB = 1024
+
 REFERENCE_QUANTILE = 0.10  # calibration takes the quietest decile: load only ever slows work down
 
 
@@ -399,34 +433,108 @@ class ReferenceRates:
 
 
 def reference_round(actors: int, steps_per_actor: int, warm_sandboxes: int, rates: ReferenceRates,
-                    prices: Prices, actor_memory_mb: float = 1024.0, *,
-                    asynchronous: bool = False) -> tuple[float, float]:
+                    prices: Prices, actor_memory_mb: float = float(DEFAULT_ACTOR_MEMORY_MB), *,
+                    asynchronous: bool = False, evaluation_s: float = 0.0) -> tuple[float, float]:
     """(seconds, USD) of one training round priced at the reference rates: `actors` equal invocations in
-    parallel (those beyond the warm sandboxes start cold), then the learner's ingest, update, publish and
-    detect; the learner server is billed for the round. `asynchronous` (IMPACT): the update runs while the
-    actors sample, so the round takes the longer of the launch and the update, then publish and detect.
-    Evaluation is left out: it is the experimenter's measurement, the same for every scaling policy."""
+    parallel (those beyond the warm sandboxes start cold; their CPU-bound work at the CPU share of
+    `actor_memory_mb`), then the learner's ingest, update, publish and detect, then `evaluation_s` of
+    evaluation on the learner; the learner server is billed for the round. `asynchronous` (IMPACT): the update
+    runs while the actors sample, so the round takes the longer of the launch and the update, then publish and
+    detect."""
     actors, steps = int(actors), int(steps_per_actor)
     if actors < 0 or steps < 0:
         raise ConfigError(f"invalid reference round: actors and steps_per_actor must be >= 0, got {actors}, {steps}")
+    slow = lambda_cpu_slowdown(actor_memory_mb, prices)
     cold = cold_invocations(actors, warm_sandboxes)
-    run_ms = rates.actor_s_per_step * steps * 1000.0
-    launch_s, billed = cloud_launch([(run_ms, rates.actor_init_s * 1000.0, i < cold) for i in range(actors)], prices)
+    run_ms = rates.actor_s_per_step * steps * 1000.0 * slow
+    launch_s, billed = cloud_launch([(run_ms, rates.actor_init_s * 1000.0 * slow, i < cold) for i in range(actors)],
+                                    prices)
     update_s = rates.learner_s_per_sample * actors * steps
-    seconds = (max(launch_s, update_s) if asynchronous else launch_s + update_s) + rates.learner_s_per_round
+    seconds = ((max(launch_s, update_s) if asynchronous else launch_s + update_s) + rates.learner_s_per_round
+               + _check("evaluation_s", evaluation_s))
     return seconds, learner_cost(seconds, prices) + lambda_cost(sum(billed), actors, actor_memory_mb, prices)
 
 
 def reference_job(actors_by_round, steps_per_actor: int, rates: ReferenceRates, prices: Prices,
-                  actor_memory_mb: float = 1024.0, *, asynchronous: bool = False) -> list[float]:
-    """The cumulative reference bill (USD) after each round of a job that launched `actors_by_round`."""
+                  actor_memory_mb: float = float(DEFAULT_ACTOR_MEMORY_MB), *, asynchronous: bool = False,
+                  evaluation_s=None) -> list[float]:
+    """The cumulative reference bill (USD) after each round of a job that launched `actors_by_round`
+    (`evaluation_s`: each round's evaluation seconds on the learner, none if not given)."""
+    actors_by_round = list(actors_by_round)
+    evaluation_s = [0.0] * len(actors_by_round) if evaluation_s is None else list(evaluation_s)
+    if len(evaluation_s) != len(actors_by_round):
+        raise ConfigError(f"reference_job: {len(evaluation_s)} evaluation times for {len(actors_by_round)} rounds")
     total, warm, out = 0.0, 0, []
-    for actors in actors_by_round:
+    for actors, ev in zip(actors_by_round, evaluation_s):
         total += reference_round(actors, steps_per_actor, warm, rates, prices, actor_memory_mb,
-                                 asynchronous=asynchronous)[1]
+                                 asynchronous=asynchronous, evaluation_s=ev)[1]
         warm = max(warm, int(actors))
         out.append(total)
     return out
+
+
+def reference_evaluation_seconds(rounds, rates: ReferenceRates, steps_per_actor: int) -> list[float]:
+    """Each round's evaluation at reference speed: what it measured, times the run's median ratio of the
+    learner's reference time to its measured time (ingest + update) in the same rounds. Evaluation and update
+    run in the same learner process, so the machine's load slows both alike; reports hold no count of the
+    evaluation's env steps to price it per step. Synchronous reports measure evaluation on the cloud clock;
+    asynchronous ones (IMPACT, whose cloud clock folds it into the next update) on this machine's wall clock,
+    which the ratio then takes to the same reference."""
+    rounds = list(rounds)
+    ratios, measured = [], []
+    for r in rounds:
+        cloud, wall = r.get("cloud_phases") or {}, r.get("phases") or {}
+        ph = cloud if cloud.get("evaluate", 0.0) > 0 or not wall.get("evaluate", 0.0) else wall
+        measured.append(float(ph.get("evaluate", 0.0)) if r.get("evaluated") else 0.0)
+        learner = float(ph.get("ingest", 0.0)) + float(ph.get("update", 0.0))
+        samples = float(r.get("env_steps") or delivered_actors(r) * steps_per_actor)
+        if learner > 0 and samples > 0 and not r.get("evaluated"):
+            ratios.append(rates.learner_s_per_sample * samples / learner)
+    scale = float(np.median(ratios)) if ratios else 1.0
+    return [m * scale for m in measured]
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How a comparison at equal dollars prices work (docs/cost.md, "Pricings"): the unit prices, the actors'
+    memory size (its CPU share), the priced learner's speed against the one that measured the reference rates
+    (`learner_speedup` divides its seconds per sample; `round_overhead_factor` multiplies its seconds per
+    round), and whether evaluation is billed as learner time. A pricing file is its JSON."""
+
+    name: str
+    prices: Prices = Prices()
+    actor_memory_mb: float = float(DEFAULT_ACTOR_MEMORY_MB)
+    learner_speedup: float = 1.0
+    round_overhead_factor: float = 1.0
+    bill_evaluation: bool = True
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("invalid value for pricing.name: must be a non-empty string")
+        for f in ("actor_memory_mb", "learner_speedup", "round_overhead_factor"):
+            if not _check(f"pricing.{f}", getattr(self, f)) > 0:
+                raise ConfigError(f"invalid value for pricing.{f}: must be > 0, got {getattr(self, f)!r}")
+        if not isinstance(self.bill_evaluation, bool):
+            raise ConfigError(f"invalid value for pricing.bill_evaluation: must be true or false, "
+                              f"got {self.bill_evaluation!r}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping) -> "Pricing":
+        d = dict(d or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown pricing setting(s) {unknown}; allowed: {sorted(names)}")
+        return cls(**{**d, "prices": Prices.from_mapping(d.get("prices"))})
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "prices": self.prices.to_dict()}
+
+    def rates(self, measured: ReferenceRates) -> ReferenceRates:
+        """The reference rates of the priced learner, from those measured."""
+        return dataclasses.replace(measured, learner_s_per_sample=measured.learner_s_per_sample / self.learner_speedup,
+                                   learner_s_per_round=measured.learner_s_per_round * self.round_overhead_factor)
 
 
 def delivered_actors(report: Mapping) -> int:
@@ -441,7 +549,7 @@ def exact_actor_bill(report: Mapping) -> bool:
     return float(report.get("cloud_actor_cost_usd") or 0.0) > 0.0
 
 
-def round_actor_billed_seconds(report: Mapping, prices: Prices, actor_memory_mb: float = 1024.0) -> float:
+def round_actor_billed_seconds(report: Mapping, prices: Prices, actor_memory_mb: float) -> float:
     """The actor invocations' modelled billed seconds in one round report, from the Lambda bill of its own
     launches less the request fees, over the GB-second rate. Reports from before `cloud_actor_cost_usd` read
     it back from the round's cloud bill less the learner server's share (the ledger's growth between two
@@ -457,10 +565,12 @@ def round_actor_billed_seconds(report: Mapping, prices: Prices, actor_memory_mb:
 
 def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
                               quantile: float = REFERENCE_QUANTILE, *, asynchronous: bool = False,
-                              actor_memory_mb: float = 1024.0) -> ReferenceRates:
+                              actor_memory_mb: float) -> ReferenceRates:
     """Reference rates from round reports that carry `cloud_phases` (any number of runs of one env and
-    preset): per unit of work, the `quantile` of what the rounds measured, so rounds slowed by other load
-    on the machine do not set the price. Actor speed comes from warm launches only (no cold start) without
+    preset), billed at `prices` with actors of `actor_memory_mb` (reports before 2026-12-02: PAPER_PRICES and
+    LEGACY_ACTOR_MEMORY_MB): per unit of work, the `quantile` of what the rounds measured, so rounds slowed by
+    other load on the machine do not set the price. The actor rate is per full vCPU (the reports' CPU share
+    taken out). Actor speed comes from warm launches only (no cold start) without
     failed actors. Synchronous rounds (PPO) give it as the sample phase (the round waited for its actors);
     `asynchronous` rounds (IMPACT, whose update overlaps sampling and which report no sample phase) give it
     as the actors' billed seconds per step they were launched for (`round_actor_billed_seconds`). Without the
@@ -470,6 +580,7 @@ def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
     evaluation too (IMPACT counts the previous round's evaluation in `update`)."""
     step, sample, fixed = [], [], []
     warm, after_eval = {}, {}
+    slow = lambda_cpu_slowdown(actor_memory_mb, prices)
     for r in rounds:
         ph, actors = r.get("cloud_phases") or {}, delivered_actors(r)
         job = r.get("job_id")
@@ -479,11 +590,11 @@ def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
         clean_warm = actors <= warm.get(job, 0) and not r.get("actors_failed") and steps_per_actor > 0
         if asynchronous:
             if clean_warm and (exact_actor_bill(r) or not (r.get("evaluated") or after_eval.get(job))):
-                step.append(round_actor_billed_seconds(r, prices, actor_memory_mb) / (actors * steps_per_actor))
+                step.append(round_actor_billed_seconds(r, prices, actor_memory_mb) / (actors * steps_per_actor * slow))
         # A synchronous round whose sample phase is 0 did not wait for its actors (an asynchronous learner):
         # it says nothing about actor speed.
         elif clean_warm and ph.get("sample", 0.0) > 0:
-            step.append(max(0.0, ph.get("sample", 0.0) - prices.lambda_invoke_overhead_s) / steps_per_actor)
+            step.append(max(0.0, ph.get("sample", 0.0) - prices.lambda_invoke_overhead_s) / (steps_per_actor * slow))
         warm[job] = max(warm.get(job, 0), actors)
         if samples > 0 and not (asynchronous and after_eval.get(job)):
             sample.append((ph.get("ingest", 0.0) + ph.get("update", 0.0)) / samples)

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from nitro.contracts import (
+    DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_ENVS_PER_ACTOR,
     DEFAULT_I_MAX,
     DEFAULT_I_MIN,
@@ -105,7 +106,7 @@ class TrainingSpec:
     eval_episodes: int = 5
     round_deadline_s: float = 120.0
     job_id: str = ""
-    actor_memory_mb: int = 1024
+    actor_memory_mb: int = DEFAULT_ACTOR_MEMORY_MB  # one full vCPU on Lambda (nitro.contracts)
     function_name: str = "nitro-actor"
     target_return: float = 0.0
     min_sample_fraction: float = 0.5

@@ -52,6 +52,7 @@ class InvocationOutcome:
     # (a function error, a timeout) is modelled by its billed wall time.
     modelled_ms: float = 0.0  # the last attempt's
     modelled_attempts_ms: float = 0.0  # every attempt's: what the caller waits for and what is billed
+    modelled_cpu_attempts_ms: float = 0.0  # the CPU-bound part of it (slowed by the memory's CPU share)
     measured_init_ms: float = 0.0  # init CPU reported by an attempt that ran in a fresh process
     retried: list[tuple[str, str]] = field(default_factory=list)  # (error type, message) of each retried attempt
 
@@ -110,6 +111,8 @@ class Invoker:
             clock = body.get("clock") if isinstance(body, dict) else None
             if isinstance(clock, dict):
                 out.modelled_ms = float(clock.get("modelled_ms", 0.0))
+                # On a full vCPU: everything but the wall time of its Redis calls is CPU-bound.
+                out.modelled_cpu_attempts_ms += max(0.0, out.modelled_ms - float(clock.get("io_wall_ms", 0.0)))
                 out.measured_init_ms = max(out.measured_init_ms, float(clock.get("init_ms", 0.0)))
             else:
                 out.modelled_ms = float(out.billed_ms) if report else 0.0

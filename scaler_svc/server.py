@@ -25,6 +25,7 @@ import grpc
 
 from nitro import cost
 from nitro.contracts import (
+    DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_I_MAX,
     DEFAULT_SCALING_POLICY,
     FIXED_ACTORS,
@@ -88,11 +89,13 @@ def check_job_id(job_id: str, context) -> None:
 
 
 def actor_memory(memory_mb: int, context) -> int:
-    """The request's actor memory in MB (0 means 1024); anything else outside Lambda's limits is invalid."""
+    """The request's actor memory in MB (0 means DEFAULT_ACTOR_MEMORY_MB); anything else outside Lambda's limits is
+    invalid."""
     if memory_mb != 0 and not 128 <= memory_mb <= 10240:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"actor_memory_mb: must be in [128, 10240] (AWS Lambda limits) or 0 for 1024, got {memory_mb}")
-    return memory_mb or 1024
+                      f"actor_memory_mb: must be in [128, 10240] (AWS Lambda limits) or 0 for "
+                      f"{DEFAULT_ACTOR_MEMORY_MB}, got {memory_mb}")
+    return memory_mb or DEFAULT_ACTOR_MEMORY_MB
 
 
 _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
@@ -317,6 +320,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             nonlocal usd_total, cloud_usd_total
             charge = cost.invocation_charge(
                 kind, requests=o.requests, billed_ms=o.billed_attempts_ms, modelled_ms=o.modelled_attempts_ms,
+                cpu_ms=o.modelled_cpu_attempts_ms,
                 init_ms=o.measured_init_ms or init_ms, cold=o.invocation_id in cold_ids,
                 steps=request.steps_per_actor if o.ok else 0, memory_mb=memory, prices=self.prices)
             cloud[o.invocation_id] = charge.cloud_seconds

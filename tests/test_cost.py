@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import yaml
 
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB, LAMBDA_FULL_VCPU_MB
 from nitro.cost import (
     DEFAULT_MS_PER_STEP,
     FIRST_ROUND_LEARNER_S,
     LEARNER_ROUND_MARGIN,
+    PAPER_PRICES,
     Charge,
     CostLedger,
     Prices,
@@ -23,6 +26,8 @@ from nitro.cost import (
     estimate_round,
     invocation_charge,
     lambda_cost,
+    lambda_cpu_slowdown,
+    lambda_duration_ms,
     lambda_invocation_cost,
     learner_charge,
     learner_cost,
@@ -33,7 +38,16 @@ from nitro.cost import (
 )
 from nitro.errors import ConfigError
 
-P = Prices()
+P = PAPER_PRICES  # hand bills below use the paper's prices (a full vCPU at any memory size)
+
+
+def test_default_prices_price_the_machine_that_measured():
+    # The cloud clock measures the learner in CPU time on a 2-vCPU Ice Lake: priced as a c6i.large, not a GPU server;
+    # actors get a full vCPU at 1,769 MB, the default size.
+    d = Prices()
+    assert (d.learner_instance, d.learner_usd_per_hour, d.lambda_full_vcpu_mb) == ("c6i.large", 0.085, 1769.0)
+    assert DEFAULT_ACTOR_MEMORY_MB == LAMBDA_FULL_VCPU_MB == 1769
+    assert (P.learner_instance, P.lambda_full_vcpu_mb) == ("p3.2xlarge", 0.0)
 
 
 def test_paper_defaults():
@@ -85,10 +99,10 @@ def test_serverful_comparator():
     # 3,540 s job + 60 s startup = one hour: 4 x 0.68 + 3.06 = 5.78
     assert serverful_job_cost(3540, 64, P) == pytest.approx(5.78, rel=1e-12)
     # per-hour billing: 3,541 + 60 s -> 2 VM-hours each = 5.44, learner pro rata 3,601 s = 3.06085
-    hourly = Prices(actor_vm_billing="per_hour")
+    hourly = dataclasses.replace(P, actor_vm_billing="per_hour")
     assert serverful_job_cost(3541, 64, hourly) == pytest.approx(5.44 + 3.06 * 3601 / 3600, rel=1e-12)
     # per-second minimum: a 0 s job with no startup still pays 60 s per VM
-    quick = Prices(actor_vm_startup_s=0.0)
+    quick = dataclasses.replace(P, actor_vm_startup_s=0.0)
     assert serverful_job_cost(0, 64, quick, include_learner=False) == pytest.approx(4 * 0.68 * 60 / 3600)
     # the paper's 'without serverless' ablation: one big VM, e.g. 72 vCPUs at a configured price
     big = Prices.from_mapping({"actor_vm_name": "c5.18xlarge", "actor_vm_vcpus": 72, "actor_vm_usd_per_hour": 3.06})
@@ -98,9 +112,9 @@ def test_serverful_comparator():
 def test_a_ledger_adds_charges_and_reads_a_stored_hash():
     led = CostLedger()
     led = led.add(learner_charge(30, 2, P))
-    led = led.add(invocation_charge("actor", requests=2, billed_ms=1235, modelled_ms=300.4, init_ms=250, cold=True,
+    led = led.add(invocation_charge("actor", requests=2, billed_ms=1235, modelled_ms=300.4, cpu_ms=0.0, init_ms=250, cold=True,
                                     steps=512, memory_mb=1024, prices=P))
-    led = led.add(invocation_charge("learner", requests=1, billed_ms=400, modelled_ms=100, init_ms=0, cold=False,
+    led = led.add(invocation_charge("learner", requests=1, billed_ms=400, modelled_ms=100, cpu_ms=0.0, init_ms=0, cold=False,
                                     steps=512, memory_mb=2048, prices=P))
     assert (led.invocations, led.billed_ms, led.cloud_billed_ms, led.steps_billed) == (2, 1235, 551, 512)
     assert (led.learner_fn_invocations, led.learner_fn_billed_ms, led.cloud_learner_fn_billed_ms) == (1, 400, 100)
@@ -123,27 +137,27 @@ def test_learner_charge_bills_the_server_on_both_clocks():
 
 def test_invocation_charge_on_both_clocks():
     # 3 attempts billed 1,235 ms together; modelled 300.4 ms + 250 ms init when cold -> 551 ms billed on the cloud.
-    c = invocation_charge("actor", requests=3, billed_ms=1235, modelled_ms=300.4, init_ms=250, cold=True, steps=64,
+    c = invocation_charge("actor", requests=3, billed_ms=1235, modelled_ms=300.4, cpu_ms=0.0, init_ms=250, cold=True, steps=64,
                           memory_mb=1024, prices=P)
     assert c.usd == pytest.approx(1.235 * 0.0000166667 + 3 * 2e-7, rel=1e-12)
     assert c.cloud_usd == pytest.approx(0.551 * 0.0000166667 + 3 * 2e-7, rel=1e-12)
     assert c.cloud_seconds == pytest.approx(P.lambda_invoke_overhead_s + P.lambda_cold_start_s + 0.25 + 0.3004)
     assert c.amounts == {"actor_cost_usd": c.usd, "invocations": 3, "billed_ms": 1235, "cloud_actor_cost_usd":
                          c.cloud_usd, "cloud_billed_ms": 551, "steps_billed": 64}
-    warm = invocation_charge("actor", requests=1, billed_ms=400, modelled_ms=300.4, init_ms=250, cold=False, steps=0,
+    warm = invocation_charge("actor", requests=1, billed_ms=400, modelled_ms=300.4, cpu_ms=0.0, init_ms=250, cold=False, steps=0,
                              memory_mb=1024, prices=P)
     assert warm.amounts["cloud_billed_ms"] == 301 and "steps_billed" not in warm.amounts  # failed: no steps
     # Learner functions: the same prices, counters of their own, no env steps.
-    fn = invocation_charge("learner", requests=1, billed_ms=400, modelled_ms=300.4, init_ms=250, cold=False,
+    fn = invocation_charge("learner", requests=1, billed_ms=400, modelled_ms=300.4, cpu_ms=0.0, init_ms=250, cold=False,
                            steps=64, memory_mb=1024, prices=P)
     assert fn.amounts == {"learner_fn_cost_usd": warm.usd, "learner_fn_invocations": 1, "learner_fn_billed_ms": 400,
                           "cloud_learner_fn_cost_usd": warm.cloud_usd, "cloud_learner_fn_billed_ms": 301}
     # Never reached the platform (connection refused): nothing billed on either clock.
-    lost = invocation_charge("actor", requests=0, billed_ms=0, modelled_ms=0, init_ms=250, cold=True, steps=0,
+    lost = invocation_charge("actor", requests=0, billed_ms=0, modelled_ms=0, cpu_ms=0.0, init_ms=250, cold=True, steps=0,
                              memory_mb=1024, prices=P)
     assert (lost.usd, lost.cloud_usd, lost.amounts["cloud_billed_ms"]) == (0.0, 0.0, 0)
     with pytest.raises(ConfigError, match="kind"):
-        invocation_charge("critic", requests=1, billed_ms=1, modelled_ms=1, init_ms=0, cold=False, steps=0,
+        invocation_charge("critic", requests=1, billed_ms=1, modelled_ms=1, cpu_ms=0, init_ms=0, cold=False, steps=0,
                           memory_mb=1024, prices=P)
 
 
@@ -265,3 +279,33 @@ def test_invocation_clock_counts_cpu_and_redis_wait_not_other_waits():
     assert 0.19 * 1e3 <= report["modelled_ms"] < 0.45 * 1e3, report
     assert report["init_ms"] == 0.0
     assert clock.report(cold=True)["init_ms"] > 0  # a cold one reports the process's CPU before it began
+
+
+def test_cpu_bound_work_runs_at_the_memory_size_s_share_of_a_vcpu():
+    d = Prices()
+    assert lambda_cpu_slowdown(1769, d) == 1.0 and lambda_cpu_slowdown(10240, d) == 1.0
+    assert lambda_cpu_slowdown(1024, d) == pytest.approx(1769 / 1024)
+    assert lambda_cpu_slowdown(1024, P) == 1.0  # the old model: a full vCPU at any size
+    # 300.4 ms on a full vCPU, of which 290 ms CPU-bound and 10.4 ms waiting on Redis
+    assert lambda_duration_ms(300.4, 290.0, 1769, d) == pytest.approx(300.4)
+    assert lambda_duration_ms(300.4, 290.0, 512, d) == pytest.approx(10.4 + 290.0 * 1769 / 512)
+    with pytest.raises(ConfigError, match="memory_mb"):
+        lambda_cpu_slowdown(0, d)
+
+
+def test_the_cloud_bill_of_an_invocation_slows_its_cpu_and_its_init_below_a_full_vcpu():
+    d = Prices()
+    full = invocation_charge("actor", requests=1, billed_ms=500, modelled_ms=300.4, cpu_ms=290.0, init_ms=250,
+                             cold=True, steps=64, memory_mb=1769, prices=d)
+    part = invocation_charge("actor", requests=1, billed_ms=500, modelled_ms=300.4, cpu_ms=290.0, init_ms=250,
+                             cold=True, steps=64, memory_mb=1024, prices=d)
+    slow = 1769 / 1024
+    assert full.amounts["cloud_billed_ms"] == 551
+    assert part.amounts["cloud_billed_ms"] == math.ceil(10.4 + 290.0 * slow + 250 * slow)
+    assert part.cloud_seconds == pytest.approx(d.lambda_invoke_overhead_s + d.lambda_cold_start_s
+                                               + (250 + 290.0) * slow / 1e3 + 0.0104)
+    # CPU-bound GB-seconds are the same at both sizes (slower, but a smaller share): only the Redis wait is cheaper
+    def gb_s(m, r):
+        return r.amounts["cloud_billed_ms"] / 1e3 * m / 1024
+    assert gb_s(1024, part) == pytest.approx(gb_s(1769, full) - 10.4e-3 * (1769 - 1024) / 1024, abs=2e-3)
+    assert part.usd == lambda_cost(500, 1, 1024, d)  # this machine's clock bills what the endpoint measured

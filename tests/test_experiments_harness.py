@@ -7,6 +7,8 @@ import json
 import pytest
 
 from experiments.harness import Run, load_rounds, load_summary, run_grid
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
+from nitro.cost import Prices
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -35,7 +37,10 @@ def test_grid_records_every_round_and_resumes_only_unfinished_runs(tmp_path):
         rounds = load_rounds(out, run)
         assert [r["round"] for r in rounds] == [0, 1]
         assert all(r["actors_completed"] == actors and r["env_steps"] == actors * 128 for r in rounds)
-        assert json.loads((out / run.run_id / "run.json").read_text())["scaler"] == run.scaler
+        record = json.loads((out / run.run_id / "run.json").read_text())
+        assert record["scaler"] == run.scaler
+        # what its reports were billed at, so that a later re-pricing reads them back in the right units
+        assert record["billing"] == {"prices": Prices().to_dict(), "actor_memory_mb": DEFAULT_ACTOR_MEMORY_MB}
         assert (out / run.run_id / "rounds.csv").exists()
 
     # Interrupt the second run: no summary, a half-written record. The first must not run again.

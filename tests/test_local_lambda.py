@@ -18,6 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from nitro.aws.lambda_report import parse_report
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
 from nitro.local.lambda_endpoint.api import split_function_name
 
@@ -275,7 +276,7 @@ def test_billed_and_init_duration(client):
         assert rep["duration_ms"] >= 12.3
         duration = float(r["headers"]["x-nitro-duration-ms"])
         assert rep["billed_ms"] == int(r["headers"]["x-nitro-billed-duration-ms"]) == math.ceil(duration)
-        assert rep["memory_mb"] == 1024
+        assert rep["memory_mb"] == DEFAULT_ACTOR_MEMORY_MB
     assert base64.b64decode(warm["LogResult"]).decode().rstrip("\n").splitlines()[-1].startswith("REPORT ")
 
 

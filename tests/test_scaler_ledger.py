@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from nitro import cost
-from nitro.contracts import scaler_state_key
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB, scaler_state_key
 from nitro.v1 import common_pb2, scaler_pb2
 from scaler_svc.server import ScalerServicer
 
@@ -63,7 +63,7 @@ def test_first_plan_bills_the_learner_on_both_clocks_and_estimates_from_the_defa
                                                                                                         "1")
     assert resp.actors == 4 and not resp.budget_exhausted and "within budget" in resp.reason
     # Round 0: 1 ms per env step and 10 s of learner time are assumed; the budget binds on the cloud bill.
-    per_actor = cost.lambda_invocation_cost(1.0 * 100, 1024, P)
+    per_actor = cost.lambda_invocation_cost(1.0 * 100, DEFAULT_ACTOR_MEMORY_MB, P)
     assert resp.estimated_round_cost_usd == pytest.approx(4 * per_actor + cost.learner_cost(10.0, P), rel=1e-12)
     assert resp.budget_left_usd == pytest.approx(1.0 - cost.learner_cost(0.5, P), rel=1e-12)
 
@@ -98,7 +98,7 @@ def test_learner_functions_add_their_mean_cost_to_each_actor(svc, redis_client):
     redis_client.hincrbyfloat(key, "learner_fn_cost_usd", 0.0006)
     redis_client.hincrbyfloat(key, "cloud_learner_fn_cost_usd", 0.0002)
     resp = plan(svc, round=1, learner_s=3.0, cloud_s=0.7)
-    per_actor = cost.lambda_invocation_cost(1.0 * 100, 1024, P) + 0.0002 / 2  # cloud clock: the cloud mean
+    per_actor = cost.lambda_invocation_cost(1.0 * 100, DEFAULT_ACTOR_MEMORY_MB, P) + 0.0002 / 2  # cloud clock: the cloud mean
     per_round = 1.5 * max(1.2, 0.7)
     assert resp.estimated_round_cost_usd == pytest.approx(4 * per_actor + cost.learner_cost(per_round, P), rel=1e-12)
     spent = 0.0002 + cost.learner_cost(0.5, P) + cost.learner_cost(0.7, P)
@@ -106,7 +106,7 @@ def test_learner_functions_add_their_mean_cost_to_each_actor(svc, redis_client):
 
 
 def test_the_budget_scales_a_round_down_then_ends_the_job(svc):
-    per_actor = cost.lambda_invocation_cost(1.0 * 100, 1024, P)
+    per_actor = cost.lambda_invocation_cost(1.0 * 100, DEFAULT_ACTOR_MEMORY_MB, P)
     fixed = cost.learner_cost(10.0, P)
     spent = cost.learner_cost(0.5, P)
     # Enough for the learner and 2.5 actors: 2 of the 4 wanted, as long as I_min allows it.
@@ -199,7 +199,7 @@ class Recorder:
 
         outs = [InvocationOutcome(i.invocation_id, ok=True, duration_ms=100.0, billed_ms=100, attempts=1,
                                   billed_attempts_ms=100, requests=1, modelled_ms=100.0, modelled_attempts_ms=100.0,
-                                  measured_init_ms=self.init_ms) for i in invocations]
+                                  modelled_cpu_attempts_ms=90.0, measured_init_ms=self.init_ms) for i in invocations]
         for o in outs:
             on_done(o)
         return outs, 0.001
@@ -219,7 +219,8 @@ def test_launch_reads_the_jobs_warm_sandboxes_and_measured_init_from_the_hash(re
     second = launch(replica, 5, wave=1)
     assert sorted(r.modelled_cold for r in second.invocations) == [False] * 3 + [True] * 2
     charge = lambda cold: cost.invocation_charge("actor", requests=1, billed_ms=100, modelled_ms=100.0,  # noqa: E731
-                                                 init_ms=750.0, cold=cold, steps=100, memory_mb=1024, prices=P)
+                                                 cpu_ms=90.0, init_ms=750.0, cold=cold, steps=100,
+                                                 memory_mb=DEFAULT_ACTOR_MEMORY_MB, prices=P)
     assert second.cloud_cost_usd == pytest.approx(3 * charge(False).cloud_usd + 2 * charge(True).cloud_usd)
     assert P.lambda_init_ms != 750.0  # so the default init would have given another bill
 

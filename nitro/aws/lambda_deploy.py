@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
+
 ARCHITECTURES = ("x86_64", "arm64")
 MEMORY_RANGE = (128, 10240)  # MB, Lambda's limits
 TIMEOUT_RANGE = (1, 900)  # seconds: 15 minutes at most
@@ -53,7 +55,7 @@ class DeployOptions:
     function: str
     image_uri: str
     role_arn: str
-    memory_mb: int = 1024
+    memory_mb: int = DEFAULT_ACTOR_MEMORY_MB
     timeout_s: int = 60
     architecture: str = "x86_64"
     reserved_concurrency: int | None = None  # None: leave as it is; 0 removes the reservation

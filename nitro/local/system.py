@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import quote, urlparse, urlunparse
 
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 from nitro.data.codec import generate_hmac_key
 from nitro.errors import LocalSystemError, StartupAborted
 from nitro.local.health import probe
@@ -131,7 +132,7 @@ class LocalSystem:
     """Start/stop the whole local deployment. Use from the main thread (parent-death signal)."""
 
     def __init__(self, state_dir: str | os.PathLike = ".nitro", ports: dict[str, int] | None = None, *,
-                 concurrency: int = 64, actor_timeout_s: float = 60.0, actor_memory_mb: int = 1024,
+                 concurrency: int = 64, actor_timeout_s: float = 60.0, actor_memory_mb: int = DEFAULT_ACTOR_MEMORY_MB,
                  startup_timeout_s: float = 180.0, python: str = sys.executable,
                  lambda_backend: str = "local", actor_redis_url: str | None = None, aws_region: str | None = None,
                  hmac_key: str | None = None, redis_password: str | None = None, redis_bind: str = "127.0.0.1",

@@ -51,7 +51,7 @@ import numpy as np
 
 from nitro import cost
 from nitro.clock import critical_path_cpu_seconds
-from nitro.contracts import scaler_state_key
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB, scaler_state_key
 from nitro.errors import ConfigError
 from nitro.scaling import minions
 from nitro.spec import MAX_ACTORS, MAX_STEPS_PER_ACTOR
@@ -82,7 +82,7 @@ class PretrainSettings:
     holdout_jobs: int = 2  # in-process only: jobs served greedily on unseen seeds after training
     out: str = "minions-scheduler.npz"
     work_dir: str = ""  # exploration checkpoints (through a system); must be readable by the scaler
-    actor_memory_mb: int = 1024  # what an in-process actor is billed as
+    actor_memory_mb: int = DEFAULT_ACTOR_MEMORY_MB  # what an in-process actor is billed as
     lr: float = 1e-3  # the scheduler's PPO
     epochs: int = 8
     entropy_coeff: float = 0.01

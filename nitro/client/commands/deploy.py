@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nitro.client.commands.common import CliError
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 
 
 def add_deploy_lambda(sub) -> None:
@@ -14,7 +15,8 @@ def add_deploy_lambda(sub) -> None:
     p.add_argument("--image-uri", required=True,
                    help="ECR image, ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG or @sha256:DIGEST")
     p.add_argument("--role-arn", required=True, help="execution role (trust: deploy/aws/lambda-trust-policy.json)")
-    p.add_argument("--memory", type=int, default=1024, help="MB, 128-10240; also sets vCPU share (default: %(default)s)")
+    p.add_argument("--memory", type=int, default=DEFAULT_ACTOR_MEMORY_MB,
+                   help="MB, 128-10240; also sets the vCPU share, one full vCPU at 1769 (default: %(default)s)")
     p.add_argument("--timeout", type=int, default=60, help="seconds, 1-900 (default: %(default)s)")
     p.add_argument("--architecture", choices=("x86_64", "arm64"), default="x86_64",
                    help="must match the image's platform (default: %(default)s)")

@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
+
 from .config import FunctionConfig
 from .server import run
 
@@ -17,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed once listening)")
     p.add_argument("--function", action="append", default=[], metavar="NAME=module.func",
                    help="a function to serve; repeatable")
-    p.add_argument("--memory", type=int, default=1024, help="memory size in MB (reported, not enforced)")
+    p.add_argument("--memory", type=int, default=DEFAULT_ACTOR_MEMORY_MB,
+                   help="memory size in MB (reported, not enforced; default %(default)s)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--workers", type=int, default=None, help="warm worker processes per function")

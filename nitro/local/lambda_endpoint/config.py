@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
+
 # AWS quotas (bytes): synchronous request and response payloads, asynchronous events.
 SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024
 ASYNC_PAYLOAD_LIMIT = 1024 * 1024
@@ -27,7 +29,7 @@ class FunctionConfig:
 
     name: str
     handler: str
-    memory_mb: int = 1024
+    memory_mb: int = DEFAULT_ACTOR_MEMORY_MB
     timeout_s: float = 60.0
     concurrency: int = 64
     env: dict[str, str] = field(default_factory=dict)
