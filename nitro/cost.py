@@ -613,3 +613,26 @@ def calibrate_reference_rates(rounds, steps_per_actor: int, prices: Prices,
     return ReferenceRates(actor_s_per_step=float(np.quantile(step, q)),
                           learner_s_per_sample=float(np.quantile(sample, q)),
                           learner_s_per_round=float(np.quantile(fixed, q)))
+
+
+def phase_bill(rounds, billed_prices: Prices, billed_memory_mb: float, prices: Prices,
+               memory_mb: float) -> dict[str, float]:
+    """A job's cloud bill phase by phase (USD), from its round reports billed at `billed_prices` with actors of
+    `billed_memory_mb`, re-priced at `prices` with actors of `memory_mb`: each learner phase at the learner's
+    price, the actors' Lambda bill as "actors". Actor time is taken as CPU-bound, so it moves with the ratio of
+    the two sizes' CPU slowdowns, and so does the sample phase beyond the invoke overhead (the round waits for
+    its slowest actor)."""
+    ratio = lambda_cpu_slowdown(memory_mb, prices) / lambda_cpu_slowdown(billed_memory_mb, billed_prices)
+    out: dict[str, float] = {}
+    for r in rounds:
+        for phase, seconds in (r.get("cloud_phases") or {}).items():
+            if phase == "sample":
+                overhead = min(float(seconds), prices.lambda_invoke_overhead_s)
+                seconds = overhead + (float(seconds) - overhead) * ratio
+            out[phase] = out.get(phase, 0.0) + learner_cost(float(seconds), prices)
+        actors = delivered_actors(r)
+        if actors:
+            billed_s = round_actor_billed_seconds(r, billed_prices, billed_memory_mb) * ratio
+            out["actors"] = out.get("actors", 0.0) + lambda_cost(billed_s * 1000.0, actors, memory_mb, prices)
+    out["total"] = sum(out.values())
+    return out

@@ -32,6 +32,7 @@ from nitro.cost import (
     learner_charge,
     learner_cost,
     modelled_invocation_ms,
+    phase_bill,
     provisioned_concurrency_cost,
     serverful_job_cost,
     serverful_vm_count,
@@ -309,3 +310,21 @@ def test_the_cloud_bill_of_an_invocation_slows_its_cpu_and_its_init_below_a_full
         return r.amounts["cloud_billed_ms"] / 1e3 * m / 1024
     assert gb_s(1024, part) == pytest.approx(gb_s(1769, full) - 10.4e-3 * (1769 - 1024) / 1024, abs=2e-3)
     assert part.usd == lambda_cost(500, 1, 1024, d)  # this machine's clock bills what the endpoint measured
+
+
+def test_a_jobs_bill_phase_by_phase_under_other_prices():
+    d = Prices()
+    # one round billed the old way: 1,024 MB actors on a full vCPU, the learner at $3.06/h
+    lam = lambda_cost(8 * 100, 8, 1024, P)
+    rep = {"actors_launched": 8, "cloud_actor_cost_usd": lam,
+           "cloud_phases": {"sample": 0.13, "update": 0.6, "evaluate": 0.1}}
+    old = phase_bill([rep], P, 1024, P, 1024)
+    assert old["update"] == pytest.approx(learner_cost(0.6, P)) and old["actors"] == pytest.approx(lam)
+    assert old["total"] == pytest.approx(learner_cost(0.83, P) + lam)
+    new = phase_bill([rep], P, 1024, d, 1769)  # same full-vCPU work, today's prices and size
+    assert new["update"] == pytest.approx(0.6 * 0.085 / 3600) and new["sample"] == pytest.approx(0.13 * 0.085 / 3600)
+    assert new["actors"] == pytest.approx(lambda_cost(800, 8, 1769, d))
+    part = phase_bill([rep], P, 1024, d, 1024)  # 1,024 MB with its CPU share: slower and as dear in CPU GB-s
+    slow = 1769 / 1024
+    assert part["sample"] == pytest.approx((0.03 + 0.1 * slow) * 0.085 / 3600)
+    assert part["actors"] == pytest.approx(lambda_cost(800 * slow, 8, 1024, d))
