@@ -16,11 +16,14 @@ batch, its behaviour version, the base version, algorithm settings, the KL
 coefficient, rho-bar) under one HMAC, so nothing in the unsigned event can
 change what is computed beyond which parcel is read.
 
-Work: read `policy:latest`; when the parameter service's clock is already more
-than the parcel's `max_staleness` (the bound of the round that dispatched it)
-ahead of v_g, the update is certain to be dropped (nitro.algos.stellaris.
-certainly_dropped): compute nothing, XADD a signed skip record instead and
-return {"skipped": ...}. Otherwise load pi_{v_g}, and the `recent_versions`
+Work: read `policy:latest`, then the service's signed staleness record
+(nitro:{job}:learn:staleness, written before each version it publishes); when
+the record puts v_g's staleness (versions since v_g that applied another base's
+update, nitro.algos.stellaris.base_staleness) above the parcel's `max_staleness`
+(the bound of the round that dispatched it), the update is certain to be
+dropped (certainly_dropped): compute nothing, XADD a signed skip record instead
+and return {"skipped": ...}. Without a record that verifies it computes (it
+skips only when certain). Otherwise load pi_{v_g}, and the `recent_versions`
 newest published versions after it (`policy:latest` down), run
 nitro.algos.stellaris.compute_update (PPO or IMPACT loss with global
 importance-sampling truncation), and XADD the signed flat update with its base
@@ -36,7 +39,14 @@ from collections import OrderedDict
 
 from actor_fn.runtime import check_fields, redis_url, warm_client
 from nitro.clock import InvocationClock
-from nitro.contracts import JOB_ID_RULE, is_job_id, is_learn_key, learn_prefix, update_stream_key
+from nitro.contracts import (
+    JOB_ID_RULE,
+    is_job_id,
+    is_learn_key,
+    latest_policy_key,
+    learn_prefix,
+    update_stream_key,
+)
 from nitro.data import codec
 from nitro.errors import ConfigError
 
@@ -118,14 +128,16 @@ def handler(event: dict, context=None) -> dict:
 
     from nitro.algos.stellaris import (
         UpdateRecord,
+        base_staleness,
         certainly_dropped,
         check_parcel,
         compute_update,
+        decode_staleness_record,
         encode_update,
         skip_record,
+        staleness_record_key,
     )
     from nitro.config import make_config
-    from nitro.data.store import PolicyStore
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # a function gets about one vCPU per 1.8 GB; more threads only contend
@@ -148,17 +160,23 @@ def handler(event: dict, context=None) -> dict:
     if parcel["job_id"] != job_id or parcel["base_version"] != base:
         raise BadParcelError(f"parcel is for job {parcel['job_id']!r} version {parcel['base_version']}, the event "
                              f"names job {job_id!r} version {base}")
-    with clock.io():
-        latest = PolicyStore(client, job_id).latest()
+    with clock.io():  # one round trip, latest first: the record read after it is at least as new (written first)
+        pipe = client.pipeline(transaction=False)
+        pipe.get(latest_policy_key(job_id))
+        pipe.get(staleness_record_key(job_id))
+        latest_raw, record_blob = pipe.execute()
+    latest = int(latest_raw) if latest_raw is not None else None
     bound = parcel.get("max_staleness")
-    if latest is not None and bound is not None and certainly_dropped(base, latest, bound):
-        rec = skip_record(event["invocation_id"], event["round"], base, latest, bound)
+    staleness = base_staleness(decode_staleness_record(record_blob, key), base)
+    if latest is not None and certainly_dropped(staleness, bound):
+        rec = skip_record(event["invocation_id"], event["round"], base, latest, bound, staleness)
         fields = {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
                   b"payload": encode_update(rec, key)}
         with clock.io():
             entry = client.xadd(update_stream_key(job_id), fields, maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
         return {"ok": True, "skipped": "stale_base", "job_id": job_id, "invocation_id": event["invocation_id"],
                 "round": event["round"], "policy_version": base, "latest_version": latest, "max_staleness": bound,
+                "staleness": staleness,
                 "entry_id": entry.decode() if isinstance(entry, bytes) else str(entry), "cold": cold,
                 "duration_ms": round((time.perf_counter() - t0) * 1e3, 3), "clock": clock.report(cold)}
     cfg = make_config(parcel["algo"], "tuned", **parcel["config"])

@@ -12,10 +12,14 @@ nitro:{job}:learn:updates; whatever is queued there is aggregated with
 staleness-aware weights, the updates launched from one base sharing one step,
 too-stale updates are dropped (nitro.algos.stellaris), and each aggregation
 that applies something advances the version clock by one and publishes that
-version, which later learners start from. Each parcel carries the round's
-staleness bound; a learner that starts when its base is already certain to be
-dropped computes nothing and pushes a signed skip record instead, counted as
-skipped in the round's notes.
+version, which later learners start from. A base's staleness counts the
+versions since it that applied another base's update (StalenessLedger), so the
+learners launched from one base have the same staleness however their updates
+are grouped into polls; the service writes it per base as a signed record
+(learn:staleness) before each version it publishes. Each parcel carries the
+round's staleness bound; a learner that starts when that record already puts
+its base beyond the bound computes nothing and pushes a signed skip record
+instead, counted as skipped in the round's notes.
 
 Round k closes when its actors' batches are in, then the policy is scored,
 round k+1 is planned and launched, and round k is evaluated and reported while
@@ -73,11 +77,13 @@ from learner_svc.state import LaunchedRound, LaunchSummary, PendingRound, RoundS
 from nitro.algos.ppo import collate, standardize_batch
 from nitro.algos.stellaris import (
     ParameterServer,
-    aggregate_queue,
+    StalenessLedger,
     decode_update,
+    encode_staleness_record,
     make_parcel,
     prepare,
     staleness_bound,
+    staleness_record_key,
 )
 from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import invocation_id, learn_counter_key, parcel_key, policy_key, update_stream_key
@@ -152,7 +158,9 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
         self.cursor = "0-0"
         self.published: set[int] = set()
         self.pending_obs: dict[str, np.ndarray] = {}  # entry id -> observations the next aggregation folds in
-        self.launched_from: dict[int, int] = {}  # base version -> learners launched from it (its updates' n)
+        # Per base version: learners launched from it (its updates' n) and its staleness. Not checkpointed: a
+        # resumed service discards every update of the learners launched before it, so it starts empty.
+        self.ledger = StalenessLedger()
         self.bound = self.st.bound_start
         self.stream = update_stream_key(job.job_id)
         self.actor_versions: set[int] = set()
@@ -326,7 +334,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             fut = self.learner_pool.submit(self._launch_learner, k, slot, base, ref, e.steps)
             self.in_flight[fut] = LearnerCall(inv=inv, ref=ref, base=base, round=k)
             self.learners[inv] = e
-            self.launched_from[base] = self.launched_from.get(base, 0) + 1
+            self.ledger.launch(base)
             acc.launched += 1
 
     def _launch_learner(self, k: int, slot: int, base: int, ref: str, steps: int) -> scaler_pb2.LaunchResponse:
@@ -418,8 +426,8 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
 
     def _aggregate(self, records: list, acc: StellarisStats) -> None:
         st = self.st
-        agg = aggregate_queue([r.base_version for r in records], self.version, self.bound, st.staleness_weight,
-                              st.staleness_decay, launched=self.launched_from)
+        bases = [r.base_version for r in records]
+        agg = self.ledger.aggregate(bases, self.version, self.bound, st.staleness_weight, st.staleness_decay)
         moved = self.learner.aggregate([r.update for r in records], agg, kls=[float(r.stats.get("kl", 0.0))
                                                                               for r in records],
                                        obs=list(self.pending_obs.values()))
@@ -438,14 +446,20 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
                 acc.add(name, float(r.stats.get(name, 0.0)))
         if moved:
             self.pending_obs = {}
+            self.ledger.advance(bases, agg)  # one version staler: every base but one whose updates alone it applied
+            self.ledger.forget(self.bound)  # their updates can no longer be applied: the counts are not needed
             self.version += 1  # one aggregation, one published version
             acc.aggregations += 1
             self.publish()
-            for b in [b for b in self.launched_from if self.version - b > self.bound]:
-                del self.launched_from[b]  # its updates can no longer be applied: the count is not needed
 
     # -- publishing and the detector --------------------------------------------------------
     def publish(self) -> None:
+        """The staleness record first, then the version: a learner that reads `policy:latest` and then the
+        record sees one at least as new as that version. The first publish (at open) replaces a record a
+        killed service left, whose bases are not this service's."""
+        blob = encode_staleness_record(self.ledger.record(self.version), self.deps.hmac_key)
+        key = staleness_record_key(self.job.job_id)
+        self.redis_call(lambda: self.deps.redis.set(key, blob, ex=POLICY_TTL_S), "staleness record write")
         super().publish()
         self.published.add(self.version)
         self._prune()

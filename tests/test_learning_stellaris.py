@@ -3,12 +3,13 @@
 In process, with the code the services run: actors sample with the version current at their
 round's start; every batch starts a learner at the version current at that moment (its base,
 counted in the launches from that base); a learner runs only after `DEPTH` later learners
-started, so the parameter service has moved on (staleness > 0): it skips when its base is already
-certain to be dropped (certainly_dropped with its dispatch round's bound, as
+started, so the parameter service has moved on (staleness > 0): it skips when the service's
+staleness record already puts its base beyond its dispatch round's bound (certainly_dropped, as
 actor_fn.learner_handler does), else the newest version truncates its importance weights
-(compute_update with recent=(newest,)); the service aggregates each delivery on its own with
-aggregate_queue (one clock tick per aggregation, coefficients w(s) / launches from the base) and
-ParameterServer.aggregate under the tightening bound.
+(compute_update with recent=(newest,)); the service aggregates each delivery on its own with its
+StalenessLedger (one clock tick per aggregation, staleness counted in versions that applied
+another base's update, coefficients w(s) / launches from the base) and ParameterServer.aggregate
+under the tightening bound.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pytest
 
 from nitro.algos.stellaris import (
     ParameterServer,
-    aggregate_queue,
+    StalenessLedger,
+    base_staleness,
     certainly_dropped,
     compute_update,
     staleness_bound,
@@ -45,7 +47,7 @@ def train_stellaris(seed: int = 0, target: float = 150.0) -> tuple[list[tuple[in
     rngs = [np.random.default_rng(seed * 1000 + i) for i in range(ACTORS)]
     rounds = MAX_STEPS // (ACTORS * STEPS)
     flight: deque = deque()  # (base version, base policy, batch, learner seed, dispatch bound), oldest first
-    launched: dict[int, int] = {}  # base version -> learners launched from it
+    ledger = StalenessLedger()  # per base version: learners launched from it, its staleness
     version, env_steps, returns, history, learners = 0, 0, [], [], 0
     acct = {"produced": 0, "applied": 0, "dropped": 0, "skipped": 0, "staleness": [], "rho": []}
     try:
@@ -57,19 +59,21 @@ def train_stellaris(seed: int = 0, target: float = 150.0) -> tuple[list[tuple[in
                 env_steps += STEPS
                 returns = (returns + batch["episode_returns"])[-20:]
                 flight.append((version, copy.deepcopy(ps.policy), batch, learners, bound))
-                launched[version] = launched.get(version, 0) + 1
+                ledger.launch(version)
                 learners += 1
                 if len(flight) <= DEPTH:
                     continue
                 base, base_policy, b, lseed, max_staleness = flight.popleft()  # the oldest learner runs now
-                if certainly_dropped(base, version, max_staleness):
+                if certainly_dropped(base_staleness(ledger.record(version), base), max_staleness):
                     acct["skipped"] += 1  # no compute, nothing to aggregate
                     continue
                 newest = (copy.deepcopy(ps.policy),) if version > base else ()
                 g, stats = compute_update(base_policy, [b], cfg, "ppo", kl_coeff=ps.kl_coeff, rho_bar=RHO_BAR,
                                           recent=newest, seed=lseed)
-                agg = aggregate_queue([base], version, bound, "inverse", 1.0, launched=launched)
+                agg = ledger.aggregate([base], version, bound, "inverse", 1.0)
                 if ps.aggregate([g], agg, [stats["kl"]], obs=[b["obs"]]):
+                    ledger.advance([base], agg)
+                    ledger.forget(bound)
                     version += 1
                 acct["produced"] += 1
                 acct["applied"] += agg.n_applied
@@ -97,5 +101,8 @@ def test_stellaris_reaches_150_on_cartpole_within_100k_steps(one_thread):
     # one update per aggregation here, so the clock (one tick per aggregation that applied) counts them too
     assert acct["produced"] == acct["applied"] + acct["dropped"] and acct["applied"] == acct["version"]
     stal = np.asarray(acct["staleness"])
-    assert (stal > 0).mean() > 0.9 and stal.mean() > 1  # the updates really were stale
+    # the first DEPTH + 1 learners all start from v0 and are applied one per aggregation: siblings, equally
+    # fresh (the version count made them 0, 1, ..., DEPTH stale); every later one really was stale
+    assert (stal[:DEPTH + 1] == 0).all()
+    assert (stal[DEPTH + 1:] > 0).mean() > 0.9 and stal.mean() > 1
     assert any(abs(r - 1.0) > 1e-3 for r in acct["rho"])  # and the truncation really weighted them

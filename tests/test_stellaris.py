@@ -23,12 +23,16 @@ from nitro.algos.impact import IMPACTLearner
 from nitro.algos.ppo import PPOLearner
 from nitro.algos.stellaris import (
     ParameterServer,
+    StalenessLedger,
     UpdateRecord,
     aggregate_queue,
+    base_staleness,
     certainly_dropped,
     combined_update,
     compute_update,
+    decode_staleness_record,
     decode_update,
+    encode_staleness_record,
     encode_update,
     flat_parameters,
     global_truncated_ratio,
@@ -36,6 +40,7 @@ from nitro.algos.stellaris import (
     prepare,
     skip_record,
     staleness_bound,
+    staleness_record_key,
     staleness_weight,
 )
 from nitro.config import impact_config, ppo_config, preset_names
@@ -84,44 +89,54 @@ def test_dynamic_bound_tightens_over_rounds():
 
 
 def test_scripted_version_history():
-    """A parameter service's clock (one tick per aggregation that applies something) under scripted arrivals."""
-    launched = {0: 3, 2: 3, 3: 2}  # learners launched from each base version
-    version, produced, applied, dropped = 0, 0, 0, 0
-    history = [  # (bases of the updates read together, bound)
-        ([0, 0], 2),  # two of v0's three learners, read together: both fresh, each 1/3 of v0's step
-        ([0], 2),  # v0's third learner, one version later: s = 1, w = 1/2, coefficient 1/6
-        ([2, 0], 1),  # the bound tightened: 2 - 2 = 0 applied, 2 - 0 = 2 dropped
-        ([3, 3, 2], 1),  # both of v3's learners fresh (1/2 each); one of v2's one version late
-        ([2], 1),  # 4 - 2 = 2 > 1: dropped, nothing moves
-        ([9], 1),  # a base from the future (another service's, or forged): dropped
+    """A parameter service's clock (one tick per aggregation that applies something) and its ledger under
+    scripted launches and arrivals: a base gets staler only with versions that applied another base's update."""
+    ledger, version, produced, applied, dropped = StalenessLedger(), 0, 0, 0, 0
+    history = [  # (learners launched from the clock now, bases of the updates read together, bound)
+        (3, [0, 0], 2),  # two of v0's three learners, read together: both fresh, each 1/3 of v0's step
+        (2, [1], 2),  # one of v1's two: fresh, 1/2; version 2 applied v1's update: v0 is one version staler
+        (0, [0, 1], 2),  # v0's third (s = 1: w 1/2, coefficient 1/6) and v1's second, still fresh: version 2
+        #                 was v1's alone, a piece of v1's step (the version count said s = 1, coefficient 1/4)
+        (1, [3], 1),  # v3's lone learner; v0 (s = 3) and v1 (s = 2) are now beyond the bound: forgotten
+        (0, [1], 1),  # a forgotten base is measured by the version count, 4 - 1 = 3 > 1: dropped
+        (0, [9], 1),  # a base from the future (another service's, or forged): dropped
     ]
     expect = [  # staleness, weights w(s), coefficients w(s) / n_base, applied
         ((0, 0), (1.0, 1.0), (1 / 3, 1 / 3), (True, True)),
-        ((1,), (0.5,), (1 / 6,), (True,)),
-        ((0, 2), (1.0, 0.0), (1 / 3, 0.0), (True, False)),
-        ((0, 0, 1), (1.0, 1.0, 0.5), (0.5, 0.5, 1 / 6), (True, True, True)),
-        ((2,), (0.0,), (0.0,), (False,)),
+        ((0,), (1.0,), (1 / 2,), (True,)),
+        ((1, 0), (0.5, 1.0), (1 / 6, 1 / 2), (True, True)),
+        ((0,), (1.0,), (1.0,), (True,)),
+        ((3,), (0.0,), (0.0,), (False,)),
         ((-5,), (0.0,), (0.0,), (False,)),
     ]
+    ledgers = [{0: 0}, {0: 1, 1: 0}, {0: 2, 1: 1}, {3: 0}, {3: 0}, {3: 0}]
     versions, per_base = [], {}
-    for (bases, bound), (stal, weights, coeffs, ok) in zip(history, expect):
-        agg = aggregate_queue(bases, version, bound, launched=launched)
+    for (launches, bases, bound), (stal, weights, coeffs, ok), after in zip(history, expect, ledgers):
+        for _ in range(launches):
+            ledger.launch(version)
+        agg = ledger.aggregate(bases, version, bound)
         assert agg.staleness == stal and agg.applied == ok
         assert agg.weights == pytest.approx(weights) and agg.coefficients == pytest.approx(coeffs)
         # one clock for the whole queue: the decisions do not depend on the order within it
-        back = aggregate_queue(bases[::-1], version, bound, launched=launched)
+        back = ledger.aggregate(bases[::-1], version, bound)
         assert back.staleness == stal[::-1] and back.coefficients == pytest.approx(coeffs[::-1])
         for b, c in zip(bases, agg.coefficients):
             per_base[b] = per_base.get(b, 0.0) + c
         produced += len(bases)
         applied += agg.n_applied
         dropped += agg.n_dropped
-        version += agg.n_applied > 0
+        if agg.n_applied:
+            ledger.advance(bases, agg)
+            ledger.forget(bound)
+            version += 1
         versions.append(version)
+        assert ledger.staleness == after
+        assert all(s <= version - b for b, s in ledger.staleness.items())  # never staler than the version count
     assert versions == [1, 2, 3, 4, 4, 4]
-    assert (produced, applied, dropped) == (10, 7, 3) and produced == applied + dropped
+    assert (produced, applied, dropped) == (8, 6, 2) and produced == applied + dropped
     assert all(total <= 1.0 + 1e-12 for total in per_base.values())  # no base moves the policy more than one step
-    assert per_base[0] == pytest.approx(5 / 6) and per_base[3] == pytest.approx(1.0)
+    assert per_base[0] == pytest.approx(5 / 6) and per_base[1] == pytest.approx(1.0) and per_base[3] == 1.0
+    assert ledger.launched == {3: 1}
 
 
 def test_updates_from_one_base_read_together_share_staleness():
@@ -135,13 +150,126 @@ def test_updates_from_one_base_read_together_share_staleness():
 
 
 def test_certainly_dropped():
-    assert not certainly_dropped(base=5, version=5, bound=0)  # launched fresh: never certain
-    assert not certainly_dropped(base=5, version=9, bound=4)  # s = 4 <= 4 can still be applied
-    assert certainly_dropped(base=5, version=10, bound=4)  # s = 5 now, and it only grows
-    for base, version, bound in [(5, 10, 4), (0, 3, 2), (7, 8, 0)]:
-        later = [aggregate_queue([base], version + extra, tighter)
-                 for extra in range(3) for tighter in range(bound + 1)]
-        assert all(a.n_applied == 0 for a in later)  # no later clock and no tighter bound applies it
+    assert not certainly_dropped(0, 0)  # launched fresh: never certain
+    assert not certainly_dropped(4, 4)  # s = 4 <= 4 can still be applied
+    assert certainly_dropped(5, 4)  # s = 5 now, and it only grows
+    assert not certainly_dropped(None, 0) and not certainly_dropped(9, None)  # no record, or no bound: not certain
+    for base, stale, bound in [(5, 5, 4), (1, 3, 2), (7, 1, 0)]:
+        ledger, version = StalenessLedger(), base - 1
+        for _ in range(stale + 4):
+            ledger.launch(base - 1)  # an older base's learners, applied one per poll
+
+        def apply_older():
+            nonlocal version
+            agg = ledger.aggregate([base - 1], version, 16)
+            assert agg.n_applied == 1
+            ledger.advance([base - 1], agg)
+            version += 1
+
+        apply_older()
+        ledger.launch(base)  # the clock reads v_base
+        for _ in range(stale):  # each version holds another base's update: v_base one version staler
+            apply_older()
+        assert ledger.staleness[base] == stale and certainly_dropped(ledger.staleness[base], bound)
+        for _ in range(3):  # no later aggregation and no tighter bound applies it
+            for tighter in range(bound + 1):
+                assert ledger.aggregate([base], version, tighter).n_applied == 0
+            apply_older()
+
+
+def test_the_staleness_record_tells_a_learner_its_base(hmac_key):
+    """What a learner function reads before it computes: its base's staleness from the signed record."""
+    ledger = StalenessLedger()
+    for base in (3, 3, 4):
+        ledger.launch(base)
+    ledger.staleness = {3: 0, 4: 2}
+    back = decode_staleness_record(encode_staleness_record(ledger.record(9), hmac_key), hmac_key)
+    assert back == {"format": 1, "version": 9, "staleness": {3: 0, 4: 2}}
+    assert base_staleness(back, 3) == 0  # six versions since v3, all its own siblings': fresh
+    assert base_staleness(back, 4) == 2
+    assert base_staleness(back, 9) == 0  # handed out after the record was written
+    assert base_staleness(back, 1) == 8  # forgotten (beyond the bound): the version count, also beyond it
+    assert decode_staleness_record(encode_staleness_record(ledger.record(9), b"x" * 32), hmac_key) is None
+    assert decode_staleness_record(None, hmac_key) is None and base_staleness(None, 3) is None
+    assert staleness_record_key("j") == "nitro:j:learn:staleness"
+
+
+# -- siblings: one staleness however their arrivals are grouped ----------------------------------------
+
+def _sibling_total(groups: list[int], bound: int, ledger: bool = True) -> tuple[float, int, tuple[int, ...]]:
+    """16 learners launched from v5, their updates read in polls of `groups` sizes, nothing else applied:
+    (sum of the coefficients applied, updates dropped, their staleness). ledger=False: the version count."""
+    led = StalenessLedger()
+    for _ in range(16):
+        led.launch(5)
+    version, total, dropped, stal = 5, 0.0, 0, ()
+    for n in groups:
+        bases = [5] * n
+        agg = led.aggregate(bases, version, bound) if ledger else aggregate_queue(bases, version, bound,
+                                                                                  launched={5: 16})
+        total, dropped, stal = total + sum(agg.coefficients), dropped + agg.n_dropped, stal + agg.staleness
+        if agg.n_applied:
+            led.advance(bases, agg)
+            led.forget(bound)
+            version += 1
+    return total, dropped, stal
+
+
+@pytest.mark.parametrize("bound", [16, 4, 0])
+@pytest.mark.parametrize("groups", [[16], [4] * 4, [1] * 16, [3, 1, 7, 5]])
+def test_siblings_apply_one_step_however_their_arrivals_are_grouped(groups, bound):
+    total, dropped, stal = _sibling_total(groups, bound)
+    assert total == pytest.approx(1.0) and dropped == 0 and stal == (0,) * 16  # as 16 read in one poll
+
+
+def test_sixteen_siblings_before_and_after():
+    """The audit's example (docs/stellaris.md): staleness as the version count made siblings arriving in
+    separate polls penalise each other; the ledger gives them one staleness."""
+    before = {name: _sibling_total(groups, bound, ledger=False)[:2] for name, groups, bound in
+              [("one poll", [16], 16), ("4 per poll", [4] * 4, 16), ("1 per poll", [1] * 16, 16),
+               ("1 per poll, bound 4", [1] * 16, 4)]}
+    assert {k: (round(t, 3), d) for k, (t, d) in before.items()} == {
+        "one poll": (1.0, 0), "4 per poll": (0.521, 0), "1 per poll": (0.211, 0), "1 per poll, bound 4": (0.143, 11)}
+    assert _sibling_total([1] * 16, 4) == (pytest.approx(1.0), 0, (0,) * 16)
+
+
+def test_other_bases_still_make_a_base_stale():
+    """Versions that applied another base's update count, alone or mixed with the base's own siblings."""
+    ledger, version = StalenessLedger(), 5
+    for _ in range(4):
+        ledger.launch(5)
+    coefficients = []
+
+    def poll(bases, bound=16):
+        nonlocal version
+        agg = ledger.aggregate(bases, version, bound)
+        coefficients.append(agg.coefficients)
+        if agg.n_applied:
+            ledger.advance(bases, agg)
+            ledger.forget(bound)
+            version += 1
+        return agg
+
+    assert poll([5]).staleness == (0,)  # v6: v5's alone
+    ledger.launch(6)  # a batch dispatched at v6
+    assert poll([6]).staleness == (0,)  # v7: v6's alone; v5's siblings missed it
+    assert ledger.staleness == {5: 1, 6: 0}
+    assert poll([5, 6]).staleness == (1, 0)  # v8: mixed, both get staler
+    assert ledger.staleness == {5: 2, 6: 1}
+    ledger.launch(8)
+    assert poll([8]).staleness == (0,)
+    assert ledger.staleness == {5: 3, 6: 2, 8: 0} and version == 9
+    assert poll([5]).staleness == (3,)  # another of v5's four: w = 1/4 of its 1/4 share
+    assert coefficients[-1] == pytest.approx((1 / 16,))
+    assert ledger.staleness == {5: 3, 6: 3, 8: 1}  # v10 was v5's alone: v5 stays at 3, the others move
+    # the drop rule: beyond the bound dropped, forgotten, and then measured by the version count (also beyond it)
+    agg = poll([6], bound=2)
+    assert agg.applied == (False,) and agg.staleness == (3,) and version == 10
+    assert poll([8], bound=2).applied == (True,)  # s = 1 <= 2
+    assert 5 not in ledger.staleness and 6 not in ledger.staleness and ledger.staleness == {8: 1}
+    late = ledger.aggregate([6, 5], version, 2)
+    assert late.applied == (False, False) and late.staleness == (version - 6, version - 5)
+    assert ledger.aggregate([version + 1], version, 2).staleness == (-1,)  # a base from the future
 
 
 # -- the weight really scales what is applied ---------------------------------------------------------
@@ -185,15 +313,21 @@ def test_updates_from_one_base_share_one_step():
     assert torch.allclose(combined_update(gs, stale), torch.full((4,), 1.5))
 
 
-def _boosted_round_moves(n: int, bound: int, one_poll: bool) -> tuple[float, int, int]:
-    """n learners launched from one base, equal updates g: (|moved| / |g|, applied, clock ticks)."""
+def _boosted_round_moves(n: int, bound: int, groups: list[int]) -> tuple[float, int, int]:
+    """n learners launched from one base, equal updates g read in polls of `groups` sizes:
+    (|moved| / |g|, applied, clock ticks)."""
     spec, cfg = _spec_and_cfg()
     ps = ParameterServer(spec, cfg, seed=0)
     g = np.random.default_rng(0).normal(size=ps.n_params).astype(np.float32)
-    before, version, base, applied = flat_parameters(ps.policy), 7, 7, 0
-    for bases in ([[base] * n] if one_poll else [[base]] * n):
-        agg = aggregate_queue(bases, version, bound, launched={base: n})
-        if ps.aggregate([g] * len(bases), agg):
+    before, version, base, applied, ledger = flat_parameters(ps.policy), 7, 7, 0, StalenessLedger()
+    for _ in range(n):
+        ledger.launch(base)
+    for size in groups:
+        bases = [base] * size
+        agg = ledger.aggregate(bases, version, bound)
+        if ps.aggregate([g] * size, agg):
+            ledger.advance(bases, agg)
+            ledger.forget(bound)
             version += 1
         applied += agg.n_applied
     moved = before - flat_parameters(ps.policy)
@@ -204,15 +338,13 @@ def _boosted_round_moves(n: int, bound: int, one_poll: bool) -> tuple[float, int
 
 @pytest.mark.parametrize("n", [1, 4, 16])
 def test_boosted_round_takes_one_step_whatever_the_actor_count(n):
-    # All read in one poll: the mean of n equal updates is one update, whatever n (it was sum_{s<n} 1/(1+s):
-    # 3.38 for n = 16, 5 applied and 11 dropped at bound 4).
+    # The mean of n equal updates is one update, whatever n (summing them was sum_{s<n} 1/(1+s): 3.38 for
+    # n = 16, 5 applied and 11 dropped at bound 4), and however the n arrivals are grouped into polls
+    # (counting every version as staleness, one per poll moved it by sum_{s<n} 1/(1+s) / n: 0.21 for 16).
     for bound in (16, 4):
-        ratio, applied, ticks = _boosted_round_moves(n, bound, one_poll=True)
-        assert ratio == pytest.approx(1.0, rel=1e-5) and applied == n and ticks == 1
-    # Read one at a time, each one version later than the last: damped, still at most one step.
-    ratio, applied, ticks = _boosted_round_moves(n, 16, one_poll=False)
-    expect = sum(1 / (1 + s) for s in range(n)) / n
-    assert ratio == pytest.approx(expect, rel=1e-5) and ratio <= 1.0 + 1e-6 and applied == ticks == n
+        for groups in ([n], [1] * n, [n // 2, n - n // 2] if n > 1 else [1]):
+            ratio, applied, ticks = _boosted_round_moves(n, bound, groups)
+            assert ratio == pytest.approx(1.0, rel=1e-5) and applied == n and ticks == len(groups)
 
 
 def _stellaris_loop(redis_client, hmac_key, tmp_path, job_id):
@@ -231,15 +363,16 @@ def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key
     loop = _stellaris_loop(redis_client, hmac_key, tmp_path, "agg-job")
     loop.publish()
     loop.version = 3  # three versions published so far
-    loop.launched_from = {2: 2, 3: 1}  # two learners were launched from v2, one from v3
+    loop.ledger.launched = {2: 2, 3: 1}  # two learners were launched from v2, one from v3
+    loop.ledger.staleness = {2: 1, 3: 0}  # version 3 applied an update from another base than v2
     n = loop.learner.n_params
     rng = np.random.default_rng(1)
     updates = [rng.normal(size=n).astype(np.float32) for _ in range(3)]
-    for i, (base, g) in enumerate(zip((2, 0, 3), updates)):  # s = 1 (w 1/2, n 2), 3 (dropped), 0 (w 1, n 1)
+    for i, (base, g) in enumerate(zip((2, 0, 3), updates)):  # s = 1 (w 1/2, n 2), 3 (not listed, dropped), 0
         _push(redis_client, hmac_key, "agg-job", UpdateRecord(f"agg-job-r0-g{i}", 0, base, 64, g, {"kl": 0.0}))
     # a retried learner's second push
     _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r0-g2", 0, 3, 64, updates[2], {}))
-    _push(redis_client, hmac_key, "agg-job", skip_record("agg-job-r0-g3", 0, 0, 3, 2))  # a learner that skipped
+    _push(redis_client, hmac_key, "agg-job", skip_record("agg-job-r0-g3", 0, 0, 3, 2, 3))  # a learner that skipped
     # a learner this service did not launch (one launched before a resume): its batch is learned from again
     _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r0-g9", 0, 3, 64, updates[1], {"kl": 0.0}))
     for i in range(5):  # the learners this service launched, each for its batch's stream entry
@@ -257,10 +390,13 @@ def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key
     assert acc.staleness == [1, 3, 0] and loop.version == 4  # one aggregation, one version
     assert "agg-job-r0-g3" not in loop.expected and "agg-job-r0-g3" in loop.received
     assert PolicyStore(redis_client, "agg-job").latest() == 4  # the new version is published
-    assert loop.launched_from == {2: 2, 3: 1}  # 4 - 2 = 2 <= 2: v2's other learner can still be applied
-    loop.bound = 1  # a tighter round; at clock 5 neither v2's nor v3's updates can be applied: counts forgotten
+    # version 4 applied updates from v2 and v3: each had another base's update in it
+    assert loop.ledger.launched == {2: 2, 3: 1} and loop.ledger.staleness == {2: 2, 3: 1}  # 2 <= 2: still applies
+    record = decode_staleness_record(redis_client.get(staleness_record_key("agg-job")), hmac_key)
+    assert record == {"format": 1, "version": 4, "staleness": {2: 2, 3: 1}}  # what v2's other learner reads
+    loop.bound = 1  # a tighter round; after v4's update neither v2's nor v3's can be applied: counts forgotten
     _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r1-g4", 1, 4, 64, updates[1], {"kl": 0.0}))
-    assert loop._collect_updates(acc) and loop.version == 5 and loop.launched_from == {}
+    assert loop._collect_updates(acc) and loop.version == 5 and loop.ledger.launched == loop.ledger.staleness == {}
     assert redis_client.xlen(update_stream_key("agg-job")) == 0
     assert not loop._collect_updates(acc)
 
@@ -288,9 +424,42 @@ def test_service_boosted_round_of_siblings_is_one_step(redis_client, hmac_key, t
     assert (acc.produced, acc.applied, acc.dropped) == (16, 16, 0) and acc.staleness == [0] * 16
     moved = before - flat_parameters(loop.learner.policy)
     assert torch.allclose(moved, torch.as_tensor(g), atol=1e-5)  # the mean of 16 equal updates: one update
-    assert loop.version == 6 and loop.launched_from == {5: 16}
+    assert loop.version == 6 and loop.ledger.launched == {5: 16}
     parcels = [codec.decode(redis_client.get(info.ref), hmac_key) for info in loop.in_flight.values()]
     assert {(p["base_version"], p["max_staleness"]) for p in parcels} == {(5, 4)}  # the bound for the skip check
+
+
+def test_service_siblings_arriving_one_per_poll_are_one_step(redis_client, hmac_key, tmp_path, monkeypatch):
+    """16 learners from one base whose updates arrive one per poll at bound 4: one step, as if read together
+    (the version count applied 0.143 of it and dropped 11), and a sibling still to start is not skipped."""
+    # a record a killed service left: this service's first publish replaces it
+    redis_client.set(staleness_record_key("poll-job"), encode_staleness_record(
+        {"format": 1, "version": 30, "staleness": {5: 99}}, hmac_key))
+    loop = _stellaris_loop(redis_client, hmac_key, tmp_path, "poll-job")
+    loop.version = 5
+    loop.publish()
+    assert decode_staleness_record(redis_client.get(staleness_record_key("poll-job")), hmac_key) == {
+        "format": 1, "version": 5, "staleness": {}}
+    monkeypatch.setattr(loop, "_launch_learner", lambda *args: scaler_pb2.LaunchResponse())
+    loop.max_in_flight = 16
+    acc = loop._new_acc(0)
+    loop.bound = 4
+    obs_dim = env_spaces(ENV)[0].shape[0]
+    for i in range(16):
+        batch = {"obs": np.zeros((8, obs_dim), np.float32), "rewards": np.zeros(8, np.float32)}
+        loop.waiting.append((0, SimpleNamespace(entry_id=f"{i}-0", batch=batch, policy_version=5, steps=8)))
+    loop._dispatch(acc)
+    g = np.random.default_rng(3).normal(size=loop.learner.n_params).astype(np.float32)
+    before = flat_parameters(loop.learner.policy)
+    for info in list(loop.in_flight.values()):
+        loop.pending_obs = {}  # observation statistics are not what this test measures
+        _push(redis_client, hmac_key, "poll-job", UpdateRecord(info.inv, 0, 5, 8, g, {"kl": 0.0}))
+        assert loop._collect_updates(acc)
+        record = decode_staleness_record(redis_client.get(staleness_record_key("poll-job")), hmac_key)
+        assert record["version"] == loop.version and not certainly_dropped(base_staleness(record, 5), loop.bound)
+    assert (acc.produced, acc.applied, acc.dropped, acc.aggregations) == (16, 16, 0, 16)
+    assert acc.staleness == [0] * 16 and loop.version == 21 and loop.ledger.staleness == {5: 0}
+    assert torch.allclose(before - flat_parameters(loop.learner.policy), torch.as_tensor(g), atol=1e-5)
 
 
 # -- global importance-sampling truncation ------------------------------------------------------------
@@ -426,8 +595,9 @@ def test_update_wire_format_rejects_bad_records(hmac_key):
         decode_update(encode_update(bad, hmac_key), hmac_key, 5)
     with pytest.raises(codec.BadSignatureError):
         decode_update(encode_update(rec, b"x" * 32), hmac_key, 5)
-    skip = decode_update(encode_update(skip_record("j-r0-g2", 0, 2, 9, 4), hmac_key), hmac_key, 5)
+    skip = decode_update(encode_update(skip_record("j-r0-g2", 0, 2, 9, 4, 5), hmac_key), hmac_key, 5)
     assert skip.skipped and skip.update is None and (skip.base_version, skip.stats["latest"]) == (2, 9)
+    assert skip.stats["staleness"] == 5
     with pytest.raises(codec.MalformedPayloadError):
         decode_update(encode_update(UpdateRecord("j-r0-g1", 0, 2, 10, None, {}), hmac_key), hmac_key, 5)
 
@@ -470,7 +640,8 @@ def test_handler_pushes_the_signed_update(handler_env, redis_client, hmac_key):
 
 
 def test_handler_skips_an_update_certain_to_be_dropped(handler_env, redis_client, hmac_key, monkeypatch):
-    """The clock is already more than the parcel's bound past the base: no compute, a signed skip record."""
+    """The service's record puts the base beyond the parcel's bound: no compute, a signed skip record. The
+    clock alone does not: versions made of the base's own siblings' updates do not make it stale."""
     import nitro.algos.stellaris as stellaris_mod
 
     spec, cfg = _spec_and_cfg(epochs=1, minibatch_size=0)
@@ -480,7 +651,12 @@ def test_handler_skips_an_update_certain_to_be_dropped(handler_env, redis_client
         store.put(v, policy_to_blob(ps.policy, v, hmac_key))  # latest is 6: three versions past base 3
     batch = _batch(spec, ps.policy, 64)
 
-    def run(inv, bound):
+    def run(inv, bound, staleness):
+        if staleness is not None:  # the service's record at clock 6
+            redis_client.set(staleness_record_key("sk-job"), encode_staleness_record(
+                {"format": 1, "version": 6, "staleness": {3: staleness}}, hmac_key))
+        else:
+            redis_client.delete(staleness_record_key("sk-job"))
         parcel = make_parcel(job_id="sk-job", round_index=2, base_version=3, algo="ppo", config=cfg.to_dict(),
                              kl_coeff=0.0, rho_bar=2.0, recent_versions=1, seed=1, batches=[batch],
                              behaviour_versions=[3], max_staleness=bound)
@@ -491,14 +667,20 @@ def test_handler_skips_an_update_certain_to_be_dropped(handler_env, redis_client
     computed = []
     real = stellaris_mod.compute_update
     monkeypatch.setattr(stellaris_mod, "compute_update", lambda *a, **k: computed.append(1) or real(*a, **k))
-    out = run("sk-job-r2-g1", bound=2)  # 6 - 3 = 3 > 2: certain to be dropped
+    out = run("sk-job-r2-g1", bound=2, staleness=3)  # s = 3 > 2: certain to be dropped
     assert out["ok"] and out["skipped"] == "stale_base" and out["latest_version"] == 6 and not computed
-    out = run("sk-job-r2-g2", bound=3)  # 6 - 3 = 3 <= 3: can still be applied, so it is computed
+    assert out["staleness"] == 3
+    out = run("sk-job-r2-g2", bound=3, staleness=3)  # s = 3 <= 3: can still be applied, so it is computed
     assert out["ok"] and "skipped" not in out and computed == [1]
+    out = run("sk-job-r2-g3", bound=2, staleness=0)  # 6 - 3 = 3 > 2, but versions 4-6 were its siblings'
+    assert out["ok"] and "skipped" not in out and computed == [1, 1]
+    out = run("sk-job-r2-g4", bound=2, staleness=None)  # no record: not certain, computed
+    assert out["ok"] and "skipped" not in out and computed == [1, 1, 1]
     (_, entries), = redis_client.xread({update_stream_key("sk-job"): "0-0"})
     recs = [decode_update(f[b"payload"], hmac_key, ps.n_params) for _, f in entries]
-    assert [(r.invocation_id, r.skipped) for r in recs] == [("sk-job-r2-g1", True), ("sk-job-r2-g2", False)]
-    assert recs[0].stats == {"skipped": "stale_base", "latest": 6, "bound": 2}
+    assert [(r.invocation_id, r.skipped) for r in recs] == [("sk-job-r2-g1", True), ("sk-job-r2-g2", False),
+                                                           ("sk-job-r2-g3", False), ("sk-job-r2-g4", False)]
+    assert recs[0].stats == {"skipped": "stale_base", "latest": 6, "bound": 2, "staleness": 3}
 
 
 def test_handler_errors_are_clear(handler_env, redis_client, hmac_key):

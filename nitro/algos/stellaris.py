@@ -5,7 +5,8 @@ policy mu). A serverless learner function loads the policy version v_g the
 parameter service named when it invoked it (its *base*), computes an update
 from one trajectory batch and pushes it with v_g. The parameter service keeps
 the authoritative policy and the version clock v and applies updates as they
-arrive, weighted by their staleness s = v - v_g.
+arrive, weighted by their staleness s: the versions since v_g that applied
+another base's update (below).
 
 Global importance-sampling truncation (the poster's "Truncate(pi_2/pi_1,
 pi_3/pi_1)"). pi_1 = mu is the behaviour policy, pi_2 = pi_{v_g} the learner's
@@ -50,13 +51,17 @@ one plain SGD step of rate eta gives g = eta grad L).
 Staleness-aware aggregation. The version clock v counts published policy
 versions: every aggregation that applies something publishes one and advances
 v by one (as the parameter function of Stellaris advances its clock once per
-aggregation). An update computed from base v_g and read at clock v has
-staleness s = v - v_g, the number of versions the global policy advanced since
-its base; every update read in one aggregation is measured against the same v,
-so updates from one base read together have the same staleness whatever their
-order. The bound b_k of round k (`staleness_bound`) decides: 0 <= s <= b_k is
-applied, s > b_k (or a base from the future) is dropped. With n_g the number of
-learner functions the service launched from base v_g, one aggregation moves the
+aggregation). The staleness of base v_g (`StalenessLedger`) counts the versions
+published since v_g by aggregations that applied an update from another base:
+a version made only of v_g's own updates (its siblings, the learners launched
+from v_g) is a piece of v_g's shared step, not a change its siblings missed.
+So s_g <= v - v_g, equal to it unless some version was v_g's alone, and the
+siblings of one base have the same staleness however their arrivals are
+grouped into polls (counting every version, siblings arriving one per poll
+made each other stale: 16 of them applied 0.21 of one step, read together 1).
+The bound b_k of round k (`staleness_bound`) decides: 0 <= s <= b_k is applied,
+s > b_k (or a base from the future) is dropped. With n_g the number of learner
+functions the service launched from base v_g, one aggregation moves the
 policy once:
 
     theta <- theta - sum_{i applied} (w(s_i) / n_{g_i}) g_i,        v <- v + 1
@@ -65,20 +70,22 @@ Each learner's g is a whole local PPO/IMPACT update (epochs of Adam, inside
 the clip range of its base), so the n_g updates computed from one base share
 one step: together they move the policy by a mean of their updates with
 weights w(s) / n_g <= 1 / n_g, at most max_i |g_i| however many actors the
-round had and however the arrivals were grouped (all of them fresh and read
-together: exactly their mean, the synchronous data-parallel step). Summing
-them instead would take n_g trust-region steps at once. A lone update (n_g = 1)
-keeps its weight: a single fresh update moves the policy to the learner's
-result, so with one learner at a time stellaris mode is the central learner.
-n_g is final when an update from v_g is first applied: base v_g is handed out
-only while the clock reads v_g, and applying anything moves the clock on.
+round had; with no other base's update applied between their arrivals,
+exactly w(s) times their mean however the arrivals were grouped (all fresh:
+the synchronous data-parallel step, applied in pieces). Summing them instead
+would take n_g trust-region steps at once. A lone update (n_g = 1) keeps its
+weight: a single fresh update moves the policy to the learner's result, so
+with one learner at a time stellaris mode is the central learner. n_g is
+final when an update from v_g is first applied: base v_g is handed out only
+while the clock reads v_g, and applying anything moves the clock on.
 
 A learner is launched with the current clock as its base (staleness 0). Its
-update is certain to be dropped once the clock is more than the bound ahead of
-that base, because the clock only grows and the bound only tightens. The
-learner function checks that before it computes (`certainly_dropped` with the
-bound its parcel carries) and pushes a signed skip record instead of an update
-that could never be applied.
+update is certain to be dropped once its base's staleness exceeds the bound,
+because that staleness only grows and the bound only tightens. The service
+writes its ledger's staleness per base as a signed record before each version
+it publishes; the learner function reads it, checks (`certainly_dropped` with
+the bound its parcel carries) before it computes and pushes a signed skip
+record instead of an update that could never be applied.
 """
 
 from __future__ import annotations
@@ -103,6 +110,7 @@ from nitro.spec import STALENESS_WEIGHTS as WEIGHT_FUNCTIONS
 
 UPDATE_FORMAT = 1
 PARCEL_FORMAT = 1
+STALENESS_FORMAT = 1
 
 
 # -- staleness weights and the dynamic bound --------------------------------------------------------
@@ -170,36 +178,115 @@ class Aggregation:
 
 
 def aggregate_queue(bases: Sequence[int], version: int, bound: int, kind: str = "inverse",
-                    decay: float = 1.0, launched: Mapping[int, int] | None = None) -> Aggregation:
+                    decay: float = 1.0, launched: Mapping[int, int] | None = None,
+                    staleness: Mapping[int, int] | None = None) -> Aggregation:
     """Apply-or-drop, the weight and the coefficient of every update read in one aggregation at clock `version`.
 
-    s_i = version - bases[i] for every update (one clock for the whole queue); applied iff
+    s_i = staleness[bases[i]], the base's staleness as the caller's `StalenessLedger` counts it
+    (versions published since the base by aggregations that applied an update from another
+    base); a base it does not list is measured by the version count version - bases[i], an
+    upper bound of its staleness (without `staleness`, every base is). Applied iff
     0 <= s_i <= bound. A base newer than the clock cannot come from this parameter service (a
-    restarted one, or forged): dropped, with its negative staleness reported as is.
+    restarted one, or forged): dropped, with its negative version count reported as is.
     coefficient_i = w(s_i) / n_{bases[i]}, n_b = launched[b], the learners launched from base b
     (at least the number of updates from b in this queue; without `launched`, that number).
     """
     clock = int(version)
     in_queue = Counter(int(b) for b in bases)
     launched = launched or {}
+    staleness = staleness or {}
     stal, weights, applied, coeffs = [], [], [], []
     for b in bases:
-        s = clock - int(b)
+        b = int(b)
+        s = int(staleness[b]) if b in staleness and b <= clock else clock - b
         ok = 0 <= s <= bound
         w = staleness_weight(s, kind, decay) if ok else 0.0
         stal.append(s)
         applied.append(ok)
         weights.append(w)
-        coeffs.append(w / max(int(launched.get(int(b), 0)), in_queue[int(b)]) if ok else 0.0)
+        coeffs.append(w / max(int(launched.get(b, 0)), in_queue[b]) if ok else 0.0)
     return Aggregation(tuple(stal), tuple(weights), tuple(applied), tuple(coeffs))
 
 
-def certainly_dropped(base: int, version: int, bound: int) -> bool:
-    """True when an update from `base` can no longer be applied: the clock is already more than
-    `bound` ahead of it. Clocks only grow and a job's bounds only tighten, so with `version` a
-    clock value already reached and `bound` the bound of the current round or an earlier one,
-    the update's staleness at any later aggregation exceeds that aggregation's bound."""
-    return int(version) - int(base) > int(bound)
+class StalenessLedger:
+    """The parameter service's bookkeeping per base version it handed out: the learners launched from
+    it (n_g) and its staleness s_g.
+
+    s_g counts the versions published since v_g by aggregations that applied at least one update
+    from another base. A version made only of v_g's own updates (siblings: learners launched from
+    v_g) is a part of v_g's shared step, not a change the siblings missed, so it does not make the
+    others stale: siblings get the same staleness however their arrivals are grouped into polls,
+    and together they take w(s) of one step. Every other version counts, as in the version clock:
+    s_g <= clock - v_g, with equality when no version was v_g's alone.
+
+    `launch` at dispatch (the base is the clock: staleness 0), `aggregate` for one poll's queue,
+    `advance` when that aggregation moved the policy (before the clock ticks), `forget` the bases
+    beyond the bound. A base the ledger does not list is measured by the version count, which
+    for a forgotten base is above the bound (s_g only grows and the bound only tightens), so its
+    updates are dropped.
+    """
+
+    def __init__(self) -> None:
+        self.launched: dict[int, int] = {}  # base -> learners launched from it
+        self.staleness: dict[int, int] = {}  # base -> versions since it that applied another base's update
+
+    def launch(self, base: int) -> None:
+        b = int(base)
+        self.launched[b] = self.launched.get(b, 0) + 1
+        self.staleness.setdefault(b, 0)
+
+    def staleness_of(self, base: int, version: int) -> int:
+        """s of an update from `base` read at clock `version` (the version count for an unlisted base)."""
+        b = int(base)
+        return self.staleness[b] if b in self.staleness and b <= int(version) else int(version) - b
+
+    def aggregate(self, bases: Sequence[int], version: int, bound: int, kind: str = "inverse",
+                  decay: float = 1.0) -> Aggregation:
+        return aggregate_queue(bases, version, bound, kind, decay, launched=self.launched, staleness=self.staleness)
+
+    def advance(self, bases: Sequence[int], agg: Aggregation) -> None:
+        """The aggregation `agg` of `bases` published a version: every listed base gets one version staler
+        unless every update it applied came from that base."""
+        applied = {int(b) for b, a in zip(bases, agg.applied) if a}
+        if not applied:
+            return
+        for b in self.staleness:
+            if applied - {b}:
+                self.staleness[b] += 1
+
+    def forget(self, bound: int) -> list[int]:
+        """Drop the bases whose updates can no longer be applied (s > bound); returns them."""
+        gone = [b for b, s in self.staleness.items() if s > bound]
+        for b in gone:
+            del self.staleness[b]
+            self.launched.pop(b, None)
+        return gone
+
+    def record(self, version: int) -> dict:
+        """What learner functions read to check their base (`staleness_record_key`, signed)."""
+        return {"format": STALENESS_FORMAT, "version": int(version), "staleness": dict(self.staleness)}
+
+
+def base_staleness(record: dict | None, base: int) -> int | None:
+    """A learner's staleness from the service's staleness record: the listed s of `base`, else the
+    version count record["version"] - base (0 for a base handed out after the record; above the
+    bound for a base the service forgot). None without a usable record."""
+    if not isinstance(record, dict) or record.get("format") != STALENESS_FORMAT:
+        return None
+    version, table = record.get("version"), record.get("staleness")
+    if type(version) is not int or not isinstance(table, dict):
+        return None
+    s = table.get(int(base))
+    return int(s) if type(s) is int and int(base) <= version else version - int(base)
+
+
+def certainly_dropped(staleness: int | None, bound: int | None) -> bool:
+    """True when an update whose base already has `staleness` (a value the service's ledger has
+    reached, `base_staleness`) can no longer be applied: staleness > bound. A base's staleness
+    only grows and a job's bounds only tighten, so with `bound` the bound of the current round or
+    an earlier one, the update's staleness at any later aggregation exceeds that aggregation's
+    bound. None (no record, no bound): not certain."""
+    return staleness is not None and bound is not None and int(staleness) > int(bound)
 
 
 def combined_update(updates: Sequence[np.ndarray | torch.Tensor], agg: Aggregation) -> torch.Tensor | None:
@@ -481,10 +568,41 @@ def encode_update(rec: UpdateRecord, key: bytes) -> bytes:
                          g, dict(rec.stats)), key)
 
 
-def skip_record(invocation_id: str, round_index: int, base: int, latest: int, bound: int) -> UpdateRecord:
-    """What a learner pushes instead of an update certain to be dropped."""
+def skip_record(invocation_id: str, round_index: int, base: int, latest: int, bound: int,
+                staleness: int) -> UpdateRecord:
+    """What a learner pushes instead of an update certain to be dropped (`staleness` > `bound`)."""
     return UpdateRecord(invocation_id, int(round_index), int(base), 0, None,
-                        {"skipped": "stale_base", "latest": int(latest), "bound": int(bound)})
+                        {"skipped": "stale_base", "latest": int(latest), "bound": int(bound),
+                         "staleness": int(staleness)})
+
+
+def staleness_record_key(job_id: str) -> str:
+    """nitro:{job}:learn:staleness: the service's signed `StalenessLedger.record`, written before each
+    version it publishes (so a learner that reads `policy:latest` and then the record sees a record
+    at least as new as that version)."""
+    from nitro.contracts import learn_prefix
+
+    return learn_prefix(job_id) + "staleness"
+
+
+def encode_staleness_record(record: dict, key: bytes) -> bytes:
+    from nitro.data import codec
+
+    return codec.encode(record, key)
+
+
+def decode_staleness_record(blob: bytes | None, key: bytes) -> dict | None:
+    """The verified record, or None when there is none or it does not verify (a learner then computes:
+    it skips only when it is certain)."""
+    from nitro.data import codec
+
+    if blob is None:
+        return None
+    try:
+        record = codec.decode(blob, key, max_size=16 << 20)
+    except codec.PayloadError:
+        return None
+    return record if base_staleness(record, 0) is not None else None
 
 
 def decode_update(payload: bytes, key: bytes, n_params: int, max_size: int = 256 << 20) -> UpdateRecord:
