@@ -306,6 +306,28 @@ def verdict_table(results: list[dict], runs: list[PricedRun]) -> str:
                                    "same at B under every pricing, and the same at B/2."])
 
 
+def summary(data: dict, before: dict | None = None) -> str:
+    """One line per scheme across the pricings of an equal-cost .json (its "pricings"): the IQM final return at
+    each pricing's B with P(nitro > scheme) in brackets; `before`, another table's .json (the committed table
+    made before 2026-12-02), adds its figures as the first column."""
+    cols = ([("before", before)] if before else []) + [
+        (d["pricing"]["name"], d["full"]) for d in data["pricings"]]
+    schemes = list(data["pricings"][0]["full"]["schemes"])
+
+    def cell(t: dict, s: str) -> str:
+        row = t["schemes"].get(s)
+        if not row or not row.get("iqm"):
+            return "—"
+        p = row.get("p_nitro_better")
+        short = any(c.get("short") for c in row["cuts"].values())
+        return f"{row['iqm'][0]:.0f}{'*' if short else ''}" + (f" ({p[0]:.2f})" if p and math.isfinite(p[0]) else "")
+    head = [f"{name} (${t['budget_usd']:.4f})" for name, t in cols]
+    lines = ["| scheme | " + " | ".join(head) + " |", "|---|" + "---:|" * len(cols)]
+    lines += [f"| {title(s)} | " + " | ".join(cell(t, s) for _, t in cols) + " |" for s in schemes]
+    return "\n".join(lines + ["", "IQM final return at each pricing's budget B (P(nitro > scheme) in brackets; "
+                                   "* some runs end below B)."])
+
+
 def p_greater(x, y) -> float:
     """P(X > Y) for one task: the share of (x, y) pairs with x > y, ties counted half."""
     x, y = np.asarray(x, dtype=float)[:, None], np.asarray(y, dtype=float)[None, :]
@@ -429,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
                      "and preset); a scheme and seed in several is taken from the longest run")
     src.add_argument("--pool", nargs="+", metavar="JSON", help="pool the .json tables of several tasks (written by "
                      "--grids commands): P(nitro > scheme) averaged over tasks, with a CI")
+    src.add_argument("--summary", metavar="JSON", help="one line per scheme across the pricings of a .json written "
+                     "by --grids with --pricing (IQM at each B, P(nitro > scheme)); --before JSON adds an older table")
+    p.add_argument("--before", metavar="JSON", help="with --summary: a table made before 2026-12-02, as its first column")
     p.add_argument("--budget", default="auto", help="reference USD per run under every pricing, or 'auto': per "
                    "pricing, the smallest bill of a whole nitro run (default)")
     p.add_argument("--rates", help="a JSON file of nitro.cost.ReferenceRates fields (default: calibrated from the "
@@ -447,6 +472,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.pool:
         return main_pool(args)
+    if args.summary:
+        try:
+            data = json.loads(Path(args.summary).read_text())
+            before = json.loads(Path(args.before).read_text()) if args.before else None
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--summary: not a readable equal-cost table ({exc})") from None
+        if "pricings" not in data:
+            raise SystemExit(f"--summary {args.summary}: no 'pricings' (written before --pricing existed); re-run "
+                             "--grids with --pricing")
+        print(summary(data, before))
+        return 0
     if args.rates and args.actor_rate_from:  # the file's rates are used as they are: say so, do not ignore one
         p.error("--actor-rate-from calibrates the actor's rate, --rates pins every rate: give one of them "
                 "(write the actor rate you want into the --rates file)")

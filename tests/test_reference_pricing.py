@@ -380,7 +380,12 @@ def test_the_interpolated_cut_spends_exactly_the_budget_and_the_old_cut_strands_
         equal_cost.cut(run, budget, method="nearest")
 
 
-def test_the_verdict_table_says_whether_a_comparison_holds_under_every_pricing(tmp_path):
+def _json(path, data):
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_verdict_table_says_whether_a_comparison_holds_under_every_pricing(tmp_path, capsys):
     g = _grid(tmp_path, "g", 20)
     for seed in range(5):
         _write_run(g, "nitro", seed, [16] * 20, {k: 100.0 * (k + 1) + seed for k in (4, 9, 14, 19)})
@@ -402,6 +407,16 @@ def test_the_verdict_table_says_whether_a_comparison_holds_under_every_pricing(t
     spent = [c["spent"] / data["budget_usd"] for c in data["schemes"]["fixed:8"]["cuts"].values()]
     assert spent == pytest.approx([1.0] * 5)
     assert equal_cost.verdict((0.9, 0.6, 1.0)) == "nitro ahead" and equal_cost.verdict((0.5, 0.2, 0.8)) == "level"
+    # one line per scheme across the pricings, an older table as the first column
+    capsys.readouterr()
+    assert equal_cost.main(["--summary", str(tmp_path / "v.json"), "--before", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.startswith("| scheme"))
+    assert head.count("$") == 3 and "| before (" in head and "| cheap (" in head and "| dear (" in head
+    fixed = next(line for line in out.splitlines() if line.startswith("| fixed:8"))
+    assert fixed.count("(0.00)") == 3  # nitro behind fixed:8 at every B
+    with pytest.raises(SystemExit, match="no 'pricings'"):
+        equal_cost.main(["--summary", str(_json(tmp_path / "older.json", {"schemes": {}}))])
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"name": "x", "speedup": 2}))
     with pytest.raises(SystemExit, match="unknown pricing setting"):
