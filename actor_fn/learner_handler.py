@@ -45,6 +45,7 @@ from nitro.contracts import (
     is_learn_key,
     latest_policy_key,
     learn_prefix,
+    staleness_record_key,
     update_stream_key,
 )
 from nitro.data import codec
@@ -135,7 +136,6 @@ def handler(event: dict, context=None) -> dict:
         decode_staleness_record,
         encode_update,
         skip_record,
-        staleness_record_key,
     )
     from nitro.config import make_config
 

@@ -83,10 +83,16 @@ from nitro.algos.stellaris import (
     make_parcel,
     prepare,
     staleness_bound,
-    staleness_record_key,
 )
 from nitro.clock import critical_path_cpu_seconds
-from nitro.contracts import invocation_id, learn_counter_key, parcel_key, policy_key, update_stream_key
+from nitro.contracts import (
+    invocation_id,
+    learn_counter_key,
+    parcel_key,
+    policy_key,
+    staleness_record_key,
+    update_stream_key,
+)
 from nitro.data import codec
 from nitro.rpc import metrics
 from nitro.v1 import scaler_pb2

@@ -42,6 +42,7 @@ def check_job_id(job_id: object) -> str:
 # nitro:{job}:learn:counter     Stellaris learner-function slots
 # nitro:{job}:learn:parcel:{i}  the signed input of learner function i
 # nitro:{job}:learn:updates     stream of learner functions' updates
+# nitro:{job}:learn:staleness   signed staleness record: each base's staleness, written before each version
 
 KEY_PREFIX = "nitro"
 
@@ -115,6 +116,12 @@ def parcel_key(job_id: str, invocation: str) -> str:
 
 def update_stream_key(job_id: str) -> str:
     return learn_prefix(job_id) + "updates"
+
+
+def staleness_record_key(job_id: str) -> str:
+    """The Stellaris service's signed `StalenessLedger.record`, written before each version it publishes (so a
+    learner that reads `policy:latest` and then the record sees a record at least as new as that version)."""
+    return learn_prefix(job_id) + "staleness"
 
 
 def is_learn_key(job_id: str, key: str) -> bool:

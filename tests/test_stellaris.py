@@ -40,11 +40,10 @@ from nitro.algos.stellaris import (
     prepare,
     skip_record,
     staleness_bound,
-    staleness_record_key,
     staleness_weight,
 )
 from nitro.config import impact_config, ppo_config, preset_names
-from nitro.contracts import parcel_key, update_stream_key
+from nitro.contracts import parcel_key, staleness_record_key, update_stream_key
 from nitro.data import codec
 from nitro.data.store import PolicyStore
 from nitro.errors import ConfigError

@@ -576,15 +576,6 @@ def skip_record(invocation_id: str, round_index: int, base: int, latest: int, bo
                          "staleness": int(staleness)})
 
 
-def staleness_record_key(job_id: str) -> str:
-    """nitro:{job}:learn:staleness: the service's signed `StalenessLedger.record`, written before each
-    version it publishes (so a learner that reads `policy:latest` and then the record sees a record
-    at least as new as that version)."""
-    from nitro.contracts import learn_prefix
-
-    return learn_prefix(job_id) + "staleness"
-
-
 def encode_staleness_record(record: dict, key: bytes) -> bytes:
     from nitro.data import codec
 
