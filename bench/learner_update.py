@@ -9,7 +9,8 @@ syncs seven scalars per step), on the same batch, from the same initial weights,
 interleaved (order alternating), for 1 and 2 torch threads. Ratio = figure / reference (< 1: faster).
 Process CPU seconds are reported beside the wall times: on a machine shared with other work they
 are the steadier measure of the update's own cost.
-Also IMPACT `tuned` (4 epochs x 256) on the same batch, same method; and, with one torch thread, the PPO
+Also IMPACT `tuned` (4 epochs x 256) with vtrace_critic "target" (V-trace once per update, as the reference
+computes it) on the same batch, same method; and, with one torch thread, the PPO
 update with its critic on a second thread (PPOLearner's default on CPU) against the same update on one thread
 (`critic_thread=False`), under "critic_thread" in the JSON. PPOLearner uses the critic thread only with one
 torch thread, so the 1-thread PPO figure above includes it and the 2-thread one does not. And, under "cpu_ops", the
@@ -238,7 +239,9 @@ def main() -> None:
     from nitro.policy.envs import make_env
     from nitro.policy.model_spec import spec_for_spaces
 
-    ppo_cfg, impact_cfg = ppo_config("tuned"), impact_config("tuned")
+    # IMPACT with the targets fixed for the update, as the reference has them (the online critic's per-step
+    # recomputation, the default, is priced in docs/algorithms.md, IMPACT)
+    ppo_cfg, impact_cfg = ppo_config("tuned"), impact_config("tuned", vtrace_critic="target")
     env = make_env(ENV)
     spec = spec_for_spaces(env.observation_space, env.action_space, hidden_sizes=ppo_cfg.hidden_sizes,
                            activation=ppo_cfg.activation, obs_norm=ppo_cfg.obs_norm)

@@ -102,6 +102,7 @@ class PPOConfig(_Overridable):
 
 ACTIVATIONS = {"tanh", "relu"}
 VALUE_CLIP_MODES = {"ppo2", "rllib"}
+VTRACE_CRITICS = ("online", "target")  # IMPACTConfig.vtrace_critic; the first is the default
 
 
 def _check(ok: bool, name: str, allowed: str) -> None:
@@ -206,6 +207,15 @@ class IMPACTConfig(_Overridable):
     """Clip each training reward to [-reward_clip, reward_clip] before advantages are computed
     (the Atari convention: with ALE's integer rewards, 1.0 is the reward's sign); 0 disables.
     Reported train and eval returns stay the environment's unclipped returns."""
+    vtrace_critic: str = "online"
+    """Whose critic gives V-trace its values V(x). "online" (RLlib APPO's semantics): the critic being
+    trained, on the batch observations and on the bootstrap observations the actors ship (truncations'
+    final observations, the observation after the batch's last step), recomputed before every minibatch
+    step, so each step's targets and advantages come from the critic as the previous step left it.
+    "target": the target network's critic on the batch observations, once per update, bootstrapped
+    from the values the actor's critic computed (`final_values`, `bootstrap_value`): the behaviour
+    before the online critic, kept for comparisons. The importance weights are the target network's
+    either way. A string: set it with the spec's vtrace_critic field (or by preset, or in Python)."""
 
     # Loss terms.
     clip: float = 0.4
@@ -253,6 +263,7 @@ class IMPACTConfig(_Overridable):
         _check(self.target_update_freq >= 1, "target_update_freq", "an integer >= 1")
         _check(self.replay_capacity >= 0, "replay_capacity", "an integer >= 0 (0 = no replay)")
         _check(self.replay_max_reuse >= 1, "replay_max_reuse", "an integer >= 1")
+        _check(self.vtrace_critic in VTRACE_CRITICS, "vtrace_critic", f"one of {list(VTRACE_CRITICS)}")
 
 
 # Paper, Table 1 (IMPACT column): lr 5e-4, gamma 0.99, clip 0.4, KL coeff 1.0, KL target 0.01,

@@ -37,9 +37,10 @@ from nitro.errors import ConfigError, UnknownEnvironmentError
 ALGOS = ("ppo", "impact")
 ASYNCHRONOUS_ALGOS = ("impact",)  # the learner trains while the actors sample (off-policy loop, V-trace)
 # Algorithms whose learner reads the values V(obs_t) actors record at every step (PPO's GAE and value clipping).
-# IMPACT's V-trace takes its target network's values, so its actors skip the per-step critic and record only the
-# bootstrap values (truncations' final observations, the batch's next observation): 2-18% more steps per
-# billed second (docs/algorithms.md, IMPACT).
+# IMPACT's V-trace takes its values from the learner's own critic (vtrace_critic "online"; "target": the target
+# network's), so its actors skip the per-step critic and record only the bootstrap values (truncations' final
+# observations, the batch's next observation), shipping those observations too: 2-18% more steps per billed
+# second (docs/algorithms.md, IMPACT).
 BEHAVIOUR_VALUE_ALGOS = ("ppo",)
 DETECTOR_FALLBACKS = ("i_min", "last")
 LEARNER_MODES = ("central", "stellaris")
@@ -129,6 +130,10 @@ class TrainingSpec:
     # stays the total an actor returns. An actor runs min(envs_per_actor, max(1, steps_per_actor // 32))
     # envs, so every env's trajectory segment has at least 32 steps (docs/algorithms.md).
     envs_per_actor: int = DEFAULT_ENVS_PER_ACTOR
+    # IMPACT (learner_mode "central"): whose critic V-trace reads, "online" (the learner's, recomputed before every
+    # minibatch step) or "target" (the target network's, with the actors' bootstrap values); empty: the preset's
+    # ("online"). nitro.config.IMPACTConfig.vtrace_critic, docs/algorithms.md.
+    vtrace_critic: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.stellaris, dict):  # from a saved job.json or checkpoint
@@ -253,6 +258,7 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
     if not 0 < spec.detector_timeout_s <= 600:
         raise InvalidSpec("detector_timeout_s", f"must be in (0, 600], got {spec.detector_timeout_s}")
     _validate_stellaris(spec)
+    _validate_vtrace_critic(spec)
     if spec.job_id and not is_job_id(spec.job_id):
         raise InvalidSpec("job_id", f"must be {JOB_ID_RULE}")
     _validate_env_kwargs(spec)  # last: it may build the environment
@@ -383,6 +389,20 @@ def _validate_controls(sc: ScalerSettings) -> None:
         raise InvalidSpec("scaler.actors_by_round", f"counts must be in [1, {MAX_ACTORS}], got {max(counts)}")
 
 
+def _validate_vtrace_critic(spec: TrainingSpec) -> None:
+    """vtrace_critic: empty, or one of nitro.config.VTRACE_CRITICS for the learner that reads it."""
+    from nitro.config import VTRACE_CRITICS
+
+    if spec.vtrace_critic == "":
+        return
+    if spec.vtrace_critic not in VTRACE_CRITICS:
+        raise InvalidSpec("vtrace_critic", f"unknown {spec.vtrace_critic!r}; allowed: {list(VTRACE_CRITICS)} (empty: "
+                                           f"the preset's, {VTRACE_CRITICS[0]!r})")
+    if spec.algo != "impact" or spec.learner_mode != "central":
+        raise InvalidSpec("vtrace_critic", f"is read only by algo 'impact' with learner_mode 'central', got algo "
+                                           f"{spec.algo!r} and learner_mode {spec.learner_mode!r}; leave it empty")
+
+
 def new_job_id(env_id: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9]+", "-", env_id.split(":")[-1].split("/")[-1]).strip("-").lower()[:24] or "job"
     return f"{stem}-{uuid.uuid4().hex[:8]}"
@@ -392,7 +412,8 @@ _NUMERIC_TYPES = ("int", "float", "bool", int, float, bool)
 # Where the config fields the wire's numeric map cannot carry are set instead.
 _NON_NUMERIC_HOME = {"hidden_sizes": "with the spec's hidden_sizes field, e.g. [64, 64]",
                      "activation": "with the spec's activation field ('tanh' or 'relu')",
-                     "value_clip_mode": "by preset (or PPOConfig in Python)"}
+                     "value_clip_mode": "by preset (or PPOConfig in Python)",
+                     "vtrace_critic": "with the spec's vtrace_critic field ('online' or 'target')"}
 
 
 def _typed_overrides(hp: dict[str, float], algo: str = "ppo") -> dict:
@@ -426,6 +447,8 @@ def algo_config(spec: TrainingSpec):
     model = {"hidden_sizes": tuple(spec.hidden_sizes)} if spec.hidden_sizes else {}
     if spec.activation:
         model["activation"] = spec.activation
+    if spec.vtrace_critic and spec.algo == "impact":
+        model["vtrace_critic"] = spec.vtrace_critic
     return make_config(spec.algo, spec.preset, **_typed_overrides(spec.hyperparameters, spec.algo), **model)
 
 
@@ -500,6 +523,7 @@ def from_proto(msg) -> TrainingSpec:
         spec.budget_clock = msg.budget_clock
     spec.hidden_sizes = list(msg.hidden_sizes)
     spec.activation = msg.activation
+    spec.vtrace_critic = msg.vtrace_critic
     spec.env_kwargs = env_kwargs_from_wire(msg.env_kwargs_json)
     if msg.HasField("stellaris"):
         for name in _STELLARIS_STRINGS:
@@ -568,7 +592,7 @@ def to_proto(spec: TrainingSpec):
                                         if n != "fixed_actors" or sc.fixed_actors}),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
         learner_mode=spec.learner_mode, budget_clock=spec.budget_clock,
-        hidden_sizes=spec.hidden_sizes, activation=spec.activation,
+        hidden_sizes=spec.hidden_sizes, activation=spec.activation, vtrace_critic=spec.vtrace_critic,
         env_kwargs_json=env_kwargs_to_wire(spec.env_kwargs),
         stellaris=training_pb2.StellarisSpec(**{n: getattr(st, n) for n in _STELLARIS_STRINGS + _STELLARIS_OPTIONAL}),
         **{n: getattr(spec, n) for n in _SCALAR_FIELDS})

@@ -115,7 +115,7 @@ def check_keys(spec: Mapping, where: str = "") -> None:
         if not isinstance(hp, Mapping):
             raise InvalidSpec("hyperparameters", f"must be a mapping of numeric overrides{where}, e.g. "
                                                  f"{{lr: 3.0e-4}}, got {hp!r}")
-        for name in ("hidden_sizes", "activation"):
+        for name in ("hidden_sizes", "activation", "vtrace_critic"):
             if name in hp:
                 raise InvalidSpec(f"hyperparameters.{name}", f"is a spec field of its own{where}: set '{name}' at "
                                                              f"the top level (--{name.replace('_', '-')} as a flag)")
@@ -141,8 +141,8 @@ def _algo_of(spec: Mapping) -> str:
 
 
 def numeric_hyperparameters(algo: str) -> tuple[str, ...]:
-    """The config fields of `algo` the hyperparameters map can carry (hidden_sizes and activation are spec
-    fields of their own; value_clip_mode comes with a preset)."""
+    """The config fields of `algo` the hyperparameters map can carry (hidden_sizes, activation and vtrace_critic
+    are spec fields of their own; value_clip_mode comes with a preset)."""
     from nitro.config import CONFIG_CLASSES
 
     return tuple(f.name for f in dataclasses.fields(CONFIG_CLASSES[algo]) if f.type in ("int", "float", "bool"))

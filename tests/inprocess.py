@@ -103,7 +103,8 @@ def train_impact(env_id: str, config: IMPACTConfig, *, actors: int, steps_per_ac
     recent: list[float] = []
     env_steps, rnd = 0, 0
     while env_steps < max_env_steps:
-        runner = PolicyRunner(spec, versions[0], max(rnd - policy_lag, 0))
+        # As an IMPACT job's actors: no per-step values, the bootstrap observations shipped (nitro.policy.rollout)
+        runner = PolicyRunner(spec, versions[0], max(rnd - policy_lag, 0), behaviour_values=False)
         batches = [s.sample(runner, steps_per_actor, g) for s, g in zip(samplers, rngs)]
         env_steps += actors * steps_per_actor
         for b in batches:

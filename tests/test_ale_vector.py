@@ -130,7 +130,13 @@ def expected_uneven(want: dict, n_envs: int, runner: PolicyRunner) -> dict:
     listed, at its env's last row."""
     removed = [(n_envs - 2) * 8 + 7, (n_envs - 1) * 8 + 7]
     keep = np.setdiff1d(np.arange(8 * n_envs), removed)
-    out = {k: (v[keep] if isinstance(v, np.ndarray) else v) for k, v in want.items()}
+    lean = ("final_obs", "bootstrap_obs")  # a batch without values: the observations of its bootstrap values
+    out = {k: (v[keep] if isinstance(v, np.ndarray) and k not in lean else v) for k, v in want.items()}
+    if "final_obs" in want:  # by row; the left-out steps' truncations go, the cut's observation comes
+        final_of = {int(r): o for r, o in zip(np.flatnonzero(want["truncated"]), want["final_obs"]) if r not in removed}
+        final_of[removed[0] - 1] = want["obs"][removed[0]]
+        out["final_obs"] = np.stack([final_of[r] for r in sorted(final_of)])
+        out["bootstrap_obs"] = want["obs"][removed[1]]
     v_removed = runner.value_batch(want["obs"][removed])
     cut_row = (n_envs - 2) * 8 + 6
     out["truncated"], out["cut"], out["final_values"] = out["truncated"].copy(), out["cut"].copy(), \

@@ -20,7 +20,7 @@ from nitro.policy.envs import env_spaces
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.model_spec import blob_to_doc
 from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
-from nitro.policy.rollout import make_sampler
+from nitro.policy.rollout import lockstep_layout, make_sampler
 from nitro.spec import ALGOS, BEHAVIOUR_VALUE_ALGOS
 
 ENV = "CartPole-v1"
@@ -67,8 +67,10 @@ def test_without_behaviour_values_the_batch_is_the_same_less_values(env_id, n_en
     assert any(a["truncated"].any() for a in batches[0])  # bootstraps through time limits are exercised
     for a, b in zip(*batches):
         assert "values" in a and "values" not in b
-        assert set(a) - set(b) == {"values"}
+        assert set(a) - set(b) == {"values"} and set(b) - set(a) == {"final_obs", "bootstrap_obs"}
         for k in b:
+            if k in ("final_obs", "bootstrap_obs"):  # checked below
+                continue
             if k in ("final_values", "bootstrap_value"):  # the critic on the same observations
                 np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-5, err_msg=k)
             elif isinstance(b[k], np.ndarray):
@@ -80,6 +82,21 @@ def test_without_behaviour_values_the_batch_is_the_same_less_values(env_id, n_en
     assert max(full_rows, default=0) >= steps or any(full_acts)
     bootstraps = [int((b["truncated"] & ~b["cut"]).sum()) + n_envs for b in batches[1]] if n_envs > 1 else []
     assert rows == bootstraps and not any(acts)  # one env values its few bootstraps one at a time
+    # The batch without values carries the observations its bootstrap values were computed on, so a learner
+    # can value them with its own critic (IMPACT's vtrace_critic "online").
+    for b in batches[1]:
+        trunc = b["truncated"]
+        assert b["final_obs"].shape == (int(trunc.sum()), *b["obs"].shape[1:])
+        assert b["final_obs"].dtype == b["bootstrap_obs"].dtype == b["obs"].dtype
+        assert b["bootstrap_obs"].shape == b["obs"].shape[1:]
+        if trunc.any():
+            np.testing.assert_allclose(full.value_batch(b["final_obs"]), b["final_values"][trunc], rtol=1e-5,
+                                       atol=1e-5)
+        if not (trunc[-1] or b["terminated"][-1]):
+            assert full.value_batch(b["bootstrap_obs"][None])[0] == pytest.approx(b["bootstrap_value"], abs=1e-5)
+    # The second batch continues the first: its last environment's segment starts from that observation.
+    last_start = lockstep_layout(steps, n_envs)[1][-1]
+    np.testing.assert_array_equal(batches[1][0]["bootstrap_obs"], batches[1][1]["obs"][last_start])
 
 
 def test_split_batch_without_values_takes_the_cut_bootstraps_from_the_critic():
@@ -96,6 +113,16 @@ def test_split_batch_without_values_takes_the_cut_bootstraps_from_the_critic():
     for p_ref, p in zip(ref, parts):
         assert p["bootstrap_value"] == pytest.approx(p_ref["bootstrap_value"], abs=1e-5)
         assert "values" not in p and len(p["rewards"]) == len(p_ref["rewards"])
+    # Each part carries its truncations' final observations and, as its bootstrap observation, the next part's
+    # first one (the whole batch's for the last part).
+    assert batches[1]["truncated"].any() and len(batches[1]["final_obs"]) == batches[1]["truncated"].sum()
+    np.testing.assert_array_equal(np.concatenate([p["final_obs"] for p in parts]), batches[1]["final_obs"])
+    for p, nxt in zip(parts, parts[1:]):
+        assert len(p["final_obs"]) == p["truncated"].sum()
+        np.testing.assert_array_equal(p["bootstrap_obs"], nxt["obs"][0])
+        assert p["bootstrap_value"] == 0.0 or p["bootstrap_value"] == pytest.approx(
+            float(lean.value_batch(p["bootstrap_obs"][None])[0]), abs=1e-6)
+    np.testing.assert_array_equal(parts[-1]["bootstrap_obs"], batches[1]["bootstrap_obs"])
     assert split_batch(batches[1], 1) == [batches[1]]  # nothing to cut, no critic needed
 
 

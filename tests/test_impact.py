@@ -97,7 +97,8 @@ SPEC = ModelSpec((4,), "discrete", 2, hidden_sizes=(16, 16))
 
 
 def cartpole_batches(policy: Policy, n=2, steps=128, seed=0):
-    runner = PolicyRunner(SPEC, policy.numpy_state(), 0)
+    """Batches as an IMPACT job's actors sample them: no per-step values, the bootstrap observations shipped."""
+    runner = PolicyRunner(SPEC, policy.numpy_state(), 0, behaviour_values=False)
     out = []
     for i in range(n):
         s = Sampler("CartPole-v1", seed=seed + i)
@@ -275,7 +276,7 @@ def test_state_round_trip_continues_identically():
 def test_box_actions():
     spec = ModelSpec((3,), "box", 1, (-2.0,), (2.0,), hidden_sizes=(16,))
     learner = IMPACTLearner(spec, impact_config("fast", minibatch_size=0), seed=0)
-    runner = PolicyRunner(spec, learner.policy.numpy_state(), 0)
+    runner = PolicyRunner(spec, learner.policy.numpy_state(), 0, behaviour_values=False)
     s = Sampler("Pendulum-v1", seed=0)
     batch = s.sample(runner, 200, np.random.default_rng(0))
     s.close()
@@ -363,3 +364,248 @@ def test_impact_objective_equals_minus_the_policy_loss():
     rllib = -_rllib_appo_policy_loss(logp_new, torch.as_tensor(d["logp_target_net"]), torch.as_tensor(d["logp"]),
                                      torch.as_tensor(d["advantages"]), 0.2).detach()
     assert math.isclose(float(obj), float(rllib), rel_tol=1e-5, abs_tol=1e-7)
+
+
+# -- V-trace's critic (vtrace_critic) ---------------------------------------------------------------
+
+
+def test_vtrace_critic_is_validated_naming_the_field_and_the_allowed_values():
+    assert impact_config("paper").vtrace_critic == "online" and IMPACTConfig().vtrace_critic == "online"
+    assert impact_config("paper", vtrace_critic="target").vtrace_critic == "target"
+    with pytest.raises(ConfigError, match=r"vtrace_critic: must be one of \['online', 'target'\]"):
+        impact_config("paper", vtrace_critic="behaviour")
+
+
+def limited_batches(policy: Policy, n=2, steps=100):
+    """As `cartpole_batches`, with 15-step episodes: batches with time-limit truncations (final observations to
+    bootstrap from) and terminations that end mid-episode (the bootstrap observation), the first n seeds'."""
+    runner = PolicyRunner(SPEC, policy.numpy_state(), 0, behaviour_values=False)
+    out = []
+    for seed in range(50):
+        s = Sampler("CartPole-v1", seed=seed, env_kwargs={"max_episode_steps": 15})
+        b = s.sample(runner, steps, np.random.default_rng(seed))
+        s.close()
+        if b["truncated"].any() and b["terminated"].any() and not (b["truncated"][-1] or b["terminated"][-1]):
+            out.append(b)
+        if len(out) == n:
+            return out
+    raise AssertionError("no seed gave such batches")
+
+
+def online_reference(policy: Policy, batches: list[dict], logp_target: np.ndarray, cfg):
+    """V-trace as the online critic defines it, written out independently of the learner: the policy's
+    critic on every observation and on the bootstrap observations, put where the actor's values would be
+    (`final_values`, `bootstrap_value`), then the numpy V-trace against the target network's log-probs."""
+    from nitro.algos.vtrace import vtrace_batches
+
+    with torch.no_grad():
+        own = []
+        for b in batches:
+            final = np.zeros(len(b["rewards"]), np.float32)
+            if b["truncated"].any():
+                final[b["truncated"]] = policy.value(torch.as_tensor(b["final_obs"])).numpy()
+            own.append(dict(b, final_values=final,
+                            bootstrap_value=float(policy.value(torch.as_tensor(b["bootstrap_obs"][None]))[0])))
+        values = policy.value(torch.as_tensor(np.concatenate([b["obs"] for b in batches]))).numpy()
+    return vtrace_batches(own, logp_target, values, cfg)
+
+
+def perturb(module: torch.nn.Module, scale=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def test_online_targets_follow_the_policys_critic_not_the_target_networks():
+    cfg = impact_config("fast")
+    learner = IMPACTLearner(SPEC, cfg, seed=0)
+    behaviour = Policy(SPEC)  # off-policy data: the importance weights are not all 1
+    batches = limited_batches(behaviour)
+    base = learner.prepare(batches)[0]
+    vs, adv = online_reference(learner.policy, batches, base["logp_target_net"], cfg)
+    np.testing.assert_allclose(base["vs"], vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(base["advantages"], adv, rtol=1e-5, atol=1e-5)
+
+    perturb(learner.target.critic)  # the target network's critic: not read
+    same = learner.prepare(batches)[0]
+    for k in ("vs", "advantages", "values", "logp_target_net", "pg_weights"):
+        np.testing.assert_array_equal(same[k], base[k], err_msg=k)
+
+    perturb(learner.policy.critic)  # the critic being trained: the targets move with it
+    moved = learner.prepare(batches)[0]
+    assert np.abs(moved["vs"] - base["vs"]).max() > 1e-2
+    assert np.abs(moved["advantages"] - base["advantages"]).max() > 1e-2
+    np.testing.assert_array_equal(moved["logp_target_net"], base["logp_target_net"])  # weights: the target's
+    vs, adv = online_reference(learner.policy, batches, base["logp_target_net"], cfg)
+    np.testing.assert_allclose(moved["vs"], vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(moved["advantages"], adv, rtol=1e-5, atol=1e-5)
+
+
+def test_online_bootstrap_values_come_from_the_learners_critic_on_the_shipped_observations():
+    cfg = impact_config("fast", rho_bar=1.0)
+    learner = IMPACTLearner(SPEC, cfg, seed=0)
+    batches = limited_batches(Policy(SPEC))
+    base = learner.prepare(batches)[0]
+    # The actor's bootstrap values are not read: poisoning them changes nothing ...
+    poisoned = [dict(b, final_values=b["final_values"] + 1e3, bootstrap_value=1e3) for b in batches]
+    np.testing.assert_array_equal(learner.prepare(poisoned)[0]["vs"], base["vs"])
+    # ... while the old mode reads exactly them.
+    old = IMPACTLearner(SPEC, impact_config("fast", rho_bar=1.0, vtrace_critic="target"), seed=0)
+    assert np.abs(old.prepare(poisoned)[0]["vs"] - old.prepare(batches)[0]["vs"]).max() > 100
+
+    # Where a trace ends at a truncation or at the batch's end, v_t = V(x_t) + rho_t (r_t + gamma V(x') - V(x_t))
+    # with V the learner's critic and x' the shipped observation.
+    def v(obs):
+        with torch.no_grad():
+            return learner.policy.value(torch.as_tensor(obs)).double().numpy()
+    rho = np.minimum(cfg.rho_bar, np.exp(base["logp_target_net"].astype(np.float64) - base["logp"]))
+    start = 0
+    for b in batches:
+        rows = np.flatnonzero(b["truncated"])
+        ends = {**dict(zip(rows, v(b["final_obs"]))), len(b["rewards"]) - 1: v(b["bootstrap_obs"][None])[0]}
+        for t, v_next in ends.items():
+            i = start + t
+            v_t = v(b["obs"][t][None])[0]
+            expected = v_t + rho[i] * (b["rewards"][t] + cfg.gamma * v_next - v_t)
+            assert base["vs"][i] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+        start += len(b["rewards"])
+    # Another bootstrap observation: only the targets of the batch's last episode move.
+    other = [dict(batches[0], bootstrap_obs=batches[0]["bootstrap_obs"] + 1.0), batches[1]]
+    moved = learner.prepare(other)[0]["vs"]
+    n0 = len(batches[0]["rewards"])
+    last_episode = int(np.flatnonzero(batches[0]["terminated"] | batches[0]["truncated"])[-1]) + 1
+    assert np.all(moved[last_episode:n0] != base["vs"][last_episode:n0])
+    np.testing.assert_array_equal(moved[:last_episode], base["vs"][:last_episode])
+    np.testing.assert_array_equal(moved[n0:], base["vs"][n0:])
+
+
+def test_online_batches_without_bootstrap_observations_are_refused_naming_the_field():
+    learner = IMPACTLearner(SPEC, impact_config("fast"), seed=0)
+    batches = limited_batches(learner.policy)
+    for field in ("final_obs", "bootstrap_obs"):
+        lacking = [{k: v for k, v in b.items() if k != field} for b in batches]
+        with pytest.raises(ValueError, match=f"'{field}'.*vtrace_critic 'target'"):
+            learner.update(lacking)
+        IMPACTLearner(SPEC, impact_config("fast", vtrace_critic="target"), seed=0).update(lacking)  # never read
+
+
+def _steps_seen(monkeypatch, learner):
+    """Record, for every minibatch step of the learner's next update, a copy of the policy as the step began
+    and the targets and advantages its loss received."""
+    import copy
+
+    import nitro.algos.impact as impact_mod
+
+    seen, real = [], impact_mod.impact_loss
+
+    def spy(logp_new, logp_target, is_weights, adv, v_new, vs, *rest, **kw):
+        seen.append((copy.deepcopy(learner.policy), vs.detach().clone().numpy(), adv.detach().clone().numpy()))
+        return real(logp_new, logp_target, is_weights, adv, v_new, vs, *rest, **kw)
+
+    monkeypatch.setattr(impact_mod, "impact_loss", spy)
+    return seen
+
+
+@pytest.mark.parametrize("critic", ["online", "target"])
+def test_each_minibatch_step_gets_the_targets_of_the_critic_the_previous_step_left(monkeypatch, critic):
+    cfg = impact_config("fast", epochs=2, minibatch_size=100, normalize_advantages=False, lr=1e-2,
+                        vtrace_critic=critic)
+    learner = IMPACTLearner(SPEC, cfg, seed=0)
+    batches = limited_batches(Policy(SPEC))
+    n = sum(len(b["rewards"]) for b in batches)
+    draw = torch.Generator()
+    draw.set_state(learner.generator.get_state())  # the update's minibatches: one permutation per epoch
+    rows = [p[k:k + 100] for p in (torch.randperm(n, generator=draw) for _ in range(2)) for k in (0, 100)]
+    seen = _steps_seen(monkeypatch, learner)
+    learner.update(batches)
+    assert len(seen) == 4
+    logp_target = learner.last_data["logp_target_net"]
+    for (policy, vs, adv), idx in zip(seen, rows):
+        if critic == "online":  # the critic as this step began, on every row and bootstrap observation
+            ref_vs, ref_adv = online_reference(policy, batches, logp_target, cfg)
+        else:  # the target network's critic and the actor's values, fixed at the update's start
+            ref_vs, ref_adv = learner.last_data["vs"], learner.last_data["advantages"]
+        np.testing.assert_allclose(vs, ref_vs[idx], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(adv, ref_adv[idx], rtol=1e-5, atol=1e-5)
+    if critic == "online":  # the first step moved the critic, so the second step's targets are not the first's
+        first_vs = online_reference(seen[0][0], batches, logp_target, cfg)[0]
+        assert np.abs(seen[1][1] - first_vs[rows[1]]).max() > 1e-2
+    # The detector's copy holds the targets and advantages as the first step used them.
+    np.testing.assert_allclose(learner.last_data["vs"][rows[0]], seen[0][1], rtol=1e-6)
+
+
+def test_target_mode_reproduces_the_old_targets():
+    """vtrace_critic "target": the target network's log-probs and values, the actor's bootstrap values, and the
+    numpy V-trace, exactly as before the online critic existed."""
+    from nitro.algos.vtrace import vtrace_batches
+
+    cfg = impact_config("fast", vtrace_critic="target")
+    learner = IMPACTLearner(SPEC, cfg, seed=0)
+    batches = limited_batches(Policy(SPEC))
+    perturb(learner.policy.critic)  # the online critic differs from the target network's: not read
+    data = learner.prepare(batches)[0]
+    obs = torch.as_tensor(np.concatenate([b["obs"] for b in batches]))
+    with torch.no_grad():
+        dist = learner.target.distribution(obs)
+        logp = learner.target.log_prob(dist, torch.as_tensor(np.concatenate([b["actions"] for b in batches])))
+        values = learner.target.value(obs)
+    vs, adv = vtrace_batches(batches, logp.numpy(), values.numpy(), cfg)
+    np.testing.assert_array_equal(data["vs"], vs)
+    np.testing.assert_array_equal(data["advantages"], adv)
+    np.testing.assert_array_equal(data["values"], values.numpy())
+
+
+def test_the_torch_vtrace_equals_the_numpy_one_given_the_same_values():
+    from nitro.algos.vtrace import vtrace_batches, vtrace_from_plan, vtrace_plan
+
+    rng = np.random.default_rng(0)
+    cfg = impact_config("fast", rho_bar=1.5, c_bar=0.9, pg_rho_bar=1.2, reward_clip=2.0, gamma=0.97)
+    batches, values, boot_values = [], [], []
+    for size, end in [(1, "mid"), (7, "terminated"), (300, "mid"), (40, "truncated"), (2, "terminated")]:
+        term, trunc = rng.random(size) < 0.1, rng.random(size) < 0.1
+        if size == 300:  # one uncut 300-step trace: the scan's nine doubling rounds all matter
+            term[:], trunc[:] = False, False
+        term &= ~trunc
+        term[-1], trunc[-1] = end == "terminated", end == "truncated"
+        v = rng.normal(size=size)
+        fv = np.where(trunc, rng.normal(size=size), 0.0)
+        bv = rng.normal() if end == "mid" else 0.0
+        batches.append({"rewards": rng.normal(0, 2, size).astype(np.float32), "terminated": term, "truncated": trunc,
+                        "logp": rng.normal(-1, 0.5, size).astype(np.float32), "obs": np.zeros((size, 4), np.float32),
+                        "final_values": fv.astype(np.float32), "bootstrap_value": float(bv),
+                        "final_obs": np.zeros((int(trunc.sum()), 4), np.float32),
+                        "bootstrap_obs": np.zeros(4, np.float32)})
+        values.append(v)
+        boot_values += [*fv[trunc], *([bv] if end == "mid" else [])]
+    target_logp = rng.normal(-1, 0.5, sum(len(b["rewards"]) for b in batches)).astype(np.float32)
+    values = np.concatenate(values).astype(np.float32)
+    plan, boot_obs = vtrace_plan(batches, torch.as_tensor(target_logp), cfg)
+    assert len(boot_obs) == len(boot_values) and plan.rounds == 9  # the 300-step batch: ceil(log2(300))
+    vs, adv = vtrace_from_plan(plan, torch.as_tensor(values), torch.as_tensor(np.float32(boot_values)))
+    ref_vs, ref_adv = vtrace_batches(batches, target_logp, values, cfg)
+    np.testing.assert_allclose(vs.numpy(), ref_vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(adv.numpy(), ref_adv, rtol=1e-5, atol=1e-5)
+
+
+def test_the_spec_field_reaches_the_config_and_the_wire_and_is_validated():
+    from nitro.client import sdk
+    from nitro.spec import InvalidSpec, TrainingSpec, algo_config, from_proto, to_proto, validate
+
+    def spec(**kw):
+        return TrainingSpec(**{"env_id": "CartPole-v1", "algo": "impact", "preset": "fast", **kw})
+
+    assert algo_config(validate(spec())).vtrace_critic == "online"  # empty: the preset's
+    old = validate(spec(vtrace_critic="target"))
+    assert algo_config(old).vtrace_critic == "target"
+    assert from_proto(to_proto(old)).vtrace_critic == "target"
+    assert sdk.spec_to_proto({"env_id": "CartPole-v1", "algo": "impact", "vtrace_critic": "target"}).vtrace_critic \
+        == "target"
+    with pytest.raises(InvalidSpec, match=r"^vtrace_critic: unknown 'behaviour'; allowed: \['online', 'target'\]"):
+        validate(spec(vtrace_critic="behaviour"))
+    for other in (dict(algo="ppo"), dict(learner_mode="stellaris")):  # learners that do not read it
+        with pytest.raises(InvalidSpec, match="^vtrace_critic: is read only by algo 'impact' with learner_mode "
+                                              "'central'"):
+            validate(spec(vtrace_critic="online", **other))
+    with pytest.raises(InvalidSpec, match="^hyperparameters.vtrace_critic: is not numeric.*vtrace_critic field"):
+        validate(spec(hyperparameters={"vtrace_critic": 1.0}))

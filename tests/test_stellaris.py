@@ -522,7 +522,8 @@ def test_local_impact_update_on_stale_data_is_the_impact_update(preset):
     # V-trace's own min(pg_rho_bar, pi_2/mu), so the learner function's update is IMPACT's with pi_2 as
     # the target network: the weight once in the advantage, ratio pi_theta / max(pi_2, mu / is_ratio_clip).
     spec, cfg = _spec_and_cfg("impact", preset, epochs=2, minibatch_size=64)
-    central = IMPACTLearner(spec, cfg, seed=4)
+    # The central learner as the learner functions compute V-trace: pi_2's critic, once (vtrace_critic "target")
+    central = IMPACTLearner(spec, cfg.replace(vtrace_critic="target"), seed=4)
     base = copy.deepcopy(central.policy)
     batch = _batch(spec, _moved(base, 0.5, seed=7))  # stale: sampled by another version mu
     data, _ = prepare(base, [batch], cfg, "impact", rho_bar=2.0)

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nitro.algos.impact import IMPACTLearner, impact_loss
 from nitro.algos.ppo import PPOLearner, adapt_kl_coeff, collate, normalize, ppo_loss, standardize_batch
+from nitro.algos.vtrace import vtrace_batches
 from nitro.config import impact_config, ppo_config
 from nitro.policy.models import ModelSpec
 
@@ -25,8 +26,9 @@ DISCRETE = ModelSpec((4,), "discrete", 3, hidden_sizes=(16, 16))
 
 
 def batches(spec, policy, n_batches=2, steps=96, seed=0):
-    """Actor-like batches: behaviour log-probs from a slightly different policy, some episode ends."""
-    rng = np.random.default_rng(seed)
+    """Actor-like batches: behaviour log-probs from a slightly different policy, some episode ends, and the
+    bootstrap observations (final observations of the truncated steps, the observation after the last)."""
+    rng, extra = np.random.default_rng(seed), np.random.default_rng(seed + 1000)
     out = []
     for _ in range(n_batches):
         obs = (rng.normal(size=(steps, *spec.obs_shape)) * 2 + 1).astype(np.float32)
@@ -39,6 +41,11 @@ def batches(spec, policy, n_batches=2, steps=96, seed=0):
                     "terminated": rng.random(steps) < 0.05, "truncated": rng.random(steps) < 0.02,
                     "logp": logp.astype(np.float32), "values": values.astype(np.float32),
                     "final_values": rng.normal(size=steps).astype(np.float32), "bootstrap_value": 0.3})
+        b = out[-1]
+        b["terminated"] &= ~b["truncated"]
+        b["terminated"][-1] = b["truncated"][-1] = False  # the batch ends mid-episode: bootstrap_obs is read
+        b["final_obs"] = (extra.normal(size=(int(b["truncated"].sum()), *spec.obs_shape)) * 2 + 1).astype(np.float32)
+        b["bootstrap_obs"] = (extra.normal(size=spec.obs_shape) * 2 + 1).astype(np.float32)
     return out
 
 
@@ -111,7 +118,23 @@ def reference_impact_update(learner: IMPACTLearner, batch_list):
     obs, actions = data["obs"], data["actions"]
     logp_t, w, adv_all, vs = (torch.as_tensor(data[k]) for k in ("logp_target", "is_weights", "advantages", "vs"))
 
+    def online_targets():
+        """The policy's critic as it is now on every observation, written into the batches' value fields,
+        then the numpy V-trace (the target network's log-probs for the weights)."""
+        with torch.no_grad():
+            own = []
+            for b in batch_list:
+                final = np.zeros(len(b["rewards"]), np.float32)
+                final[b["truncated"]] = policy.value(torch.as_tensor(b["final_obs"])).numpy()
+                own.append(dict(b, final_values=final,
+                                bootstrap_value=float(policy.value(torch.as_tensor(b["bootstrap_obs"][None]))[0])))
+            values = policy.value(obs).numpy()
+        return (torch.as_tensor(x) for x in vtrace_batches(own, data["logp_target_net"], values, cfg))
+
     def loss_of(idx):
+        nonlocal vs, adv_all
+        if cfg.vtrace_critic == "online":  # before every step
+            vs, adv_all = online_targets()
         dist = policy.distribution(obs[idx])
         adv = normalize(adv_all[idx]) if cfg.normalize_advantages else adv_all[idx]
         kl = _kl(target_dist, idx, dist)
@@ -147,8 +170,10 @@ CASES = [
     ("ppo", BOX, dict(preset="tuned", minibatch_size=48, epochs=2, value_clip=0.2, entropy_coeff=0.01,
                       max_grad_norm=0.0)),
     ("ppo", DISCRETE, dict(preset="fast", minibatch_size=40, epochs=2, kl_coeff=0.2)),
-    ("impact", BOX, dict(preset="tuned", minibatch_size=48, epochs=2)),
+    ("impact", BOX, dict(preset="tuned", minibatch_size=48, epochs=2)),  # V-trace on the online critic, per step
     ("impact", DISCRETE, dict(preset="fast", minibatch_size=0, epochs=2)),  # full batch: no noise estimate
+    ("impact", BOX, dict(preset="tuned", minibatch_size=48, epochs=2, vtrace_critic="target")),  # once per update
+    ("impact", DISCRETE, dict(preset="fast", minibatch_size=0, epochs=2, vtrace_critic="target")),
 ]
 
 

@@ -9,6 +9,9 @@ segment cuts, marked in `cut`, are not episode ends). GAE and
 V-trace over a part are then the same kind of estimate as at the end of any
 batch: identical to the unsplit batch's wherever the step's episode ends inside
 the part, and bootstrapped from V at the cut (a shorter trace) just before it.
+A batch that carries its bootstrap observations (`final_obs`, `bootstrap_obs`:
+nitro.policy.rollout) hands each part the final observations of its truncated
+steps and, as `bootstrap_obs`, the next part's first observation.
 """
 
 from __future__ import annotations
@@ -55,11 +58,18 @@ def split_batch(batch: dict, parts: int, value_of: Callable[[np.ndarray], np.nda
     else:  # the j-th finished episode ended at ends[j]
         ends = np.flatnonzero(done if cut is None else done & ~np.asarray(cut))
     per_step = {k for k, v in batch.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n}
+    per_step -= {"final_obs", "bootstrap_obs"}  # one row per truncation, one observation: never per step
+    # final_obs[finals[a]:finals[b]] are the final observations of the truncated steps in rows [a, b)
+    finals = np.concatenate([[0], np.cumsum(np.asarray(batch["truncated"], dtype=np.int64))])
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         part = {k: (v[a:b] if k in per_step else v) for k, v in batch.items()}
+        if "final_obs" in batch:
+            part["final_obs"] = batch["final_obs"][finals[a]:finals[b]]
         if b < n:
             part["bootstrap_value"] = 0.0 if done[b - 1] else float(values[b])
+            if "bootstrap_obs" in batch:
+                part["bootstrap_obs"] = np.array(batch["obs"][b])
         mine = (ends >= a) & (ends < b)
         for k in ("episode_returns", "episode_lengths"):
             if k in batch:

@@ -151,7 +151,8 @@ class PolicyRunner:
 
     def __init__(self, spec: ModelSpec, state: dict[str, np.ndarray], version: int, behaviour_values: bool = True):
         """behaviour_values=False: the learner does not read V(obs_t) per step (IMPACT), so the samplers
-        leave the batch's `values` out and evaluate the critic only for the bootstrap values."""
+        leave the batch's `values` out, evaluate the critic only for the bootstrap values and add the bootstrap
+        observations (`final_obs`, `bootstrap_obs`: nitro.policy.rollout), which the learner values itself."""
         self.spec = spec
         self.version = version
         self.behaviour_values = bool(behaviour_values)

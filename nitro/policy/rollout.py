@@ -18,6 +18,10 @@ Batch fields (numpy arrays of length T unless noted):
   final_values   float32 V(final observation) at truncated steps, else 0
   bootstrap_value  float: V(observation after the last step), 0 if the last step ended an episode
   episode_returns, episode_lengths   lists for episodes that finished inside this batch
+Without `values` (the job's learner values observations with its own critic: IMPACT's V-trace, whose
+`vtrace_critic` "online" also values the bootstrap observations) the batch carries those observations too:
+  final_obs      (K, *obs_shape) the final observation of each truncated step, in row order (K = truncated.sum())
+  bootstrap_obs  (*obs_shape) the observation after the last step (the next episode's first after an episode end)
 
 Several environments per actor (VecSampler, envs_per_actor N > 1): the N envs step
 in lockstep with one batched inference per step, and the batch is laid out env-major:
@@ -114,6 +118,7 @@ class Sampler:
         final_values = np.zeros(num_steps, dtype=np.float32)
         ep_returns: list[float] = []
         ep_lengths: list[int] = []
+        final_obs: list[np.ndarray] = []
 
         env, obs = self.env, self.obs
         ep_ret, ep_len = self.episode_return, self.episode_length
@@ -134,6 +139,8 @@ class Sampler:
                 if trunc and not term:
                     truncated[t] = True
                     final_values[t] = runner.value(obs)
+                    if not record:
+                        final_obs.append(np.array(obs, dtype=obs_space.dtype))
                 else:
                     terminated[t] = True
                 ep_returns.append(ep_ret)
@@ -150,6 +157,7 @@ class Sampler:
             "truncated": truncated, "logp": logp, **({"values": values} if record else {}),
             "final_values": final_values, "bootstrap_value": float(bootstrap), "episode_returns": ep_returns,
             "episode_lengths": ep_lengths,
+            **({} if record else bootstrap_observations(final_obs, np.array(obs, dtype=obs_space.dtype), obs_buf)),
         }
 
     def close(self) -> None:
@@ -257,6 +265,12 @@ class VecSampler:
             env.close()
 
 
+def bootstrap_observations(final_obs: list[np.ndarray], next_obs: np.ndarray, obs_buf: np.ndarray) -> dict:
+    """A batch's `final_obs` (stacked in row order; (0, *obs_shape) when none) and `bootstrap_obs`."""
+    stacked = np.stack(final_obs) if final_obs else np.empty((0, *obs_buf.shape[1:]), dtype=obs_buf.dtype)
+    return {"final_obs": stacked.astype(obs_buf.dtype, copy=False), "bootstrap_obs": next_obs}
+
+
 def lockstep_batch(runner: PolicyRunner, starts: np.ndarray, lengths: list[int], obs_buf: np.ndarray,
                    act_tm: np.ndarray, logp_tm: np.ndarray, val_tm: np.ndarray | None, rew_tm: np.ndarray,
                    ends: list[tuple[int, int, bool, float, int]], trunc_obs: list[np.ndarray],
@@ -298,6 +312,7 @@ def lockstep_batch(runner: PolicyRunner, starts: np.ndarray, lengths: list[int],
     final_values[trunc_rows] = all_values[:len(trunc_rows)]
     next_v = all_values[len(trunc_rows):]
     bootstrap = 0.0
+    final_of = dict(zip(trunc_rows, trunc_obs))  # row -> its final observation (for batches without values)
     for i in range(n_envs):  # every env has at least one step
         last = int(starts[i]) + lengths[i] - 1
         if terminated[last] or truncated[last]:
@@ -307,6 +322,9 @@ def lockstep_batch(runner: PolicyRunner, starts: np.ndarray, lengths: list[int],
         else:  # cut mid-episode: bootstrap from V(next observation) as at a time limit
             truncated[last] = cut[last] = True
             final_values[last] = next_v[i]
+            final_of[last] = next_obs[i]
+    lean = {} if record else bootstrap_observations([final_of[r] for r in np.flatnonzero(truncated)],
+                                                    np.array(next_obs[n_envs - 1]), obs_buf)
     listed = [((row, 0), ret, length) for row, (_, _, _, ret, length) in zip(rows, ends)]
     listed += [((int(starts[i]) + lengths[i] - 1, 1), ret, length) for i, ret, length in unrecorded_ends]
     listed.sort(key=lambda e: e[0])
@@ -315,7 +333,7 @@ def lockstep_batch(runner: PolicyRunner, starts: np.ndarray, lengths: list[int],
         "truncated": truncated, "logp": logp, **({"values": values} if record else {}),
         "final_values": final_values, "bootstrap_value": float(bootstrap),
         "episode_returns": [e[1] for e in listed], "episode_lengths": [e[2] for e in listed], "cut": cut,
-        **({"episode_rows": [e[0][0] for e in listed]} if unrecorded_ends else {}),
+        **({"episode_rows": [e[0][0] for e in listed]} if unrecorded_ends else {}), **lean,
     }
 
 

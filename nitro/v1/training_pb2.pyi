@@ -24,7 +24,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_STOPPED: JobState
 
 class TrainingSpec(_message.Message):
-    __slots__ = ("env_id", "algo", "preset", "hyperparameters", "scaler", "rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s", "job_id", "actor_memory_mb", "function_name", "target_return", "min_sample_fraction", "detector_fallback", "detector_timeout_s", "learner_mode", "stellaris", "reproducible", "budget_clock", "eval_every", "hidden_sizes", "activation", "env_kwargs_json", "envs_per_actor")
+    __slots__ = ("env_id", "algo", "preset", "hyperparameters", "scaler", "rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s", "job_id", "actor_memory_mb", "function_name", "target_return", "min_sample_fraction", "detector_fallback", "detector_timeout_s", "learner_mode", "stellaris", "reproducible", "budget_clock", "eval_every", "hidden_sizes", "activation", "env_kwargs_json", "envs_per_actor", "vtrace_critic")
     class HyperparametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class TrainingSpec(_message.Message):
     ACTIVATION_FIELD_NUMBER: _ClassVar[int]
     ENV_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     ENVS_PER_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    VTRACE_CRITIC_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     algo: str
     preset: str
@@ -86,7 +87,8 @@ class TrainingSpec(_message.Message):
     activation: str
     env_kwargs_json: str
     envs_per_actor: int
-    def __init__(self, env_id: _Optional[str] = ..., algo: _Optional[str] = ..., preset: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., rounds: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., budget_usd: _Optional[float] = ..., seed: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., round_deadline_s: _Optional[float] = ..., job_id: _Optional[str] = ..., actor_memory_mb: _Optional[int] = ..., function_name: _Optional[str] = ..., target_return: _Optional[float] = ..., min_sample_fraction: _Optional[float] = ..., detector_fallback: _Optional[str] = ..., detector_timeout_s: _Optional[float] = ..., learner_mode: _Optional[str] = ..., stellaris: _Optional[_Union[StellarisSpec, _Mapping]] = ..., reproducible: _Optional[bool] = ..., budget_clock: _Optional[str] = ..., eval_every: _Optional[int] = ..., hidden_sizes: _Optional[_Iterable[int]] = ..., activation: _Optional[str] = ..., env_kwargs_json: _Optional[str] = ..., envs_per_actor: _Optional[int] = ...) -> None: ...
+    vtrace_critic: str
+    def __init__(self, env_id: _Optional[str] = ..., algo: _Optional[str] = ..., preset: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., rounds: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., budget_usd: _Optional[float] = ..., seed: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., round_deadline_s: _Optional[float] = ..., job_id: _Optional[str] = ..., actor_memory_mb: _Optional[int] = ..., function_name: _Optional[str] = ..., target_return: _Optional[float] = ..., min_sample_fraction: _Optional[float] = ..., detector_fallback: _Optional[str] = ..., detector_timeout_s: _Optional[float] = ..., learner_mode: _Optional[str] = ..., stellaris: _Optional[_Union[StellarisSpec, _Mapping]] = ..., reproducible: _Optional[bool] = ..., budget_clock: _Optional[str] = ..., eval_every: _Optional[int] = ..., hidden_sizes: _Optional[_Iterable[int]] = ..., activation: _Optional[str] = ..., env_kwargs_json: _Optional[str] = ..., envs_per_actor: _Optional[int] = ..., vtrace_critic: _Optional[str] = ...) -> None: ...
 
 class StellarisSpec(_message.Message):
     __slots__ = ("learner_function", "learner_memory_mb", "max_learners", "staleness_weight", "staleness_decay", "bound_start", "bound_end", "bound_schedule", "rho_bar", "recent_versions")

@@ -92,6 +92,9 @@ TRAIN_FIELDS = [
     ("--hidden-sizes", "hidden_sizes", lambda text: parse_widths(text), "hidden layer widths of the policy's MLPs, "
      "comma-separated, e.g. 64,64 [the preset's: 256,256]"),
     ("--activation", "activation", str, "hidden activation of the MLPs: tanh or relu [the preset's: tanh]"),
+    ("--vtrace-critic", "vtrace_critic", str, "IMPACT: the critic V-trace reads, online (the learner's, recomputed "
+     "every minibatch step) or target (the target network's, with the actors' bootstrap values) [the preset's: "
+     "online]"),
 ]
 
 
