@@ -116,6 +116,7 @@ class Protocol:
     reproducible: bool = False
     shuffle_seed: int = 0  # the shuffled control's RNG: numpy default_rng([shuffle_seed, run seed])
     learner_mode: str = "central"  # nitro.spec.LEARNER_MODES: "stellaris" learns in serverless learner functions
+    vtrace_critic: str = ""  # IMPACT: the critic V-trace reads ("online", "target"); "" is the preset's
     # Scheme minions: the pre-trained scheduler's absolute path (the grid's copy once check_out_dir adopted it)
     # and its sha256; not part of the scale, since minions may join a grid later (check_out_dir pins them).
     scheduler: str = ""
@@ -147,6 +148,8 @@ class Protocol:
         d = asdict(self)
         for k in ("seeds", "schemes", "name", "scheduler", "scheduler_sha256"):
             d.pop(k)
+        if not d["vtrace_critic"]:  # grids made before the option existed do not name it
+            d.pop("vtrace_critic")
         return d
 
     def describe(self) -> str:
@@ -158,6 +161,7 @@ class Protocol:
                 f"episodes, final = mean of the last {self.final_evals} evaluations, {budget}"
                 + (", reproducible sampling" if self.reproducible else "")
                 + (f", learner mode {self.learner_mode}" if self.learner_mode != "central" else "")
+                + (f", V-trace from the {self.vtrace_critic} critic" if self.vtrace_critic else "")
                 + (f", minions scheduler sha256 {self.scheduler_sha256[:12]}" if self.scheduler else ""))
 
     # -- runs ---------------------------------------------------------------------------------------
@@ -169,6 +173,8 @@ class Protocol:
             extra["reproducible"] = True
         if self.learner_mode != "central":
             extra["learner_mode"] = self.learner_mode
+        if self.vtrace_critic:
+            extra["vtrace_critic"] = self.vtrace_critic
         if scheme == "minions":
             extra["scaler"]["scheduler"] = self.scheduler
             meta = {"scheduler": self.scheduler, "scheduler_sha256": self.scheduler_sha256, **(meta or {})}
@@ -1208,6 +1214,8 @@ def build_parser(figure: str) -> argparse.ArgumentParser:
     g.add_argument("--learner-mode", choices=LEARNER_MODES, default="central",
                    help="central (default) or stellaris: on-policy learning in serverless learner functions "
                         "(docs/stellaris.md); a grid of its own, named ...-stellaris")
+    g.add_argument("--vtrace-critic", choices=("online", "target"), help="IMPACT: the critic V-trace reads (default: "
+                   "the preset's); a grid's runs all use one")
     g.add_argument("--scheduler", metavar="PATH",
                    help="the scheme minions: a scheduler checkpoint of `nitro pretrain-minions`, trained for this "
                         "I_max; copied into the grid, whose later commands use that copy (without --schemes: "
@@ -1268,7 +1276,8 @@ def protocol_from_args(args, figure: str) -> Protocol:
     proto = Protocol(name=name, seeds=tuple(seeds), schemes=tuple(schemes), eval_every=args.eval_every,
                      eval_episodes=args.eval_episodes, final_evals=args.final_evals, decay=args.decay,
                      budget_usd=budget, reproducible=args.reproducible, shuffle_seed=args.shuffle_seed,
-                     learner_mode=args.learner_mode, scheduler=scheduler or "", **vals)
+                     learner_mode=args.learner_mode, vtrace_critic=args.vtrace_critic or "",
+                     scheduler=scheduler or "", **vals)
     check_specs(proto)
     return proto
 

@@ -599,3 +599,16 @@ def test_minions_and_stellaris_runs_through_the_local_system(scheduler, tmp_path
     batches = sum(r["actors_launched"] for r in rounds)
     assert launched >= batches > 0 and sum(r.get("gradients_applied", 0) for r in rounds) > 0, rounds
     assert json.loads((tmp_path / "s" / "grid.json").read_text())["scale"]["learner_mode"] == "stellaris"
+
+
+def test_an_impact_grid_can_name_the_critic_v_trace_reads(tmp_path):
+    on = cli_protocol(tmp_path, "--algo", "impact", "--vtrace-critic", "target", "--name", "t")
+    assert {on.run(s, 0).spec()["vtrace_critic"] for s in on.schemes} == {"target"}
+    assert on.scale()["vtrace_critic"] == "target" and "V-trace from the target critic" in on.describe()
+    plain = cli_protocol(tmp_path, "--algo", "impact", "--name", "t2")
+    assert "vtrace_critic" not in plain.run("nitro", 0).spec() and "vtrace_critic" not in plain.scale()
+    # the learner's own check refuses it where no V-trace is read
+    with pytest.raises(ValueError, match="vtrace_critic"):
+        cli_protocol(tmp_path, "--vtrace-critic", "online", "--name", "t3")
+    with pytest.raises(SystemExit):
+        P.build_parser("protocol").parse_args(["--vtrace-critic", "actor"])
