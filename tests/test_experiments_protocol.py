@@ -362,7 +362,9 @@ def test_budget_mode_specs_and_report(tmp_path):
 
 
 def test_budget_below_the_first_round_reserve_is_refused():
-    args = P.build_parser("protocol-budget").parse_args(["--smoke", "--budget", "0.001"])
+    reserve = P.first_round_reserve_usd()
+    assert reserve == pytest.approx(10.0 * 0.085 / 3600)  # FIRST_ROUND_LEARNER_S of the default learner's price
+    args = P.build_parser("protocol-budget").parse_args(["--smoke", "--budget", str(reserve / 2)])
     with pytest.raises(ValueError, match="first-round"):
         P.protocol_from_args(args, "protocol-budget")
     args = P.build_parser("protocol-budget").parse_args(["--smoke", "--budget", "0.05"])

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 from nitro.errors import ConfigError
 from nitro.scaling import RoundInputs, make_policy
 from nitro.scaling import minions as m
@@ -339,7 +340,8 @@ def test_short_pretraining_in_process_does_not_collapse_to_one_count(tmp_path):
     assert 0 < sampling["cpu_seconds"] < result.cpu_seconds and sampling["invocations"] >= sum(
         sum(ep.actors) for ep in result.episodes)
     expected = cost.learner_cost(result.cpu_seconds - sampling["cpu_seconds"], cost.Prices()) + cost.lambda_cost(
-        sampling["billed_ms"], sampling["invocations"], 1024, cost.Prices())
+        sampling["billed_ms"], sampling["invocations"], sampling["memory_mb"], cost.Prices())
+    assert sampling["memory_mb"] == DEFAULT_ACTOR_MEMORY_MB
     assert result.cost_usd == pytest.approx(expected) and info["cost_usd"] == pytest.approx(expected)
     assert result.round_seconds_ref > 0 and result.return_scale > 0 and info["return_scale"] == result.return_scale
     assert m.load_scheduler(result.path).mode == "serve"
