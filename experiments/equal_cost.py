@@ -167,24 +167,37 @@ def _points(run: PricedRun, final_evals: int) -> list[tuple[float, float, int, i
              int(e["env_steps"])) for i, e in enumerate(evals)]
 
 
+def final_at(bills, finals, budget: float, method: str = "interpolate") -> tuple[float, int, float]:
+    """A run's final return at `budget` from its (bill, final return so far) at each evaluation, in order:
+    (final, i, w): i the last evaluation inside the budget (-1: none, final NaN), w the weight of the next one
+    (`interpolate`: linear in the bill between the two either side; 0 at or beyond the last evaluation, and
+    with `last-eval`)."""
+    if method not in CUTS:
+        raise ConfigError(f"invalid value for cut: must be one of {list(CUTS)}, got {method!r}")
+    inside = [i for i, b in enumerate(bills) if b <= budget * (1 + 1e-9)]
+    if not inside:
+        return math.nan, -1, 0.0
+    i = inside[-1]
+    if method == "interpolate" and i + 1 < len(bills) and bills[i + 1] > bills[i]:
+        w = (budget - bills[i]) / (bills[i + 1] - bills[i])
+        return finals[i] + w * (finals[i + 1] - finals[i]), i, w
+    return finals[i], i, 0.0
+
+
 def cut(run: PricedRun, budget: float, final_evals: int = FINAL_EVALS, method: str = "interpolate") -> dict:
     """The run as a budget of `budget` reference dollars would have ended it: {final, spent, rounds, env_steps,
     short}. `interpolate`: the final return at exactly the budget, linear between the evaluations either side
     of it; `last-eval`: at the last evaluation inside it. short: the whole run cost less than REACHED_OK x
     budget, so the budget would have bought more (its last value is kept: a lower bound)."""
-    if method not in CUTS:
-        raise ConfigError(f"invalid value for cut: must be one of {list(CUTS)}, got {method!r}")
     pts = _points(run, final_evals)
-    inside = [i for i, p in enumerate(pts) if p[0] <= budget * (1 + 1e-9)]
-    short = bool(run.cum_usd) and run.cum_usd[-1] < REACHED_OK * budget
-    if not inside:
+    final, i, w = final_at([p[0] for p in pts], [p[1] for p in pts], budget, method)
+    if i < 0:
         return {"final": math.nan, "spent": 0.0, "rounds": 0, "env_steps": 0, "short": False}
-    i = inside[-1]
-    usd, final, rounds, steps = pts[i]
-    if method == "interpolate" and i + 1 < len(pts) and pts[i + 1][0] > usd:
+    short = bool(run.cum_usd) and run.cum_usd[-1] < REACHED_OK * budget
+    usd, _, rounds, steps = pts[i]
+    if w > 0:
         nxt = pts[i + 1]
-        w = (budget - usd) / (nxt[0] - usd)
-        return {"final": final + w * (nxt[1] - final), "spent": float(budget), "rounds": rounds + w * (nxt[2] - rounds),
+        return {"final": final, "spent": float(budget), "rounds": rounds + w * (nxt[2] - rounds),
                 "env_steps": steps + w * (nxt[3] - steps), "short": short}
     return {"final": final, "spent": usd, "rounds": rounds, "env_steps": steps, "short": short}
 

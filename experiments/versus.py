@@ -10,9 +10,10 @@ means of env steps, measured cloud dollars and wall time. The grids must train t
 every other setting in which they differ is named in the report (that is the comparison). Dollars here are
 the measured cloud clock, which moves with the machine's load between days: compare them only for runs made
 side by side (the equal-cost comparison's reference pricing does not model learner functions). With
---cut-usd X, every scheme of both grids is also cut at X measured dollars: its final return is the mean of its
-last evaluations made before its bill passed X (a run whose whole bill stays below X keeps all of them and is
-counted as ending below, however close to X it came).
+--cut-usd X, every scheme of both grids is also cut at X measured dollars: its final return (the mean of its last
+evaluations so far) interpolated in its bill between the evaluations either side of X, as protocol-equal-cost
+cuts (a run whose whole bill stays below X keeps its last value and is counted as ending below, however close
+to X it came), with P(A > B) at the cut.
 """
 
 from __future__ import annotations
@@ -74,19 +75,23 @@ def _mean(xs) -> float:
     return float(np.mean(xs)) if len(xs) else math.nan
 
 
-def cut_at(curves_usd: list, usd: float, final_evals: int) -> tuple[list[float], int]:
-    """Each run's final return at `usd` measured dollars (its evaluations up to that bill) and how many runs
-    end below it (their whole bill is smaller)."""
+def cut_at(curves_usd: list, usd: float, final_evals: int, method: str = "interpolate") -> tuple[list[float], int]:
+    """Each run's final return at `usd` measured dollars and how many runs end below it (their whole bill is
+    smaller). `interpolate` (as protocol-equal-cost): the final return (mean of the last evaluations so far)
+    linear in the bill between the evaluations either side of `usd`; `last-eval`: at the last one inside it."""
+    from experiments.equal_cost import final_at
+
     finals, below = [], 0
     for curve in curves_usd:
-        inside = [{"return": r} for u, r in curve if u <= usd * (1 + 1e-9)]
-        finals.append(final_return(inside, final_evals))
+        so_far = [final_return([{"return": r} for _, r in curve[: i + 1]], final_evals) for i in range(len(curve))]
+        finals.append(final_at([u for u, _ in curve], so_far, usd, method)[0])
         below += bool(curve) and curve[-1][0] < usd
     return finals, below
 
 
 def cut_table(grids: list[tuple[str, Protocol, dict[str, SchemeData]]], usd: float, reps: int) -> tuple[list[str], dict]:
-    lines = [f"At equal measured dollars: every run cut at ${usd:.4f} (measured cloud clock)", "",
+    lines = [f"At equal measured dollars: every run cut at ${usd:.4f} (measured cloud clock; its return interpolated "
+             "between the evaluations either side of the cut)", "",
              "| grid | scheme | runs | final return at the cut, IQM [95% CI] | runs that end below the cut |",
              "|---|---|---|---|---:|"]
     numbers: dict = {}
@@ -100,6 +105,15 @@ def cut_table(grids: list[tuple[str, Protocol, dict[str, SchemeData]]], usd: flo
             numbers.setdefault(label, {})[s] = {"final": finals, "iqm": ci, "below": below}
             lines.append(f"| {label} | {title(s, proto.i_min, proto.i_max)} | {len(ok)} of {len(finals)} | "
                          f"{_ci(ci, '.0f')} | {below} |")
+    if len(grids) == 2:
+        (la, _, _), (lb, _, _) = grids
+        for s in sorted(set(numbers.get(la, {})) & set(numbers.get(lb, {}))):
+            x = [f for f in numbers[la][s]["final"] if math.isfinite(f)]
+            y = [f for f in numbers[lb][s]["final"] if math.isfinite(f)]
+            if x and y:
+                p = probability_of_improvement(x, y, reps)
+                numbers[la][s]["p_a_better"] = p
+                lines.append(f"| P({la} > {lb}) | {title(s)} | | {p[0]:.2f} [{p[1]:.2f}, {p[2]:.2f}] | |")
     lines += ["", "A run with no evaluation inside the cut is not counted (\"k of n\"). A run ends below the cut when "
               "its whole bill is smaller, however close it came: its return there is a lower bound of what the cut's "
               "dollars would have bought."]

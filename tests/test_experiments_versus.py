@@ -92,7 +92,11 @@ def test_every_scheme_of_both_grids_cut_at_one_measured_bill(tmp_path, capsys):
     a, b = grids(tmp_path, bonus=5.0)
     text, numbers = versus.compare(a, b, reps=100, cut_usd=0.003)
     cut = numbers["cut"]
-    assert cut["B"]["fixed:1"]["final"] == [11.0, 11.0] and cut["A"]["fixed:1"]["final"] == [16.0, 16.0]
+    # halfway between the evaluations at $0.002 (final 11) and $0.004 (final 12, the mean of 11 and 13)
+    assert cut["B"]["fixed:1"]["final"] == [11.5, 11.5] and cut["A"]["fixed:1"]["final"] == [16.5, 16.5]
+    assert cut["A"]["fixed:1"]["p_a_better"][0] == 1.0 and "| P(A > B) | fixed:1 |" in text
+    curve = [(0.002, 11.0), (0.004, 13.0)]
+    assert versus.cut_at([curve], 0.003, 3, "last-eval") == ([11.0], 0)  # the cut before 2026-12-02
     assert cut["B"]["fixed:1"]["below"] == 0  # bills of 0.004: the cut binds
     assert all(math.isnan(f) for f in cut["B"]["nitro"]["final"])  # its first evaluation cost 0.004
     assert "| B | nitro | 0 of 2 | n/a | 0 |" in text and "| B | max (4) | 0 of 2 |" in text  # B's own schemes too
