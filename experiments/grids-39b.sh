@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 COMMIT=${COMMIT:?set COMMIT to the commit the grids run}
-CLONE=${CLONE:-/work/grid-clone3}
+CLONE=${CLONE:-$PWD/../grid-clone3}
 P=(.venv/bin/python -m experiments)
 grid() { "${P[@]}" protocol --env Hopper-v5 --reps 2000 "$@" --clone "$CLONE" --commit "$COMMIT" || echo "grid failed: $*"; }
 for seed in 0 1 2 3 4; do
