@@ -40,6 +40,8 @@ class LastRound:
     update_seconds: float = 0.0
     actor_seconds: float = 0.0
     round_seconds: float = 0.0
+    env_steps: int = 0  # samples the round trained on (the "noise" scaler's per-sample cost)
+    policy_noise_scale: float = 0.0  # B_simple of the policy's gradient alone ("noise"); 0 = unknown
 
 
 def retry_note(r: scaler_pb2.InvocationResult) -> str | None:
@@ -66,7 +68,7 @@ def scaler_spec(spec: TrainingSpec) -> common_pb2.ScalerSpec:
     return common_pb2.ScalerSpec(policy=sc.policy, i_min=sc.i_min, i_max=sc.i_max, fixed_actors=sc.fixed_actors,
                                  decay=sc.decay, window=sc.window, period=sc.period, scheduler=sc.scheduler,
                                  actors_by_round=sc.actors_by_round, floor_actors=sc.floor_actors,
-                                 floor_decay=sc.floor_decay)
+                                 floor_decay=sc.floor_decay, kappa=sc.kappa, grow_f1=sc.grow_f1, grow_f2=sc.grow_f2)
 
 
 class Services:
@@ -101,7 +103,8 @@ class Services:
                 approx_kl=last.kl, update_seconds=last.update_seconds,
                 actor_seconds=last.actor_seconds, round_seconds=last.round_seconds,
                 target_return=spec.target_return, rounds=spec.rounds,
-                cloud_learner_seconds=max(0.0, cloud_seconds), budget_clock=spec.budget_clock),
+                cloud_learner_seconds=max(0.0, cloud_seconds), budget_clock=spec.budget_clock,
+                policy_noise_scale=_finite(last.policy_noise_scale), env_steps=max(0, int(last.env_steps))),
                 timeout=DEADLINES["Plan"], patience=spec.round_deadline_s, what="Plan")
         except grpc.RpcError as exc:
             if exc.code() not in RPC_RETRYABLE:  # the scaler refused the plan: retrying cannot help

@@ -185,7 +185,8 @@ def actor_slot(text: str, job_id: str, round_index: int) -> int | None:
 
 # -- scaling policies and shared defaults -----------------------------------------------------------
 
-SCALING_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor")
+SCALING_POLICIES = ("nitro", "fixed", "max", "hydrozoa", "kungfu", "minions", "schedule", "replay", "nitro-floor",
+                    "grow", "noise", "noise-adascale", "noise-replay")
 DEFAULT_SCALING_POLICY = "fixed"  # a fixed count beat nitro on return at equal modelled dollars (docs/results.md)
 DEFAULT_I_MIN, DEFAULT_I_MAX = 8, 64  # every policy's actor range but fixed's (the paper's Table 1)
 FIXED_ACTORS = 8  # "fixed" with no count and no algorithm (a bare FixedPolicy, a ScalerSpec without one): PPO's count
@@ -197,6 +198,12 @@ FIXED_ACTORS_BY_ALGO = {"ppo": 8, "impact": 16}
 HYDROZOA_PERIOD = 10  # "hydrozoa": rounds between changes
 FLOOR_ACTORS = 64  # "nitro-floor": F of the floor round(F * d_f^(k^2)) (the authors' artifact)
 FLOOR_DECAY = 0.96  # "nitro-floor": d_f
+GROW_FRACTIONS = (0.4, 0.8)  # "grow": budget fractions f1, f2 at which I_min doubles, then doubles again
+# "noise" / "noise-adascale": N = kappa * sqrt(B_simple * a / c) / steps per actor (docs/scaling.md). kappa = 1 is
+# McCandlish et al.'s cost-optimal batch, and the default until the fit on Hopper-v5 seeds 0-9 (docs/results.md,
+# "Scaling by the gradient noise scale") replaces it; that value is then frozen for every other run.
+NOISE_KAPPA = 1.0
+NOISE_EMA = 0.2  # weight of the newest B_simple in the exponential moving average both the scaler and learner keep
 
 
 # Lambda gives a function CPU in proportion to its memory: one full vCPU at 1,769 MB (AWS Lambda developer guide,

@@ -400,6 +400,23 @@ def estimate_round(ledger: CostLedger, clock: str, *, rounds_planned: int, last_
     return RoundEstimate(per_actor, learner_cost(learner_s, prices))
 
 
+def round_and_sample_costs(per_actor_usd: float, round_seconds: float, update_seconds: float, env_steps: int,
+                           steps_per_actor: int, prices: Prices) -> tuple[float, float]:
+    """(a, c): what a round costs whatever its size and what one more sample costs, from the last round on the
+    cloud clock (the "noise" scaling policy). The learner server is billed for the whole round, but only its
+    update grows with the samples: a = the learner's round less its update; c = an actor's cost per step plus
+    the update's cost per sample. (0, 0) when the last round is unknown (no steps, no round time)."""
+    for name, x in (("per_actor_usd", per_actor_usd), ("round_seconds", round_seconds),
+                    ("update_seconds", update_seconds)):
+        _check(name, x)
+    if env_steps <= 0 or steps_per_actor <= 0 or round_seconds <= 0:
+        return 0.0, 0.0
+    update = min(update_seconds, round_seconds)
+    a = learner_cost(round_seconds - update, prices)
+    c = per_actor_usd / steps_per_actor + learner_cost(update, prices) / env_steps
+    return a, c
+
+
 # -- reference pricing: the cloud model at fixed speeds (docs/cost.md) --------------------
 
 # What the reports of runs before 2026-12-02 were billed at: the paper's GPU learner price for CPU-measured time,

@@ -22,9 +22,11 @@ from nitro.contracts import (
     FIXED_ACTORS_BY_ALGO,
     FLOOR_ACTORS,
     FLOOR_DECAY,
+    GROW_FRACTIONS,
     HYDROZOA_PERIOD,
     JOB_ID_RULE,
     MAX_ENVS_PER_ACTOR,
+    NOISE_KAPPA,
     SCALING_POLICIES,
     SCORE_DECAY,
     SCORE_WINDOW,
@@ -75,6 +77,9 @@ class ScalerSettings:
     actors_by_round: str = ""  # "replay": comma-separated actor counts per round, e.g. "8,16,12"
     floor_actors: int = FLOOR_ACTORS  # "nitro-floor": F of the floor round(F * floor_decay^(k^2))
     floor_decay: float = FLOOR_DECAY  # "nitro-floor": d_f of that floor
+    kappa: float = NOISE_KAPPA  # "noise", "noise-adascale": kappa of kappa * sqrt(B_simple * a / c)
+    grow_f1: float = GROW_FRACTIONS[0]  # "grow": the job's progress at which I_min doubles
+    grow_f2: float = GROW_FRACTIONS[1]  # "grow": ... and doubles again
 
 
 @dataclass
@@ -372,10 +377,19 @@ def _validate_controls(sc: ScalerSettings) -> None:
     _finite("scaler.floor_decay", sc.floor_decay)
     if not 0.0 < sc.floor_decay <= 1.0:
         raise InvalidSpec("scaler.floor_decay", f"must be in (0, 1], got {sc.floor_decay}")
-    if sc.policy != "replay":
+    _finite("scaler.kappa", sc.kappa)
+    if not 0.0 < sc.kappa <= 1e6:
+        raise InvalidSpec("scaler.kappa", f"must be in (0, 1e6], got {sc.kappa}")
+    for name in ("grow_f1", "grow_f2"):
+        _finite(f"scaler.{name}", getattr(sc, name))
+        if not 0.0 <= getattr(sc, name) <= 1.0:
+            raise InvalidSpec(f"scaler.{name}", f"must be in [0, 1] (a fraction of the job), got {getattr(sc, name)}")
+    if sc.grow_f2 < sc.grow_f1:
+        raise InvalidSpec("scaler.grow_f2", f"must be >= scaler.grow_f1 ({sc.grow_f1:g}), got {sc.grow_f2:g}")
+    if sc.policy not in ("replay", "noise-replay"):
         if sc.actors_by_round:
-            raise InvalidSpec("scaler.actors_by_round", f"is only used with scaler.policy 'replay', got policy "
-                              f"{sc.policy!r}")
+            raise InvalidSpec("scaler.actors_by_round", f"is only used with scaler.policy 'replay' or "
+                              f"'noise-replay', got policy {sc.policy!r}")
         return
     if not isinstance(sc.actors_by_round, str):
         raise InvalidSpec("scaler.actors_by_round", "must be comma-separated actor counts, e.g. '8,16,12', got "
@@ -500,7 +514,8 @@ def apply_env_preset(spec: TrainingSpec, explicit: set[str] | None = None) -> Tr
 _SCALAR_FIELDS = ("rounds", "steps_per_actor", "budget_usd", "seed", "eval_episodes", "round_deadline_s",
                   "actor_memory_mb", "target_return", "min_sample_fraction", "detector_timeout_s", "reproducible",
                   "eval_every", "envs_per_actor")
-_SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period", "floor_actors", "floor_decay")
+_SCALER_FIELDS = ("i_min", "i_max", "fixed_actors", "decay", "window", "period", "floor_actors", "floor_decay",
+                  "kappa", "grow_f1", "grow_f2")
 _STELLARIS_OPTIONAL = ("learner_memory_mb", "max_learners", "staleness_decay", "bound_start", "bound_end", "rho_bar",
                        "recent_versions")
 _STELLARIS_STRINGS = ("learner_function", "staleness_weight", "bound_schedule")

@@ -32,8 +32,10 @@ from nitro.contracts import (
     FLOOR_ACTORS,
     FLOOR_DECAY,
     FUNCTION_KINDS,
+    GROW_FRACTIONS,
     HYDROZOA_PERIOD,
     JOB_ID_RULE,
+    NOISE_KAPPA,
     SCALING_POLICIES,
     SCORE_DECAY,
     invocation_id,
@@ -111,8 +113,13 @@ def policy_params(sc) -> tuple[str, dict]:
         return name, {"scheduler": sc.scheduler}
     if name == "schedule":
         return name, {"decay": sc.decay or SCORE_DECAY}
-    if name == "replay":
+    if name in ("replay", "noise-replay"):
         return name, {"actors_by_round": sc.actors_by_round}
+    if name in ("noise", "noise-adascale"):
+        return name, {"kappa": sc.kappa or NOISE_KAPPA}
+    if name == "grow":  # unset fields: the defaults; a set 0 is a valid fraction (grow from the start)
+        return name, {"f1": sc.grow_f1 if sc.HasField("grow_f1") else GROW_FRACTIONS[0],
+                      "f2": sc.grow_f2 if sc.HasField("grow_f2") else GROW_FRACTIONS[1]}
     if name == "nitro-floor":
         return name, {"floor_actors": sc.floor_actors or FLOOR_ACTORS, "floor_decay": sc.floor_decay or FLOOR_DECAY}
     return name, {}
@@ -181,9 +188,12 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if not 0 <= request.learner_seconds < 1e7 or not 0.0 <= request.score <= 1.0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "learner_seconds must be in [0, 1e7) and score in [0, 1]")
-        if not 0 <= request.cloud_learner_seconds < 1e7:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"cloud_learner_seconds: must be in [0, 1e7), got {request.cloud_learner_seconds}")
+        for field in ("cloud_learner_seconds", "update_seconds", "actor_seconds", "round_seconds"):
+            if not 0 <= getattr(request, field) < 1e7:  # NaN fails both comparisons
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{field}: must be in [0, 1e7), got {getattr(request, field)}")
+        if request.env_steps < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"env_steps: must be >= 0, got {request.env_steps}")
         clock = request.budget_clock or "cloud"
         if clock not in cost.CLOCKS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -191,11 +201,13 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         try:
             policy = make_policy(name, params)
             inputs = RoundInputs(round_index=request.round, score=request.score, i_min=sc.i_min, i_max=sc.i_max,
-                                 noise_scale=request.gradient_noise_scale or None, rounds=request.rounds,
+                                 noise_scale=request.gradient_noise_scale or None,
+                                 policy_noise_scale=request.policy_noise_scale or None, rounds=request.rounds,
                                  learner_loss=request.learner_loss, eval_return=request.eval_return,
                                  approx_kl=request.approx_kl, update_seconds=request.update_seconds,
                                  actor_seconds=request.actor_seconds, round_seconds=request.round_seconds,
-                                 target_return=request.target_return, budget_usd=request.budget_usd)
+                                 target_return=request.target_return, budget_usd=request.budget_usd,
+                                 steps_per_actor=max(request.steps_per_actor, 0))
             if hasattr(policy, "check"):  # before anything is billed: a mismatched scheduler plans nothing
                 policy.check(inputs)
         except SchedulerMismatchError as exc:  # a valid checkpoint trained for another I_max / format
@@ -224,17 +236,19 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         metrics.CLOUD_COST_USD.labels("learner").inc(learner.cloud_usd)
 
         ledger = cost.CostLedger.from_fields(st)
-        inputs = dataclasses.replace(inputs, budget_left_usd=ledger.budget_left(request.budget_usd, clock))
+        estimate = self._estimate(ledger, clock, st, request, memory)
+        # What a round and a sample cost on the cloud clock, whatever the budget's clock ("noise" plans by them).
+        per_actor = (estimate if clock == "cloud" else self._estimate(ledger, "cloud", st, request, memory)).per_actor_usd
+        a, c = cost.round_and_sample_costs(per_actor, request.round_seconds, request.update_seconds,
+                                           request.env_steps, request.steps_per_actor, self.prices)
+        inputs = dataclasses.replace(inputs, budget_left_usd=ledger.budget_left(request.budget_usd, clock),
+                                     round_cost_usd=a, sample_cost_usd=c)
         desired, new_state, reason = decide(policy, json.loads(st.get("policy_state", "{}")), inputs,
                                             request.fallback_actors)
         if base == "minions":
             metrics.set_job(metrics.SCHEDULER_ACTORS, request.job_id, desired)
             for input_name, value in zip(OBS_NAMES, observation(inputs)):
                 metrics.set_job(metrics.SCHEDULER_INPUT, request.job_id, float(value), input_name)
-        estimate = cost.estimate_round(
-            ledger, clock, rounds_planned=int(st.get("rounds_planned", 0)),
-            last_learner_seconds=request.cloud_learner_seconds if clock == "cloud" else request.learner_seconds,
-            steps_per_actor=request.steps_per_actor, memory_mb=memory, prices=self.prices)
         actors, exhausted, budget_reason = plan_within_budget(desired, inputs.i_min, estimate.per_actor_usd,
                                                               estimate.fixed_usd, inputs.budget_left_usd)
         if budget_reason:
@@ -249,6 +263,12 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         metrics.set_job(metrics.BUDGET_LEFT_USD, request.job_id, inputs.budget_left_usd)
         metrics.forget_idle_jobs()
         return scaler_pb2.PlanResponse(**plan)
+
+    def _estimate(self, ledger: cost.CostLedger, clock: str, st: dict, request, memory: int) -> cost.RoundEstimate:
+        return cost.estimate_round(
+            ledger, clock, rounds_planned=int(st.get("rounds_planned", 0)),
+            last_learner_seconds=request.cloud_learner_seconds if clock == "cloud" else request.learner_seconds,
+            steps_per_actor=request.steps_per_actor, memory_mb=memory, prices=self.prices)
 
     def Launch(self, request, context):
         check_job_id(request.job_id, context)

@@ -12,6 +12,7 @@ one update.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -156,6 +157,9 @@ class UpdateStats:
     seconds: float
     loss: float = 0.0
     gradient_noise_scale: float = 0.0  # B_simple from the first epoch's minibatch gradients; 0 = undefined
+    policy_noise_scale: float = 0.0  # the same from the policy's parameters alone (the "noise" scaler reads it)
+    learning_rate: float = 0.0  # the update's learning rate
+    minibatch_size: int = 0  # the update's minibatch size (samples per SGD step)
 
 
 def collate(batches: list[dict], gamma: float, lam: float, reward_clip: float = 0.0) -> dict[str, np.ndarray]:
@@ -199,9 +203,17 @@ class PPOLearner:
         self.updates = 0
         self.last_data: dict[str, np.ndarray] | None = None
 
-    def update(self, batches: list[dict]) -> UpdateStats:
+    def update(self, batches: list[dict], minibatch_size: int | None = None, lr_factor: float = 1.0) -> UpdateStats:
+        """One round's SGD. `minibatch_size` (None: the config's) and `lr_factor` (times the config's learning
+        rate) scale the update to the round ("noise-adascale", nitro.scaling.noise.adascale_update)."""
         cfg = self.config
         t0 = time.perf_counter()
+        if not (lr_factor > 0 and math.isfinite(lr_factor)):
+            raise ValueError(f"lr_factor must be a finite number > 0, got {lr_factor!r}")
+        mb_size = cfg.minibatch_size if minibatch_size is None else int(minibatch_size)
+        lr = cfg.lr * lr_factor
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         data = collate(batches, cfg.gamma, cfg.gae_lambda, cfg.reward_clip)
         if cfg.normalize_batch_advantages:  # once, over the whole batch, before any minibatch is drawn
             data["advantages"] = standardize_batch(data["advantages"])
@@ -234,11 +246,11 @@ class PPOLearner:
                                       entropy_coeff=cfg.entropy_coeff)
             return LossTerms((critic, actor))  # the sum is ppo_loss; the critic's term runs on _term_pool()
 
-        per_epoch = minibatch_advantages(n, cfg.minibatch_size) if cfg.normalize_advantages else None
+        per_epoch = minibatch_advantages(n, mb_size) if cfg.normalize_advantages else None
         sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
-                            minibatch_size=cfg.minibatch_size, max_grad_norm=cfg.max_grad_norm, device=dev,
+                            minibatch_size=mb_size, max_grad_norm=cfg.max_grad_norm, device=dev,
                             epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss, per_epoch),
-                            term_pool=self._term_pool())
+                            term_pool=self._term_pool(), noise_subset=self.policy_parameters())
         means = sgd.means
         with torch.no_grad():
             final_kl = float(policy_kl(policy, x_all, old).mean())
@@ -251,7 +263,13 @@ class PPOLearner:
                            entropy=means["entropy"], kl=final_kl, clip_frac=means["clip_frac"],
                            kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"], explained_variance=ev,
                            seconds=time.perf_counter() - t0, loss=means["loss"],
-                           gradient_noise_scale=sgd.noise_scale)
+                           gradient_noise_scale=sgd.noise_scale, policy_noise_scale=sgd.subset_noise_scale,
+                           learning_rate=lr, minibatch_size=sgd.minibatch_size)
+
+    def policy_parameters(self) -> list[torch.nn.Parameter]:
+        """The policy's parameters (the actor network and its log-std), which the critic's loss never reaches."""
+        critic = {id(p) for p in self.policy.critic.parameters()}
+        return [p for p in self.policy.parameters() if id(p) not in critic]
 
     def _term_pool(self) -> ThreadPoolExecutor | None:
         """The critic's thread, when it is on and torch runs one intra-op thread (with more, the two halves

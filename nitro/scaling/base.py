@@ -38,6 +38,12 @@ class RoundInputs:
     i_min: int = DEFAULT_I_MIN
     i_max: int = DEFAULT_I_MAX
     noise_scale: float | None = None  # the last round's gradient noise scale B_simple (kungfu); None = unknown
+    policy_noise_scale: float | None = None  # B_simple of the policy's gradient alone (noise); None = unknown
+    # What a round costs, from the job's own ledger (nitro.cost.round_and_sample_costs): a per round whatever its
+    # size, c per sample (noise). 0 = unknown.
+    round_cost_usd: float = 0.0
+    sample_cost_usd: float = 0.0
+    steps_per_actor: int = 0  # env steps one actor samples (0 = unknown)
     # How the job stands and how the last round went (learned schedulers: minions). Defaults mean
     # "unknown" (round 0, or a caller that does not send them); other policies ignore them.
     rounds: int = 0  # the job's planned number of rounds (0 = unknown)

@@ -49,3 +49,52 @@ def noise_scale_estimates(small_sq_norms: Sequence[float], big_sq_norm: float, b
     grad_sq = (b_big * big - b_small * small) / (b_big - b_small)
     trace = (small - big) / (1.0 / b_small - 1.0 / b_big)
     return NoiseEstimate(grad_sq, trace)
+
+
+def ema(previous: float | None, value: float | None, weight: float) -> float | None:
+    """Exponential moving average with `weight` on the newest value; the first known value starts it, an
+    unknown one (None, NaN, <= 0: the estimate was undefined) leaves it as it was."""
+    if value is None or not math.isfinite(value) or value <= 0:
+        return previous
+    return float(value) if previous is None else (1.0 - weight) * previous + weight * float(value)
+
+
+def cost_optimal_batch(b_noise: float, round_cost: float, sample_cost: float) -> float:
+    """sqrt(B_noise * a / c): the batch that minimises the dollars to a given loss under McCandlish et al.'s
+    model, where a step of batch B costs a + c * B and reaching the loss takes S_min * (1 + B_noise / B) steps:
+    d/dB[(1 + B_noise / B)(a + c B)] = c - B_noise a / B^2 = 0."""
+    for name, x in (("b_noise", b_noise), ("round_cost", round_cost), ("sample_cost", sample_cost)):
+        if not math.isfinite(x) or x <= 0:
+            raise ConfigError(f"invalid value for {name}: must be a finite number > 0, got {x!r}")
+    return math.sqrt(b_noise * round_cost / sample_cost)
+
+
+def adascale_gain(b_simple: float | None, base_batch: int, scale: float) -> float:
+    """AdaScale's gain ratio (Johnson et al. 2020) for a batch `scale` times `base_batch`:
+    r = (sigma^2 + mu^2) / (sigma^2 / S + mu^2), with sigma^2 / mu^2 = B_simple / base_batch (the variance of a
+    base-batch gradient over the squared norm of the true one). r is in [1, S]: S when the gradient is all noise
+    (the bigger batch is worth S steps), 1 when it is all signal. An unknown B_simple gives 1."""
+    if not math.isfinite(scale) or scale < 1.0:
+        raise ConfigError(f"invalid value for scale: must be a finite number >= 1, got {scale!r}")
+    if base_batch < 1:
+        raise ConfigError(f"invalid value for base_batch: must be >= 1, got {base_batch!r}")
+    if b_simple is None or not math.isfinite(b_simple) or b_simple <= 0:
+        return 1.0
+    ratio = b_simple / base_batch  # sigma^2 / mu^2
+    return (ratio + 1.0) / (ratio / scale + 1.0)
+
+
+def adascale_update(samples: int, batch_size: int, minibatch_size: int,
+                    b_simple: float | None) -> tuple[int, float]:
+    """(minibatch size, learning-rate factor) of an update on `samples` when the preset was tuned for
+    `batch_size` samples in minibatches of `minibatch_size` ("noise-adascale"): a round S = samples / batch_size
+    times bigger keeps the same number of SGD steps per epoch with minibatches S times bigger, and multiplies the
+    learning rate by AdaScale's gain for that S (adascale_gain, base = the preset's minibatch). A round no bigger
+    than the preset's batch, or a full-batch preset (minibatch 0), keeps its minibatch."""
+    if samples < 1 or batch_size < 1 or minibatch_size < 0:
+        raise ConfigError(f"invalid update size: need samples >= 1, batch_size >= 1, minibatch_size >= 0, got "
+                          f"{samples}, {batch_size}, {minibatch_size}")
+    scale = max(1.0, samples / batch_size)
+    if minibatch_size == 0:
+        return 0, adascale_gain(b_simple, batch_size, scale)
+    return max(1, int(math.floor(minibatch_size * scale + 0.5))), adascale_gain(b_simple, minibatch_size, scale)

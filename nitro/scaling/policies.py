@@ -20,6 +20,17 @@ nitro-floor  nitro's decision floored at round(F * d_f^(k^2)), clipped to [I_min
              floor of the authors' artifact, which the paper does not mention (params: floor_actors F = 64,
              floor_decay d_f = 0.96)
 
+Built on the committed evidence (issue 40, docs/scaling.md "Growing rounds"):
+
+grow            I_min until a fraction f1 of the job is done, 2 * I_min until f2, 4 * I_min after (never down);
+                the job's progress is the larger of the budget fraction spent and the planned rounds done
+                (params: f1 = 0.4, f2 = 0.8)
+noise           the cost-aware critical batch: clip(pow2(kappa * sqrt(EMA(B_simple) * a / c) / steps_per_actor),
+                I_min, I_max), never down; B_simple of the policy gradient alone, a and c the per-round and
+                per-sample cost from the job's ledger (params: kappa, ema = the newest estimate's weight)
+noise-adascale  noise's counts; the learner then scales its update to the round (AdaScale, nitro.scaling.noise)
+noise-replay    replay under its own name: the actor counts of a noise run of another seed (the control)
+
 k is the index of the round being planned (0-based).
 """
 
@@ -28,9 +39,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nitro.contracts import FIXED_ACTORS, FLOOR_ACTORS, FLOOR_DECAY, HYDROZOA_PERIOD, SCALING_POLICIES, SCORE_DECAY
+from nitro.contracts import (FIXED_ACTORS, FLOOR_ACTORS, FLOOR_DECAY, GROW_FRACTIONS, HYDROZOA_PERIOD, NOISE_EMA,
+                             NOISE_KAPPA, SCALING_POLICIES, SCORE_DECAY)
 from nitro.errors import ConfigError
 from nitro.scaling.base import RoundInputs, ScalingPolicy, check_params, clip, round_half_up
+from nitro.scaling.noise import cost_optimal_batch, ema
 
 MAX_REPLAY_ROUNDS = 100_000  # the longest actors_by_round list (nitro.spec.MAX_ROUNDS)
 
@@ -167,7 +180,7 @@ class ReplayPolicy:
     """Plays `actors_by_round` (round k gets entry k, the last entry after the end), clipped to [I_min, I_max]."""
 
     actors_by_round: tuple[int, ...] = (1,)
-    name: str = "replay"
+    name: str = "replay"  # "noise-replay": the same rule, replaying a noise run's counts (the protocol's control)
 
     def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
         k = inputs.round_index
@@ -175,7 +188,7 @@ class ReplayPolicy:
         wanted = self.actors_by_round[i]
         actors = clip(wanted, inputs.i_min, inputs.i_max)
         where = f"entry {i}" if i == k else f"past the list's end ({len(self.actors_by_round)} rounds), last entry"
-        return actors, dict(state), f"replay: {where} = {wanted}, clipped to {actors}"
+        return actors, dict(state), f"{self.name}: {where} = {wanted}, clipped to {actors}"
 
 
 @dataclass(frozen=True)
@@ -194,6 +207,84 @@ class NitroFloorPolicy:
         actors = clip(max(nitro, floor), inputs.i_min, inputs.i_max)
         return actors, dict(state), (f"nitro-floor: {why.removeprefix('nitro: ')}; floor round({self.floor_actors}*"
                                      f"{self.floor_decay:g}^{k * k})={floor} -> {actors}")
+
+
+def job_progress(inputs: RoundInputs) -> tuple[float, str]:
+    """How far the job is, in [0, 1], and how that was measured: the larger of the budget fraction spent and the
+    fraction of its planned rounds done, so a job that ends on rounds rather than dollars still progresses."""
+    spent = None
+    if inputs.budget_usd and inputs.budget_usd > 0 and inputs.budget_left_usd is not None \
+            and math.isfinite(inputs.budget_left_usd):
+        spent = min(max(1.0 - inputs.budget_left_usd / inputs.budget_usd, 0.0), 1.0)
+    done = min(inputs.round_index / inputs.rounds, 1.0) if inputs.rounds > 0 else None
+    if spent is None and done is None:
+        return 0.0, "progress unknown"
+    if done is None or (spent is not None and spent >= done):
+        return spent, f"{spent:.1%} of the budget spent"
+    return done, f"{inputs.round_index}/{inputs.rounds} rounds done"
+
+
+def _fraction(policy: str, field: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0.0 <= value <= 1.0:
+        raise ConfigError(f"invalid value for {policy}.{field}: must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class GrowPolicy:
+    """I_min, then 2 * I_min from progress f1, then 4 * I_min from f2 (job_progress), clipped, never down."""
+
+    f1: float = GROW_FRACTIONS[0]
+    f2: float = GROW_FRACTIONS[1]
+    name: str = "grow"
+
+    def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
+        progress, why = job_progress(inputs)
+        factor = 1 if progress < self.f1 else 2 if progress < self.f2 else 4
+        prev = int(state.get("actors", 0))
+        actors = clip(max(inputs.i_min * factor, prev), inputs.i_min, inputs.i_max)
+        return actors, dict(state, actors=actors), (f"grow: {why} (f1={self.f1:g}, f2={self.f2:g}) -> "
+                                                    f"{factor} x I_min, clipped to {actors}")
+
+
+def nearest_power_of_two(x: float) -> int:
+    """2^round(log2(x)) for x > 0 (halves up in log space: 5.66 -> 8); 1 below 1."""
+    return 1 if x <= 1.0 else 2 ** round_half_up(math.log2(x))
+
+
+@dataclass(frozen=True)
+class NoisePolicy:
+    """clip(pow2(kappa * sqrt(EMA(B_simple) * a / c) / steps_per_actor), I_min, I_max), never down; with anything
+    unknown (no B_simple yet, no costs), the previous count (I_min at first)."""
+
+    kappa: float = NOISE_KAPPA
+    ema: float = NOISE_EMA
+    name: str = "noise"  # "noise-adascale": the same counts; the learner scales its update (scales_update)
+
+    def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
+        prev = int(state.get("actors", 0))
+        b = ema(state.get("b_simple"), inputs.policy_noise_scale, self.ema)
+        a, c, steps = inputs.round_cost_usd, inputs.sample_cost_usd, inputs.steps_per_actor
+        if b is None:
+            target, why = inputs.i_min, "no gradient noise scale yet"
+        elif not (a > 0 and c > 0 and steps > 0 and math.isfinite(a) and math.isfinite(c)):
+            target, why = inputs.i_min, f"EMA(B_simple)={b:.4g}, round costs unknown"
+        else:
+            batch = self.kappa * cost_optimal_batch(b, a, c)
+            target = nearest_power_of_two(batch / steps)
+            why = (f"EMA(B_simple)={b:.4g}, a=${a:.3g}, c=${c:.3g}/sample: {self.kappa:g} x sqrt(B a / c) = "
+                   f"{batch:.0f} samples = {batch / steps:.2f} actors -> {target}")
+        actors = clip(max(target, prev), inputs.i_min, inputs.i_max)
+        new_state = dict(state, actors=actors)
+        if b is not None:
+            new_state["b_simple"] = b
+        return actors, new_state, f"{self.name}: {why}; never down from {prev}, clipped to {actors}"
+
+
+def scales_update(name: str) -> bool:
+    """Whether the policy called `name` has the learner scale its update to the round's size (AdaScale)."""
+    return str(name).partition(":")[0] == "noise-adascale"
 
 
 def fleet_actors(policy: ScalingPolicy, i_max: int) -> int:
@@ -216,7 +307,7 @@ def reads_score(name: str) -> bool:
 
 def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
     """The policy called `name` ("nitro", "fixed", "fixed:16", "max", "hydrozoa", "kungfu", "minions", "schedule",
-    "replay", "nitro-floor") with `params`.
+    "replay", "nitro-floor", "grow", "noise", "noise-adascale", "noise-replay") with `params`.
 
     "minions" loads its checkpoint (params["scheduler"], cached per path): SchedulerCheckpointError
     for a missing or corrupt file, SchedulerMismatchError for one of another format or layout.
@@ -256,11 +347,24 @@ def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
     if base == "schedule":
         check_params(base, params, {"decay"})
         return SchedulePolicy(_decay(base, "decay", params.get("decay", SCORE_DECAY)))
-    if base == "replay":
+    if base in ("replay", "noise-replay"):
         check_params(base, params, {"actors_by_round"})
         if "actors_by_round" not in params:
-            raise ConfigError("missing value for replay.actors_by_round: the actor counts to play, one per round")
-        return ReplayPolicy(parse_actor_counts(params["actors_by_round"]))
+            raise ConfigError(f"missing value for {base}.actors_by_round: the actor counts to play, one per round")
+        return ReplayPolicy(parse_actor_counts(params["actors_by_round"], f"{base}.actors_by_round"), name=base)
+    if base == "grow":
+        check_params(base, params, {"f1", "f2"})
+        f1 = _fraction(base, "f1", params.get("f1", GROW_FRACTIONS[0]))
+        f2 = _fraction(base, "f2", params.get("f2", GROW_FRACTIONS[1]))
+        if f2 < f1:
+            raise ConfigError(f"invalid value for grow.f2: must be >= grow.f1 ({f1:g}), got {f2:g}")
+        return GrowPolicy(f1, f2)
+    if base in ("noise", "noise-adascale"):
+        check_params(base, params, {"kappa", "ema"})
+        kappa = params.get("kappa", NOISE_KAPPA)
+        if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not math.isfinite(kappa) or kappa <= 0:
+            raise ConfigError(f"invalid value for {base}.kappa: must be a finite number > 0, got {kappa!r}")
+        return NoisePolicy(float(kappa), _decay(base, "ema", params.get("ema", NOISE_EMA)), name=base)
     if base == "nitro-floor":
         check_params(base, params, {"floor_actors", "floor_decay"})
         return NitroFloorPolicy(_positive_int(base, "floor_actors", params.get("floor_actors", FLOOR_ACTORS)),

@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScalerSpec(_message.Message):
-    __slots__ = ("policy", "i_min", "i_max", "fixed_actors", "decay", "window", "period", "scheduler", "actors_by_round", "floor_actors", "floor_decay")
+    __slots__ = ("policy", "i_min", "i_max", "fixed_actors", "decay", "window", "period", "scheduler", "actors_by_round", "floor_actors", "floor_decay", "kappa", "grow_f1", "grow_f2")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     I_MIN_FIELD_NUMBER: _ClassVar[int]
     I_MAX_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,9 @@ class ScalerSpec(_message.Message):
     ACTORS_BY_ROUND_FIELD_NUMBER: _ClassVar[int]
     FLOOR_ACTORS_FIELD_NUMBER: _ClassVar[int]
     FLOOR_DECAY_FIELD_NUMBER: _ClassVar[int]
+    KAPPA_FIELD_NUMBER: _ClassVar[int]
+    GROW_F1_FIELD_NUMBER: _ClassVar[int]
+    GROW_F2_FIELD_NUMBER: _ClassVar[int]
     policy: str
     i_min: int
     i_max: int
@@ -28,7 +31,10 @@ class ScalerSpec(_message.Message):
     actors_by_round: str
     floor_actors: int
     floor_decay: float
-    def __init__(self, policy: _Optional[str] = ..., i_min: _Optional[int] = ..., i_max: _Optional[int] = ..., fixed_actors: _Optional[int] = ..., decay: _Optional[float] = ..., window: _Optional[int] = ..., period: _Optional[int] = ..., scheduler: _Optional[str] = ..., actors_by_round: _Optional[str] = ..., floor_actors: _Optional[int] = ..., floor_decay: _Optional[float] = ...) -> None: ...
+    kappa: float
+    grow_f1: float
+    grow_f2: float
+    def __init__(self, policy: _Optional[str] = ..., i_min: _Optional[int] = ..., i_max: _Optional[int] = ..., fixed_actors: _Optional[int] = ..., decay: _Optional[float] = ..., window: _Optional[int] = ..., period: _Optional[int] = ..., scheduler: _Optional[str] = ..., actors_by_round: _Optional[str] = ..., floor_actors: _Optional[int] = ..., floor_decay: _Optional[float] = ..., kappa: _Optional[float] = ..., grow_f1: _Optional[float] = ..., grow_f2: _Optional[float] = ...) -> None: ...
 
 class PhaseLatency(_message.Message):
     __slots__ = ("phase", "seconds")

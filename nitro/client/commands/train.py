@@ -51,9 +51,13 @@ TRAIN_FIELDS = [
     ("--period", "scaler.period", int, "rounds between doublings (--scaler hydrozoa)"),
     ("--scheduler", "scaler.scheduler", str, "pre-trained scheduler checkpoint (--scaler minions)"),
     ("--actors-by-round", "scaler.actors_by_round", str,
-     "comma-separated actor counts per round, e.g. 8,16,12; later rounds repeat the last (--scaler replay)"),
+     "comma-separated actor counts per round, e.g. 8,16,12; later rounds repeat the last (--scaler replay, "
+     "noise-replay)"),
     ("--floor-actors", "scaler.floor_actors", int, "F of the floor round(F * d_f^(k^2)) (--scaler nitro-floor)"),
     ("--floor-decay", "scaler.floor_decay", float, "d_f of that floor (--scaler nitro-floor)"),
+    ("--kappa", "scaler.kappa", float, "kappa of kappa * sqrt(B_simple * a / c) (--scaler noise, noise-adascale)"),
+    ("--grow-f1", "scaler.grow_f1", float, "fraction of the job after which I_min doubles (--scaler grow)"),
+    ("--grow-f2", "scaler.grow_f2", float, "fraction after which it doubles again (--scaler grow)"),
     ("--rounds", "rounds", int, "training rounds"),
     ("--steps-per-actor", "steps_per_actor", int, "environment steps each actor samples per round"),
     ("--envs-per-actor", "envs_per_actor", int, "environments each actor steps in lockstep with one batched "
