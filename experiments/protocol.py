@@ -79,7 +79,9 @@ PAPER = {"env_id": "Hopper-v5", "algo": "ppo", "preset": "tuned", "rounds": 50, 
 SMOKE = {"env_id": "CartPole-v1", "algo": "ppo", "preset": "fast", "rounds": 10, "steps_per_actor": 128,
          "i_min": 1, "i_max": 8, "seeds": 2}
 DEFAULT_SCHEMES = ("nitro", "fixed:imin", "max", "fixed:nbar", "schedule", "shuffled", "nitro-floor")
-DERIVED = ("fixed-nbar", "shuffled")  # internal labels of the schemes derived from a nitro run
+DERIVED = ("fixed-nbar", "shuffled", "noise-replay")  # internal labels of the schemes derived from another run
+NITRO_DERIVED = ("fixed-nbar", "shuffled")  # ... from the nitro run of the same seed
+NOISE_SCHEMES = ("noise", "noise-adascale")  # the schemes --kappa applies to
 BUDGET_ROUNDS_FACTOR = 4  # budget mode: rounds = 4x the paper's unless given, so the budget binds
 UNLIMITED_USD = 1000.0  # "no budget": far above any run of this protocol (paper scale costs about a dollar)
 FINAL_EVALS = 3
@@ -117,6 +119,9 @@ class Protocol:
     shuffle_seed: int = 0  # the shuffled control's RNG: numpy default_rng([shuffle_seed, run seed])
     learner_mode: str = "central"  # nitro.spec.LEARNER_MODES: "stellaris" learns in serverless learner functions
     vtrace_critic: str = ""  # IMPACT: the critic V-trace reads ("online", "target"); "" is the preset's
+    kappa: float | None = None  # noise, noise-adascale: scaler.kappa (None: the system's NOISE_KAPPA)
+    grow_f1: float | None = None  # grow: scaler.grow_f1 / grow_f2 (None: the system's GROW_FRACTIONS)
+    grow_f2: float | None = None
     # Scheme minions: the pre-trained scheduler's absolute path (the grid's copy once check_out_dir adopted it)
     # and its sha256; not part of the scale, since minions may join a grid later (check_out_dir pins them).
     scheduler: str = ""
@@ -150,6 +155,9 @@ class Protocol:
             d.pop(k)
         if not d["vtrace_critic"]:  # grids made before the option existed do not name it
             d.pop("vtrace_critic")
+        for k in ("kappa", "grow_f1", "grow_f2"):  # likewise
+            if d[k] is None:
+                d.pop(k)
         return d
 
     def describe(self) -> str:
@@ -162,6 +170,10 @@ class Protocol:
                 + (", reproducible sampling" if self.reproducible else "")
                 + (f", learner mode {self.learner_mode}" if self.learner_mode != "central" else "")
                 + (f", V-trace from the {self.vtrace_critic} critic" if self.vtrace_critic else "")
+                + (f", kappa {self.kappa:g}" if self.kappa is not None else "")
+                + (f", grow at {self.grow_f1 if self.grow_f1 is not None else 'default'}/"
+                   f"{self.grow_f2 if self.grow_f2 is not None else 'default'}"
+                   if (self.grow_f1, self.grow_f2) != (None, None) else "")
                 + (f", minions scheduler sha256 {self.scheduler_sha256[:12]}" if self.scheduler else ""))
 
     # -- runs ---------------------------------------------------------------------------------------
@@ -175,6 +187,10 @@ class Protocol:
             extra["learner_mode"] = self.learner_mode
         if self.vtrace_critic:
             extra["vtrace_critic"] = self.vtrace_critic
+        if scheme in NOISE_SCHEMES and self.kappa is not None:
+            extra["scaler"]["kappa"] = self.kappa
+        if scheme == "grow":
+            extra["scaler"].update({k: getattr(self, k) for k in ("grow_f1", "grow_f2") if getattr(self, k) is not None})
         if scheme == "minions":
             extra["scaler"]["scheduler"] = self.scheduler
             meta = {"scheduler": self.scheduler, "scheduler_sha256": self.scheduler_sha256, **(meta or {})}
@@ -208,16 +224,18 @@ def resolve_schemes(schemes: Sequence[str], i_min: int, scheduler: bool = False)
             if not t[6:].isdigit() or int(t[6:]) < 1:
                 raise ValueError(f"scheme {token!r}: fixed:N needs an integer N >= 1 (or fixed:imin, fixed:nbar)")
         elif t == "replay":
-            raise ValueError("scheme 'replay' needs a list; the protocol's replay control is 'shuffled'")
+            raise ValueError("scheme 'replay' needs a list; the protocol's replay controls are 'shuffled' and "
+                             "'noise-replay'")
         elif t not in DERIVED and t not in SCALING_POLICIES:
             raise ValueError(f"unknown scheme {token!r}; allowed: nitro, fixed:imin, fixed:N, fixed:nbar, max, "
-                             f"schedule, shuffled, nitro-floor, hydrozoa, kungfu, minions (with --scheduler)")
+                             f"schedule, shuffled, nitro-floor, hydrozoa, kungfu, grow, noise, noise-adascale, "
+                             f"noise-replay, minions (with --scheduler)")
         if t == "minions" and not scheduler:
             raise ValueError("scheme 'minions' needs a pre-trained scheduler: pass --scheduler PATH, a checkpoint "
                              "written by `nitro pretrain-minions` (python -m experiments protocol --help)")
         if t not in out:
             out.append(t)
-    if any(t in DERIVED for t in out) and "nitro" not in out:
+    if any(t in NITRO_DERIVED for t in out) and "nitro" not in out:
         out.insert(0, "nitro")
     if "nitro" in out:
         out.remove("nitro")
@@ -230,6 +248,8 @@ def title(scheme: str, i_min: int | None = None, i_max: int | None = None) -> st
         return "fixed:N̄ (nitro's mean)"
     if scheme == "shuffled":
         return "shuffled scores (replay)"
+    if scheme == "noise-replay":
+        return "noise-replay (another seed's noise counts)"
     if scheme == "schedule":
         return "schedule (decay only)"
     if scheme == "nitro-floor":
@@ -334,8 +354,17 @@ def _summary(out: Path, run: Run) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def noise_replay_source(seed: int) -> int:
+    """The seed whose noise run noise-replay replays on `seed`: its pair (0 <-> 1, 2 <-> 3, ...), another seed of
+    the same block of ten, so a stage of seeds 0-9 (or 10-29) replays only runs of its own stage."""
+    return seed ^ 1
+
+
 def derive(proto: Protocol, scheme: str, seed: int, out: Path) -> Planned:
-    """The derived control `scheme` of `seed`, once its nitro run has finished."""
+    """The derived control `scheme` of `seed`, once its source run has finished: the nitro run of the same seed,
+    or for noise-replay the noise run of another seed (noise_replay_source)."""
+    if scheme == "noise-replay":
+        return derive_noise_replay(proto, seed, out)
     source = proto.run("nitro", seed)
     summary = _summary(out, source)
     if summary is None:
@@ -356,6 +385,25 @@ def derive(proto: Protocol, scheme: str, seed: int, out: Path) -> Planned:
     meta.update(how, actors_by_round=counts, decay=decay)
     return Planned(scheme, seed, proto.run(scheme, seed, {"policy": "replay",
                                                           "actors_by_round": format_actor_counts(counts)}, meta))
+
+
+def derive_noise_replay(proto: Protocol, seed: int, out: Path) -> Planned:
+    """noise-replay on `seed`: the actor counts the noise run of another seed launched, round by round (the
+    shuffled-signal control of the noise policy: the same kind of schedule, not driven by this run's gradients)."""
+    from nitro.scaling.policies import format_actor_counts
+
+    source = proto.run("noise", noise_replay_source(seed))
+    summary = _summary(out, source)
+    if summary is None:
+        return Planned("noise-replay", seed, None, f"waits for {source.run_id}")
+    if summary.get("state") != "SUCCEEDED":
+        return Planned("noise-replay", seed, None, f"not derivable: {source.run_id} ended {summary.get('state')}")
+    counts = [int(r["actors_launched"]) for r in load_rounds(runs_dir(out), source) if int(r["actors_launched"]) > 0]
+    if not counts:
+        return Planned("noise-replay", seed, None, f"not derivable: {source.run_id} launched no actors")
+    meta = {"derived_from": source.run_id, "source_rounds": len(counts), "actors_by_round": counts}
+    return Planned("noise-replay", seed, proto.run("noise-replay", seed, {
+        "policy": "noise-replay", "actors_by_round": format_actor_counts(counts)}, meta))
 
 
 def plan(proto: Protocol, out: Path) -> list[Planned]:
@@ -383,7 +431,8 @@ def check_specs(proto: Protocol) -> None:
     from nitro.spec import from_proto, refusal, validate
 
     stand_in = {"fixed-nbar": {"policy": "fixed", "fixed_actors": proto.i_min},
-                "shuffled": {"policy": "replay", "actors_by_round": ",".join([str(proto.i_min)] * proto.rounds)}}
+                "shuffled": {"policy": "replay", "actors_by_round": ",".join([str(proto.i_min)] * proto.rounds)},
+                "noise-replay": {"policy": "noise-replay", "actors_by_round": str(proto.i_min)}}
     for scheme in proto.schemes:
         run = proto.run(scheme, proto.seeds[0], stand_in.get(scheme))
         try:
@@ -1216,6 +1265,10 @@ def build_parser(figure: str) -> argparse.ArgumentParser:
                         "(docs/stellaris.md); a grid of its own, named ...-stellaris")
     g.add_argument("--vtrace-critic", choices=("online", "target"), help="IMPACT: the critic V-trace reads (default: "
                    "the preset's); a grid's runs all use one")
+    g.add_argument("--kappa", type=float, help="kappa of the schemes noise and noise-adascale (default: the system's, "
+                                               "nitro.contracts.NOISE_KAPPA)")
+    g.add_argument("--grow-f1", type=float, help="f1 of the scheme grow (default: the system's)")
+    g.add_argument("--grow-f2", type=float, help="f2 of the scheme grow (default: the system's)")
     g.add_argument("--scheduler", metavar="PATH",
                    help="the scheme minions: a scheduler checkpoint of `nitro pretrain-minions`, trained for this "
                         "I_max; copied into the grid, whose later commands use that copy (without --schemes: "
@@ -1277,6 +1330,7 @@ def protocol_from_args(args, figure: str) -> Protocol:
                      eval_episodes=args.eval_episodes, final_evals=args.final_evals, decay=args.decay,
                      budget_usd=budget, reproducible=args.reproducible, shuffle_seed=args.shuffle_seed,
                      learner_mode=args.learner_mode, vtrace_critic=args.vtrace_critic or "",
+                     kappa=args.kappa, grow_f1=args.grow_f1, grow_f2=args.grow_f2,
                      scheduler=scheduler or "", **vals)
     check_specs(proto)
     return proto
