@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.harness import finished_as_planned
 from experiments.protocol import (
     BOOTSTRAP_REPS,
     EVAL_EVERY,
@@ -97,7 +98,7 @@ class PricedRun:
 
 
 def load_runs(grids: list[Path]) -> list[PricedRun]:
-    """The SUCCEEDED runs of the grids; a (scheme, seed) present in several grids is taken from the one
+    """The runs of the grids that finished as planned (harness.finished_as_planned); a (scheme, seed) present in several grids is taken from the one
     with the most rounds (the longer run contains the shorter one's cut)."""
     best: dict[tuple[str, int], PricedRun] = {}
     for g in grids:
@@ -110,7 +111,7 @@ def load_runs(grids: list[Path]) -> list[PricedRun]:
             summ, spec = d / "summary.json", d / "run.json"
             if not summ.exists() or not spec.exists():
                 continue
-            if json.loads(summ.read_text()).get("state") != "SUCCEEDED":
+            if not finished_as_planned(json.loads(summ.read_text())):
                 continue
             run = json.loads(spec.read_text())
             if run.get("extra", {}).get("learner_mode", "central") != "central":

@@ -23,7 +23,7 @@ from pathlib import Path
 from nitro.client import results
 from nitro.client.sdk import NitroClient
 from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
-from nitro.cost import Prices
+from nitro.cost import Prices, ReferenceRates, delivered_actors, reference_evaluation_seconds, reference_job
 from nitro.local.system import LocalSystem
 
 
@@ -44,6 +44,11 @@ class Run:
     extra: dict = field(default_factory=dict, hash=False, compare=False)
     # Written to run.json, never sent: where a derived run's settings came from (experiments/protocol.py).
     meta: dict = field(default_factory=dict, hash=False, compare=False)
+    # > 0: the harness stops the job once its bill at the reference rates `stop_rates` (nitro.cost.ReferenceRates
+    # fields; the default prices, evaluation billed) reaches this many dollars (reference_bill): a comparison at
+    # equal reference dollars then needs no job to run on, however long its rounds (experiments/sequential.py).
+    stop_usd: float = field(default=0.0, compare=False)
+    stop_rates: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def run_id(self) -> str:
@@ -74,18 +79,41 @@ def run_one(client: NitroClient, run: Run, out_dir: Path) -> dict:
     (run_dir / "run.json").write_text(json.dumps({**asdict(run), "billing": billing}, indent=2) + "\n")
     t0 = time.time()
     job = client.start_training(run.spec())
-    reports = []
+    reports, rounds, stopped = [], [], None
+    rates = ReferenceRates(**run.stop_rates) if run.stop_usd > 0 else None
     with open(run_dir / "rounds.jsonl", "w") as f:
         for rep in client.watch(job.job_id):
             reports.append(rep)
-            f.write(json.dumps(results.as_dict(rep), default=str) + "\n")
+            rounds.append(results.as_dict(rep))
+            f.write(json.dumps(rounds[-1], default=str) + "\n")
             f.flush()
+            if rates is not None and stopped is None:
+                bill = reference_bill(rounds, run.steps_per_actor, rates)
+                if bill >= run.stop_usd:
+                    stopped = {"reference_usd": bill, "round": len(rounds) - 1}
+                    client.stop(job.job_id)  # the watch ends with the job's last report
     status = client.get(job.job_id)
     wall = time.time() - t0
     results.write_rounds_csv(run_dir / "rounds.csv", reports)
     summary = results.write_summary(run_dir / "summary.tmp.json", status, reports, wall)
+    if stopped is not None:  # a job the harness stopped ended as planned: it reached the reference budget
+        summary.update(stopped_at_reference_usd=stopped)
+        (run_dir / "summary.tmp.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(run_dir / "summary.tmp.json", run_dir / "summary.json")  # its presence marks the run done
     return summary
+
+
+def finished_as_planned(summary: dict) -> bool:
+    """The run ended as its grid planned: SUCCEEDED, or stopped by the harness at its reference budget."""
+    return summary.get("state") == "SUCCEEDED" or (summary.get("state") == "STOPPED"
+                                                   and "stopped_at_reference_usd" in summary)
+
+
+def reference_bill(rounds: list[dict], steps_per_actor: int, rates: ReferenceRates) -> float:
+    """A run's bill so far at reference rates and the default prices, evaluation billed as learner time (the
+    `cpu` pricing of experiments/equal_cost.py)."""
+    return reference_job([delivered_actors(r) for r in rounds], steps_per_actor, rates, Prices(),
+                         evaluation_s=reference_evaluation_seconds(rounds, rates, steps_per_actor))[-1]
 
 
 def run_grid(runs: list[Run], out_dir: str | Path, *, state_dir: str | Path | None = None,

@@ -70,7 +70,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.harness import Run, load_rounds, run_one
+from experiments.harness import Run, finished_as_planned, load_rounds, run_one
 
 ROOT = Path(__file__).resolve().parents[1]  # the code that runs (a clone in --clone mode)
 
@@ -122,6 +122,11 @@ class Protocol:
     kappa: float | None = None  # noise, noise-adascale: scaler.kappa (None: the system's NOISE_KAPPA)
     grow_f1: float | None = None  # grow: scaler.grow_f1 / grow_f2 (None: the system's GROW_FRACTIONS)
     grow_f2: float | None = None
+    # The harness stops each job once its bill at the reference rates `stop_rates` (nitro.cost.ReferenceRates
+    # fields) reaches stop_usd (experiments/harness.py reference_bill): runs end at equal reference dollars,
+    # whatever the machine's load does to the job's own cloud clock. None: jobs end on rounds or budget.
+    stop_usd: float | None = None
+    stop_rates: dict | None = None
     # Scheme minions: the pre-trained scheduler's absolute path (the grid's copy once check_out_dir adopted it)
     # and its sha256; not part of the scale, since minions may join a grid later (check_out_dir pins them).
     scheduler: str = ""
@@ -147,6 +152,14 @@ class Protocol:
             raise ValueError("seeds: at least one")
         if self.budget_usd is not None and not (self.budget_usd > 0 and math.isfinite(self.budget_usd)):
             raise ValueError(f"budget_usd: must be a positive number, got {self.budget_usd}")
+        if self.stop_usd is not None:
+            if not (self.stop_usd > 0 and math.isfinite(self.stop_usd)):
+                raise ValueError(f"stop_usd (--stop-at-reference-usd): must be a positive number, got {self.stop_usd}")
+            if not self.stop_rates:
+                raise ValueError("stop_usd (--stop-at-reference-usd) needs the reference rates (--rates FILE)")
+            from nitro.cost import ReferenceRates
+
+            ReferenceRates(**self.stop_rates)  # ConfigError naming a bad rate
 
     def scale(self) -> dict:
         """What must match to resume into an out dir (seeds and schemes may grow)."""
@@ -155,7 +168,7 @@ class Protocol:
             d.pop(k)
         if not d["vtrace_critic"]:  # grids made before the option existed do not name it
             d.pop("vtrace_critic")
-        for k in ("kappa", "grow_f1", "grow_f2"):  # likewise
+        for k in ("kappa", "grow_f1", "grow_f2", "stop_usd", "stop_rates"):  # likewise
             if d[k] is None:
                 d.pop(k)
         return d
@@ -171,6 +184,7 @@ class Protocol:
                 + (f", learner mode {self.learner_mode}" if self.learner_mode != "central" else "")
                 + (f", V-trace from the {self.vtrace_critic} critic" if self.vtrace_critic else "")
                 + (f", kappa {self.kappa:g}" if self.kappa is not None else "")
+                + (f", each job stopped at ${self.stop_usd:g} at reference rates" if self.stop_usd else "")
                 + (f", grow at {self.grow_f1 if self.grow_f1 is not None else 'default'}/"
                    f"{self.grow_f2 if self.grow_f2 is not None else 'default'}"
                    if (self.grow_f1, self.grow_f2) != (None, None) else "")
@@ -197,7 +211,7 @@ class Protocol:
         return Run(self.name, self.env_id, self.algo, scheme, seed, self.rounds, self.steps_per_actor, self.i_min,
                    self.i_max, preset=self.preset, eval_episodes=self.eval_episodes,
                    budget_usd=self.budget_usd if self.budget_usd is not None else UNLIMITED_USD,
-                   extra=extra, meta=meta or {})
+                   extra=extra, meta=meta or {}, stop_usd=self.stop_usd or 0.0, stop_rates=dict(self.stop_rates or {}))
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -369,7 +383,7 @@ def derive(proto: Protocol, scheme: str, seed: int, out: Path) -> Planned:
     summary = _summary(out, source)
     if summary is None:
         return Planned(scheme, seed, None, f"waits for {source.run_id}")
-    if summary.get("state") != "SUCCEEDED":
+    if not finished_as_planned(summary):
         return Planned(scheme, seed, None, f"not derivable: {source.run_id} ended {summary.get('state')}")
     rounds = load_rounds(runs_dir(out), source)
     decay = float(((summary.get("spec") or {}).get("scaler") or {}).get("decay") or proto.decay)
@@ -396,7 +410,7 @@ def derive_noise_replay(proto: Protocol, seed: int, out: Path) -> Planned:
     summary = _summary(out, source)
     if summary is None:
         return Planned("noise-replay", seed, None, f"waits for {source.run_id}")
-    if summary.get("state") != "SUCCEEDED":
+    if not finished_as_planned(summary):
         return Planned("noise-replay", seed, None, f"not derivable: {source.run_id} ended {summary.get('state')}")
     counts = [int(r["actors_launched"]) for r in load_rounds(runs_dir(out), source) if int(r["actors_launched"]) > 0]
     if not counts:
@@ -956,7 +970,7 @@ def collect(proto: Protocol, out: Path) -> dict[str, SchemeData]:
             continue
         d = data[p.scheme]
         summ = _summary(out, p.run) or {}
-        if summ.get("state") != "SUCCEEDED":
+        if not finished_as_planned(summ):
             d.failed.append(f"seed {p.seed}: {summ.get('state')} {summ.get('message', '')}".strip())
             continue
         rounds = load_rounds(runs_dir(out), p.run)
@@ -1267,6 +1281,9 @@ def build_parser(figure: str) -> argparse.ArgumentParser:
                    "the preset's); a grid's runs all use one")
     g.add_argument("--kappa", type=float, help="kappa of the schemes noise and noise-adascale (default: the system's, "
                                                "nitro.contracts.NOISE_KAPPA)")
+    g.add_argument("--stop-at-reference-usd", type=float, dest="stop_usd",
+                   help="stop each job once its bill at the reference rates (--rates) reaches this many USD")
+    g.add_argument("--rates", help="a JSON file of nitro.cost.ReferenceRates fields (with --stop-at-reference-usd)")
     g.add_argument("--grow-f1", type=float, help="f1 of the scheme grow (default: the system's)")
     g.add_argument("--grow-f2", type=float, help="f2 of the scheme grow (default: the system's)")
     g.add_argument("--scheduler", metavar="PATH",
@@ -1330,7 +1347,8 @@ def protocol_from_args(args, figure: str) -> Protocol:
                      eval_episodes=args.eval_episodes, final_evals=args.final_evals, decay=args.decay,
                      budget_usd=budget, reproducible=args.reproducible, shuffle_seed=args.shuffle_seed,
                      learner_mode=args.learner_mode, vtrace_critic=args.vtrace_critic or "",
-                     kappa=args.kappa, grow_f1=args.grow_f1, grow_f2=args.grow_f2,
+                     kappa=args.kappa, grow_f1=args.grow_f1, grow_f2=args.grow_f2, stop_usd=args.stop_usd,
+                     stop_rates=json.loads(Path(args.rates).read_text()) if args.rates else None,
                      scheduler=scheduler or "", **vals)
     check_specs(proto)
     return proto
