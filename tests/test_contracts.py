@@ -106,6 +106,7 @@ def test_defaults_have_one_home():
     assert (sc.i_min, sc.i_max) == (RoundInputs(0).i_min, RoundInputs(0).i_max) == (c.DEFAULT_I_MIN, c.DEFAULT_I_MAX)
     assert FixedPolicy().actors == c.FIXED_ACTORS and SchedulePolicy().decay == c.SCORE_DECAY
     assert (NitroFloorPolicy().floor_actors, NitroFloorPolicy().floor_decay) == (c.FLOOR_ACTORS, c.FLOOR_DECAY)
+    assert (sc.kappa, (sc.grow_f1, sc.grow_f2)) == (c.NOISE_KAPPA, c.GROW_FRACTIONS)
     assert hvp.select_subset.__defaults__[0] == c.DETECTOR_SUBSET
     assert score.ScoreWindow().size == c.SCORE_WINDOW
     assert c.SCALING_POLICIES[0] == "nitro" and len(set(c.SCALING_POLICIES)) == len(c.SCALING_POLICIES)

@@ -4,6 +4,8 @@ pin the scaler's bookkeeping, not the prices."""
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import pytest
 
@@ -186,6 +188,34 @@ def test_a_policy_with_state_gets_it_back_from_the_hash(svc):
     assert first.actors == 2  # anchored on the first noise scale
     assert plan(svc, round=1, policy="kungfu", i_min=2, i_max=16, gradient_noise_scale=40.0).actors == 8
     assert plan(svc, round=2, policy="kungfu", i_min=2, i_max=16, gradient_noise_scale=10.0).actors == 8
+
+
+def test_noise_plans_from_the_ledgers_per_round_and_per_sample_costs(svc, redis_client):
+    """The scaler prices the last round from the job's ledger (an actor's measured cost per step, the learner's
+    round less its update per round, the update per sample) and noise plans kappa sqrt(B a / c) from it."""
+    kw = dict(policy="noise", i_min=1, i_max=64, steps=100)
+    assert plan(svc, round=0, **kw).actors == 1  # nothing measured yet
+    bill_actors(redis_client, "j", billed_ms=400, cloud_billed_ms=300, steps=400, usd=1e-6, cloud_usd=1e-6)
+    sc = common_pb2.ScalerSpec(policy="noise", kappa=4.0, i_min=1, i_max=64)
+    req = scaler_pb2.PlanRequest(job_id="j", round=1, budget_usd=1.0, learner_seconds=2.0, cloud_learner_seconds=0.5,
+                                 steps_per_actor=100, scaler=sc, policy_noise_scale=5000.0, env_steps=400,
+                                 update_seconds=0.2, round_seconds=0.5)
+    resp = svc.Plan(req, Context())
+    per_actor = cost.lambda_invocation_cost(300 / 400 * 100, DEFAULT_ACTOR_MEMORY_MB, P)
+    a = cost.learner_cost(0.5 - 0.2, P)
+    c = per_actor / 100 + cost.learner_cost(0.2, P) / 400
+    wanted = 4.0 * (5000.0 * a / c) ** 0.5 / 100
+    assert resp.actors == 2 ** round(math.log2(wanted)) and resp.actors > 1
+    assert f"a=${a:.3g}" in resp.reason and f"c=${c:.3g}/sample" in resp.reason
+
+
+@pytest.mark.parametrize("field", ["update_seconds", "round_seconds", "actor_seconds"])
+def test_a_negative_or_nan_round_time_is_invalid_naming_it(svc, field):
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(Aborted) as err:
+            plan(svc, **{field: bad})
+        code, details = err.value.args
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"{field}: must be in [0, 1e7)")
 
 
 class Recorder:

@@ -253,6 +253,24 @@ def test_scaling_policies_through_the_services(client, system, policy, expected)
     assert all(r.lambda_max == r.lambda_min == 0.0 and not any("detector" in n for n in r.notes) for r in reports)
 
 
+def test_noise_adascale_grows_the_round_and_the_update_with_it(client):
+    """noise plans from the policy gradient's noise scale the learner measured and the costs the scaler
+    priced; with a huge kappa the second round jumps to I_max, and noise-adascale's learner then updates on it
+    with minibatches as many times bigger as the round is bigger than the preset's batch (fast: 2,048 in
+    minibatches of 256), at AdaScale's learning rate."""
+    from nitro.config import ppo_config
+
+    cfg = ppo_config("fast")
+    spec = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 2, "steps_per_actor": 1024, "eval_episodes": 1,
+            "budget_usd": 1.0, "scaler": {"policy": "noise-adascale", "kappa": 1e4, "i_min": 1, "i_max": 4}}
+    reports = list(client.watch(client.start_training(spec).job_id))
+    assert [r.actors_launched for r in reports] == [1, 4]
+    assert reports[0].policy_noise_scale > 0 and "EMA(B_simple)=" in reports[0].scaler_reason
+    assert (reports[0].minibatch_size, reports[0].learning_rate) == (cfg.minibatch_size, pytest.approx(cfg.lr))
+    assert reports[1].minibatch_size == cfg.minibatch_size * 4 * 1024 // cfg.batch_size
+    assert reports[1].learning_rate > cfg.lr
+
+
 def _detector_calls(system) -> float:
     fam = scrape(system.components["detector"].metrics_port)
     return sample_value(fam["nitro_detector_seconds"], "nitro_detector_seconds_count")
