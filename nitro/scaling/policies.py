@@ -39,8 +39,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nitro.contracts import (FIXED_ACTORS, FLOOR_ACTORS, FLOOR_DECAY, GROW_FRACTIONS, HYDROZOA_PERIOD, NOISE_EMA,
-                             NOISE_KAPPA, SCALING_POLICIES, SCORE_DECAY)
+from nitro.contracts import (
+    FIXED_ACTORS,
+    FLOOR_ACTORS,
+    FLOOR_DECAY,
+    GROW_FRACTIONS,
+    HYDROZOA_PERIOD,
+    NOISE_EMA,
+    NOISE_KAPPA,
+    SCALING_POLICIES,
+    SCORE_DECAY,
+)
 from nitro.errors import ConfigError
 from nitro.scaling.base import RoundInputs, ScalingPolicy, check_params, clip, round_half_up
 from nitro.scaling.noise import cost_optimal_batch, ema
