@@ -6,6 +6,8 @@ protocol (paper scale, every control beside nitro), protocol-budget (the same wi
 cloud clock) and protocol-equal-cost (finished grids compared at equal dollars at fixed reference rates,
 experiments/equal_cost.py) and protocol-versus (one job's grids under two settings, scheme against scheme,
 experiments/versus.py).
+The sequential experiment of issue 40 (experiments/sequential.py; `python -m experiments sequential --help`):
+the evidence-based scaling policies against the best fixed count.
 The signal test (experiments/signal.py; `python -m experiments signal --help`): which round-level signal
 predicts what boosting a round buys.
 """
@@ -28,6 +30,10 @@ def main() -> None:
         from experiments.equal_cost import main as equal_cost_main
 
         sys.exit(equal_cost_main(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "sequential":
+        from experiments.sequential import main as sequential_main
+
+        sys.exit(sequential_main(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "protocol-versus":
         from experiments.versus import main as versus_main
 
@@ -39,7 +45,7 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("figure", choices=sorted(FIGURES) + list(PROTOCOL_FIGURES)
-                   + ["protocol-equal-cost", "protocol-versus", "signal"])
+                   + ["protocol-equal-cost", "protocol-versus", "sequential", "signal"])
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--rounds", type=int, default=None)
     args = p.parse_args()
