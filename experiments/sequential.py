@@ -34,7 +34,6 @@ from experiments.protocol import evaluations, paired_difference
 from nitro.cost import (
     Prices,
     ReferenceRates,
-    learner_cost,
     reference_evaluation_seconds,
     reference_round,
 )
