@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from nitro.clock import critical_path_cpu_seconds
+from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 from nitro.contracts import (
     DETECTOR_SUBSET,
     JOB_ID_RULE,
@@ -165,7 +166,7 @@ def parse_args(argv=None):
     p.add_argument("--port", type=int, default=50052)
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9102)
-    p.add_argument("--redis-url", default=url_from_env())
+    p.add_argument("--redis-url", default=url_from_env(), action=URLWithoutPassword, instead=REDIS_PASSWORD_INSTEAD)
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (1: no worker threads to starve when cores are shared)")
     p.add_argument("--log-level", default="INFO")

@@ -24,6 +24,7 @@ import time
 import grpc
 
 from nitro import cost
+from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 from nitro.contracts import (
     DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_I_MAX,
@@ -423,12 +424,13 @@ def parse_args(argv=None):
     p.add_argument("--port", type=int, default=50053)
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics are unauthenticated: loopback by default")
     p.add_argument("--metrics-port", type=int, default=9103)
-    p.add_argument("--redis-url", default=url_from_env())
+    p.add_argument("--redis-url", default=url_from_env(), action=URLWithoutPassword, instead=REDIS_PASSWORD_INSTEAD)
     p.add_argument("--lambda-endpoint", default=os.environ.get("NITRO_LAMBDA_ENDPOINT"),
                    help="Lambda invoke endpoint; omit for real AWS Lambda (region and credentials from the "
                         "usual AWS environment)")
     p.add_argument("--region", default=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-2")))
-    p.add_argument("--actor-redis-url", default=os.environ.get("NITRO_ACTOR_REDIS_URL"),
+    p.add_argument("--actor-redis-url", default=os.environ.get("NITRO_ACTOR_REDIS_URL"), action=URLWithoutPassword,
+                   instead="let the actors read the password from their own environment (NITRO_REDIS_PASSWORD)",
                    help="Redis address as the actors see it (no password: actors read it from their env)")
     p.add_argument("--prices", default=os.environ.get("NITRO_PRICES"), help="YAML/JSON file overriding prices")
     p.add_argument("--max-concurrency", type=int, default=256)

@@ -121,12 +121,13 @@ def deploy(*flags: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def test_create_then_update_converges_function_version_alias_and_concurrency(aws, tmp_path):
+def test_create_then_update_converges_function_version_alias_and_concurrency(aws, tmp_path, monkeypatch):
     key_file = tmp_path / "hmac.key"
     key_file.write_text(SECRET + "\n")
+    monkeypatch.setenv("NITRO_REDIS_PASSWORD", "pw")  # a bare --env NAME takes the value from the environment
     rc, out, err = deploy("--image-uri", f"{IMAGE}:0.1.0", "--memory", "1536", "--timeout", "120",
                           "--architecture", "arm64", "--reserved-concurrency", "50", "--provisioned-concurrency", "4",
-                          "--env", f"NITRO_HMAC_KEY=@{key_file}", "--env", "NITRO_REDIS_PASSWORD=pw", "--json")
+                          "--env", f"NITRO_HMAC_KEY=@{key_file}", "--env", "NITRO_REDIS_PASSWORD", "--json")
     assert rc == 0, err
     summary = json.loads(out)  # with --json stdout holds the summary alone
     assert summary["created"] is True and summary["version"] == "1" and summary["invoke_as"] == "nitro-actor:live"
@@ -195,6 +196,11 @@ def test_provisioned_concurrency_on_a_custom_alias_and_wait_until_ready(aws):
     (["--image-uri", f"{IMAGE}:0.1.0", "--reserved-concurrency", "2", "--provisioned-concurrency", "4"],
      "exceeds --reserved-concurrency"),
     (["--image-uri", f"{IMAGE}:0.1.0", "--env", "1BAD=x"], "--env expects KEY=VALUE"),
+    # A secret's literal value would show in `ps`: refused, with the two ways that keep it off the command line.
+    (["--image-uri", f"{IMAGE}:0.1.0", "--env", "NITRO_HMAC_KEY=" + SECRET],
+     "--env NITRO_HMAC_KEY=...: a secret's value on the command line shows in `ps`"),
+    (["--image-uri", f"{IMAGE}:0.1.0", "--env", "NITRO_REDIS_PASSWORD=pw"], "--env NITRO_REDIS_PASSWORD=@FILE"),
+    (["--image-uri", f"{IMAGE}:0.1.0", "--env", "NITRO_NOT_SET_ANYWHERE"], "is not set in this environment"),
     (["--image-uri", f"{IMAGE}:0.1.0", "--env", "BIG=" + "x" * 5000], "Lambda allows 4096"),
     (["--image-uri", f"{IMAGE}:0.1.0", "--subnet-ids", "subnet-1"], "go together"),
 ])
@@ -202,6 +208,7 @@ def test_bad_input_exits_2_with_a_clear_message_and_creates_nothing(aws, flags, 
     rc, out, err = deploy(*flags)
     assert rc == 2, (out, err)
     assert err.startswith("error: ") and message in err, err
+    assert SECRET not in out + err
     assert aws.lam.list_functions()["Functions"] == []
 
 

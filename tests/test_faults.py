@@ -197,7 +197,8 @@ def test_learner_killed_then_resumed_with_the_cli(system, tmp_path):
         st = client.get(job.job_id)
         assert st.state_name == "STOPPED" and "--resume" in st.message
     out = subprocess.run([sys.executable, "-m", "nitro.client.cli", "train", "--resume", job.job_id, "--target",
-                          system.learner_address, "--token", system.token, "--results-dir", str(tmp_path),
+                          system.learner_address, "--token-file", str(system.state_dir / "token"),
+                          "--results-dir", str(tmp_path),
                           "--no-progress"], capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / job.job_id / "rounds.csv").exists()

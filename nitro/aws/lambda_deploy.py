@@ -18,6 +18,7 @@ Environment variable values are never printed (they carry NITRO_HMAC_KEY and the
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nitro.cmdline import looks_secret
 from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 
 ARCHITECTURES = ("x86_64", "arm64")
@@ -96,14 +98,27 @@ class DeployResult:
 # --- offline checks -----------------------------------------------------------------------
 
 
-def parse_env(items: list[str]) -> dict[str, str]:
-    """KEY=VALUE pairs; KEY=@FILE reads the value from FILE (keeps secrets out of shell history)."""
+def parse_env(items: list[str], environ=os.environ) -> dict[str, str]:
+    """KEY=VALUE pairs; KEY=@FILE reads the value from FILE, a bare KEY takes it from this process's environment.
+
+    A secret (nitro.cmdline.looks_secret: NITRO_HMAC_KEY, NITRO_REDIS_PASSWORD, ...) must come one of those two
+    ways: its literal value on the command line is refused, unshown (docs/security.md, "Command lines")."""
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not ENV_KEY_RE.fullmatch(key):
-            raise DeployError(f"--env expects KEY=VALUE with KEY of letters, digits and '_' "
-                              f"(starting with a letter), got {item.split('=', 1)[0]!r}=...")
+        if not ENV_KEY_RE.fullmatch(key):
+            raise DeployError(f"--env expects KEY=VALUE, KEY=@FILE or KEY with KEY of letters, digits and '_' "
+                              f"(starting with a letter), got {key!r}" + ("=..." if sep else ""))
+        if not sep:
+            if key not in environ:
+                raise DeployError(f"--env {key}: {key} is not set in this environment (export it, or pass "
+                                  f"--env {key}=@FILE)")
+            env[key] = environ[key]
+            continue
+        if looks_secret(key) and not value.startswith("@"):
+            raise DeployError(f"--env {key}=...: a secret's value on the command line shows in `ps` and in shell "
+                              f"history (the value is not shown here); pass --env {key}=@FILE (a file holding it) "
+                              f"or --env {key} (taken from this environment)")
         if value.startswith("@"):
             path = Path(value[1:]).expanduser()
             try:

@@ -51,8 +51,8 @@ AUTH_FAILURES = Counter("nitro_auth_failures_total", "gRPC calls refused for mis
 def generate_token() -> str:
     """A fresh random token (43 URL-safe characters, about 256 bits).
 
-    Never starts with "-": users pass it as `--token TOKEN`, and argparse reads a value that starts with
-    "-" as an option (one generated token in 64 would be refused that way).
+    Never starts with "-": a token that does is easily taken for an option wherever one is written next
+    to flags (one generated token in 64 would be).
     """
     while (token := secrets.token_urlsafe(32)).startswith("-"):
         pass
@@ -86,19 +86,23 @@ def load_tokens(environ: Mapping[str, str] = os.environ) -> list[str]:
     path = environ.get(TOKEN_FILE_ENV)
     if not path:
         return []
+    return read_token_file(path, f"{TOKEN_FILE_ENV}={path!r}")
+
+
+def read_token_file(path: str, source: str) -> list[str]:
+    """The tokens of a token file (one a line, `#` comments), the one to send first; `source` names the file
+    in errors (e.g. "--token-file 'x'"), which never contain a token."""
     try:
         with open(path) as f:
             mode = os.fstat(f.fileno()).st_mode
             lines = [line.strip() for line in f.read().splitlines()]
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{TOKEN_FILE_ENV}={path!r} cannot be read: {getattr(exc, 'strerror', None) or exc}") \
-            from None
+        raise ConfigError(f"{source} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("%s=%s is readable by other users; chmod 600 it", TOKEN_FILE_ENV, path)
-    tokens = [_check_token(t, f"{TOKEN_FILE_ENV}={path!r} line {i + 1}")
-              for i, t in enumerate(lines) if t and not t.startswith("#")]
+        log.warning("%s is readable by other users; chmod 600 it", source)
+    tokens = [_check_token(t, f"{source} line {i + 1}") for i, t in enumerate(lines) if t and not t.startswith("#")]
     if not tokens:
-        raise ConfigError(f"{TOKEN_FILE_ENV}={path!r} holds no token")
+        raise ConfigError(f"{source} holds no token")
     return tokens
 
 

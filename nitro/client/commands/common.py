@@ -11,7 +11,10 @@ import signal
 import grpc
 
 from nitro.client.sdk import DEFAULT_TARGET, NitroClient
+from nitro.cmdline import RefusedSecretFlag
+from nitro.errors import ConfigError
 from nitro.local import system_state
+from nitro.rpc import auth
 
 BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND,
              grpc.StatusCode.ALREADY_EXISTS}
@@ -34,16 +37,23 @@ def add_state_dir(p: argparse.ArgumentParser) -> None:
 def add_target(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--target", default=os.environ.get("NITRO_TARGET"), metavar="HOST:PORT",
                    help=f"{help_text} (default: $NITRO_TARGET, else the learner in --state-dir's state.json)")
-    p.add_argument("--token", default=None,
-                   help="access token (default: the local system's when the target is its learner, else "
-                        "$NITRO_TOKEN or $NITRO_TOKEN_FILE); prefer the variables: flags show in `ps`")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="a file holding the access token (its first line; default: the local system's when the "
+                        "target is its learner, else $NITRO_TOKEN or $NITRO_TOKEN_FILE)")
+    p.add_argument("--token", action=RefusedSecretFlag, what="an access token",
+                   instead="--token-file FILE, or $NITRO_TOKEN_FILE or $NITRO_TOKEN in the environment")
     p.add_argument("--tls-ca", default=os.environ.get("NITRO_TLS_CA"), metavar="PEM",
                    help="CA certificate of a learner serving TLS (default: $NITRO_TLS_CA)")
 
 
 def learner_client(args, target: str) -> NitroClient:
     """A client for `target`; the local system's token goes only to the local system's learner."""
-    token = args.token
+    token = None
+    if args.token_file:
+        try:
+            token = auth.read_token_file(args.token_file, f"--token-file {args.token_file!r}")[0]
+        except ConfigError as exc:
+            raise CliError(str(exc), exit_code=2) from None
     if not token:
         state = system_state.running_state(args.state_dir)
         if state and state.get("learner") == target:

@@ -28,8 +28,10 @@ def add_deploy_lambda(sub) -> None:
                    help="wait up to SECONDS for provisioned concurrency to be READY (default: do not wait)")
     p.add_argument("--alias", default="live", help="alias to point at the new version (default: %(default)s)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment variable, repeatable; KEY=@FILE reads the value from FILE. Merged over the "
-                        "function's current variables. The actors need NITRO_HMAC_KEY and NITRO_REDIS_PASSWORD")
+                   help="environment variable, repeatable; KEY=@FILE reads the value from FILE, a bare KEY takes it "
+                        "from this shell's environment; a secret (a KEY with PASSWORD, SECRET, TOKEN, KEY, AUTH ...) "
+                        "must come one of those two ways, never as a literal value. Merged over the function's "
+                        "current variables. The actors need NITRO_HMAC_KEY and NITRO_REDIS_PASSWORD")
     p.add_argument("--subnet-ids", metavar="ID,ID", help="run in these VPC subnets (to reach a private Redis)")
     p.add_argument("--security-group-ids", metavar="ID,ID", help="security groups for --subnet-ids")
     p.add_argument("--region", default=None, help="AWS region (default: the AWS configuration)")

@@ -16,6 +16,7 @@ from nitro.client.commands.common import (
     routed_signals,
 )
 from nitro.client.commands.system import LocalSystemOptions, local_system_for_job
+from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 
 
 def add_pretrain_minions(sub) -> None:
@@ -72,7 +73,8 @@ def add_pretrain_minions(sub) -> None:
                      help="--via system: where exploration checkpoints go; the scaler must read them "
                           "(default: a temporary dir)")
     add_target(run, "--via system: learner address of a running system (needs --redis-url)")
-    run.add_argument("--redis-url", default=url_from_env(default=None), metavar="URL",
+    run.add_argument("--redis-url", default=url_from_env(default=None), metavar="URL", action=URLWithoutPassword,
+                     instead=REDIS_PASSWORD_INSTEAD,
                      help="--via system with --target: the system's Redis as the services' user (the "
                           "scheduler's decisions are read from the scaler's job state) (default: $NITRO_REDIS_URL)")
     add_state_dir(run)
@@ -89,7 +91,7 @@ def _print_distribution(title: str, hist: dict[int, int]) -> None:
 
 def cmd_pretrain_minions(args) -> int:
     from nitro.config import make_config
-    from nitro.data.redis_client import connect
+    from nitro.data.redis_client import connect, with_credentials
     from nitro.errors import ConfigError, UnknownEnvironmentError
     from nitro.local.system_state import redis_for_state_dir
     from nitro.policy.envs import resolve_env_id
@@ -136,7 +138,7 @@ def cmd_pretrain_minions(args) -> int:
                 result = pretrain(settings, log=log)
             else:
                 if args.target:
-                    target, redis_client = args.target, connect(args.redis_url)
+                    target, redis_client = args.target, connect(with_credentials(args.redis_url))
                 else:
                     target = stack.enter_context(local_system_for_job(LocalSystemOptions(args.state_dir)))
                     redis_client = redis_for_state_dir(args.state_dir)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 
 from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 
-from .config import FunctionConfig
+from .config import FUNCTIONS_ENV, FunctionConfig
 from .server import run
 
 
@@ -25,8 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--workers", type=int, default=None, help="warm worker processes per function")
     p.add_argument("--async-retries", type=int, default=2)
-    # Used by LocalLambda: full FunctionConfigs as JSON, and its handshake pipes.
-    p.add_argument("--config-json", help=argparse.SUPPRESS)
+    # Used by LocalLambda: its handshake pipes (the full FunctionConfigs come as JSON in $NITRO_LAMBDA_FUNCTIONS).
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
     return p
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    functions = [FunctionConfig.from_dict(d) for d in json.loads(args.config_json or "[]")]
+    # Popped: the workers' environment is built from this process's, and they need no copy of it.
+    functions = [FunctionConfig.from_dict(d) for d in json.loads(os.environ.pop(FUNCTIONS_ENV, "") or "[]")]
     for spec in args.function:
         name, sep, handler = spec.partition("=")
         if not sep:

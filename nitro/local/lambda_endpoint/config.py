@@ -13,6 +13,11 @@ ASYNC_PAYLOAD_LIMIT = 1024 * 1024
 
 ACCOUNT_ID = "000000000000"
 
+# LocalLambda hands the endpoint its FunctionConfigs (`env` included, which may hold secrets) as JSON in this
+# environment variable, never on the command line (docs/security.md, "Command lines"); the endpoint removes it
+# from its own environment before it starts workers.
+FUNCTIONS_ENV = "NITRO_LAMBDA_FUNCTIONS"
+
 
 def region() -> str:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from .config import FunctionConfig
+from .config import FUNCTIONS_ENV, FunctionConfig
 
 
 def _child_pythonpath() -> str:
@@ -45,9 +45,10 @@ class LocalLambda:
         ready_r, ready_w = os.pipe()
         lifeline_r, lifeline_w = os.pipe()
         cmd = [sys.executable, "-m", "nitro.local.lambda_endpoint", "--host", self.host, "--port", str(self.port),
-               "--config-json", json.dumps([f.to_dict() for f in self.functions]),
                "--ready-fd", str(ready_w), "--lifeline-fd", str(lifeline_r)]
-        env = {**os.environ, "PYTHONPATH": _child_pythonpath()}
+        # The configs (their env may hold secrets) travel in the environment: a command line shows in `ps`.
+        env = {**os.environ, "PYTHONPATH": _child_pythonpath(),
+               FUNCTIONS_ENV: json.dumps([f.to_dict() for f in self.functions])}
         # A session of its own: under Linux autogroup scheduling the endpoint and its workers then
         # share the CPU with a busy caller as a group, instead of each waking worker queueing behind
         # the caller's threads (that measured as a 10-50 ms wait per invocation on 2 loaded cores).
