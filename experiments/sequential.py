@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,6 +273,39 @@ def report(results: dict[str, dict], verdict: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(runs_by_env: dict[str, list[PricedRun]], path: Path) -> Path:
+    """Per environment: each arm's mean evaluation return against reference dollars (in B) and its actors per
+    round against dollars, over its seeds."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 4.5 * len(runs_by_env)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(runs_by_env), 2, squeeze=False)
+    grid = np.linspace(0.05, 1.1, 64)
+    for (env_id, runs), (ret_ax, act_ax) in zip(runs_by_env.items(), axes):
+        b = budget_b(runs)
+        for arm in FIXED_ARMS + NEW_ARMS:
+            mine = [r for r in runs if r.scheme == arm]
+            if not mine:
+                continue
+            curve = np.nanmean([returns_at(r, grid * b) for r in mine], axis=0)
+            ret_ax.plot(grid, curve, label=f"{arm} ({len(mine)})")
+            acts = [np.interp(grid * b, r.cum_usd, [x.get("actors_launched", 0) for x in r.rounds],
+                              right=np.nan) for r in mine]
+            with warnings.catch_warnings():  # past a run's end its actors are NaN; all-NaN columns stay NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                act_ax.plot(grid, np.nanmean(acts, axis=0), label=arm)
+        for ax in (ret_ax, act_ax):
+            ax.axvspan(POINTS[0], POINTS[-1], color="0.92", zorder=0)
+            ax.set_xlabel(f"reference dollars, in B (${b:.5f})")
+        ret_ax.set_ylabel(f"{env_id}: evaluation return (seed mean)")
+        act_ax.set_ylabel("actors per round (seed mean)")
+        ret_ax.legend(loc="upper left", fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments sequential", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -289,7 +323,8 @@ def main(argv=None) -> int:
         return 0
     lo, _, hi = args.seeds.partition("-")
     seeds = set(range(int(lo), int(hi or lo) + 1))
-    results = {e.env_id: compare_env(priced_runs(e, seeds), reps=args.reps) for e in ENVS}
+    runs = {e.env_id: priced_runs(e, seeds) for e in ENVS}
+    results = {env_id: compare_env(r, reps=args.reps) for env_id, r in runs.items()}
     verdict = decide(results)
     command = "python -m experiments sequential " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(results, verdict, command)
@@ -298,4 +333,5 @@ def main(argv=None) -> int:
         Path(args.out + ".md").write_text(text)
         Path(args.out + ".json").write_text(json.dumps({"results": results, "decision": verdict}, indent=1,
                                                        default=float) + "\n")
+        print(f"curves: {plot(runs, Path(args.out + '.png'))}")
     return 0
