@@ -9,8 +9,11 @@ Event (JSON):
   num_steps       int   environment steps to sample
   seed            int   seeds the action noise (and the env on a cold sampler)
   invocation_id   str   unique per logical invocation; retries reuse it (the stream drops duplicates)
-  redis_url       str   optional; else NITRO_REDIS_URL. The password comes from NITRO_REDIS_PASSWORD(_FILE)
-                        and the ACL user name from NITRO_REDIS_USERNAME, never from the event.
+  credentials     obj   redis_username, redis_password (the job's own Redis user), signing_key (this
+                        invocation's, hex) and read_key (the job's, hex): nitro.contracts.FunctionCredentials,
+                        built by the scaler. Secrets: never echoed in an error or a log line
+  redis_url       str   optional; else NITRO_REDIS_URL. Any user or password in it is replaced by the
+                        credentials' (actor_fn.runtime.redis_url)
   compress        bool  optional; zlib-compress the payload. Default: on for image (uint8) observations
                         such as Atari frames, off otherwise
   max_entry_bytes int   optional; largest stream entry; a bigger batch is split into contiguous parts
@@ -22,10 +25,13 @@ Event (JSON):
                         (nitro.rollout.VecSampler: env i's steps are one contiguous segment of the batch;
                         Atari ids on ALE's C++ vector env, nitro.policy.ale_vector)
 
-The HMAC key comes from NITRO_HMAC_KEY or NITRO_HMAC_KEY_FILE. A warm execution
-environment keeps its Redis connection, its environment (episodes continue
-across invocations of the same job) and the last policy version; it reloads
-only when the version changes. Errors are raised as typed exceptions so the
+The batch is signed with the invocation's own key, so it verifies only as this
+invocation's batch of this job; the policy is verified with the job's read key,
+which cannot write policies (the job's Redis user may only read them). The
+function holds no key of its own (no NITRO_HMAC_KEY). A warm execution
+environment keeps its Redis connection (per job), its environment (episodes
+continue across invocations of the same job) and the last policy version; it
+reloads only when the version changes. Errors are raised as typed exceptions so the
 platform reports them as function errors with a clear errorType/errorMessage.
 """
 
@@ -36,10 +42,9 @@ import time
 
 import numpy as np
 
-from actor_fn.runtime import check_fields, redis_url, warm_client
+from actor_fn.runtime import check_fields, credentials, redis_url, warm_client
 from nitro.clock import InvocationClock
 from nitro.contracts import MAX_ENVS_PER_ACTOR
-from nitro.data import codec
 from nitro.data.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
 from nitro.errors import ConfigError
 from nitro.policy.ale_vector import ALEVecSampler
@@ -59,7 +64,6 @@ class _Warm:
     sampler_key: tuple | None = None
     runner: PolicyRunner | None = None
     runner_key: tuple | None = None
-    key: bytes | None = None
     invocations = 0
 
 
@@ -88,7 +92,8 @@ def _max_entry_bytes(event: dict) -> int:
 
 
 def _runner(client, job_id: str, version: int, key: bytes, clock: InvocationClock) -> PolicyRunner:
-    rk = (job_id, version)
+    """Policy `version` of the job, verified with the job's read key `key` (cached while warm)."""
+    rk = (job_id, version, key)
     if _Warm.runner_key != rk:
         with clock.io():
             blob = PolicyStore(client, job_id).get(version)  # raises PolicyNotFoundError naming job and version
@@ -113,11 +118,9 @@ def handler(event: dict, context=None) -> dict:
     clock = InvocationClock()
     t0 = time.perf_counter()
     _validate(event)
+    creds = credentials(event)
     cold = _Warm.invocations == 0
     _Warm.invocations += 1
-    if _Warm.key is None:
-        _Warm.key = codec.load_hmac_key()
-    key = _Warm.key
     env_kwargs = event.get("env_kwargs") or {}
     if not isinstance(env_kwargs, dict):
         raise ConfigError("event field 'env_kwargs' must be an object")
@@ -126,15 +129,16 @@ def handler(event: dict, context=None) -> dict:
     sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"], event.get("envs_per_actor", 1))
     if event.get("reset_episodes"):  # reproducible runs: what this invocation samples depends on its seed only
         sampler.reseed(event["seed"])
-    client = warm_client(redis_url(event), clock)
-    runner = _runner(client, event["job_id"], event["policy_version"], key, clock)
+    client = warm_client(redis_url(event, creds), clock)
+    runner = _runner(client, event["job_id"], event["policy_version"], creds.read_key_bytes, clock)
     t_loaded = time.perf_counter()
 
     batch = sampler.sample(runner, event["num_steps"], np.random.default_rng(event["seed"]))
     t_sampled = time.perf_counter()
     batch["policy_version"] = event["policy_version"]
     batch["invocation_id"] = event["invocation_id"]
-    writer = TrajectoryWriter(client, event["job_id"], key, max_entry_bytes=max_entry_bytes, io=clock.io)
+    writer = TrajectoryWriter(client, event["job_id"], creds.signing_key_bytes, max_entry_bytes=max_entry_bytes,
+                              io=clock.io)
     compress = event.get("compress")
     entry_ids = writer.append_batch(invocation_id=event["invocation_id"], round=event["round"],
                                     policy_version=event["policy_version"], batch=batch,

@@ -6,8 +6,9 @@ Event (JSON, built by the scaler's Launch with kind "learner"):
   policy_version  int   the base version v_g: the update is computed at pi_{v_g}
   invocation_id   str   unique per logical invocation; retries reuse it (the service drops duplicates)
   payload_ref     str   Redis key nitro:{job_id}:learn:parcel:... of the signed parcel
-  redis_url       str   optional; else NITRO_REDIS_URL (password and ACL user from the environment,
-                        as for actors)
+  credentials     obj   the job's Redis user and password, this invocation's signing key and the job's
+                        read key, as for actors (actor_fn/handler.py)
+  redis_url       str   optional; else NITRO_REDIS_URL (user and password from the credentials)
 
 The batch travels as a parcel the parameter service parked in Redis, not as
 stream entry ids: the service has already verified, deduplicated and acked the
@@ -27,8 +28,10 @@ skips only when certain). Otherwise load pi_{v_g}, and the `recent_versions`
 newest published versions after it (`policy:latest` down), run
 nitro.algos.stellaris.compute_update (PPO or IMPACT loss with global
 importance-sampling truncation), and XADD the signed flat update with its base
-version to nitro:{job}:learn:updates. The HMAC key comes from
-NITRO_HMAC_KEY(_FILE). Returns a JSON summary.
+version to nitro:{job}:learn:updates. The parcel, the policies and the
+staleness record are verified with the job's read key; the update (or skip
+record) is signed with the invocation's own key, which the parameter service
+derives again from the entry's invocation id. Returns a JSON summary.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import os
 import time
 from collections import OrderedDict
 
-from actor_fn.runtime import check_fields, redis_url, warm_client
+from actor_fn.runtime import check_fields, credentials, redis_url, warm_client
 from nitro.clock import InvocationClock
 from nitro.contracts import (
     JOB_ID_RULE,
@@ -66,8 +69,7 @@ class BadParcelError(ValueError):
 
 
 class _Warm:
-    key: bytes | None = None
-    policies: OrderedDict = OrderedDict()  # (job, version) -> Policy
+    policies: OrderedDict = OrderedDict()  # (job, version, read key) -> Policy
     invocations = 0
 
 
@@ -84,7 +86,7 @@ def _policy(client, job_id: str, version: int, key: bytes):
     from nitro.data.store import PolicyStore
     from nitro.policy.models import policy_from_blob
 
-    ck = (job_id, version)
+    ck = (job_id, version, key)
     if ck in _Warm.policies:
         _Warm.policies.move_to_end(ck)
         return _Warm.policies[ck]
@@ -141,13 +143,12 @@ def handler(event: dict, context=None) -> dict:
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # a function gets about one vCPU per 1.8 GB; more threads only contend
+    creds = credentials(event)
     cold = _Warm.invocations == 0
     _Warm.invocations += 1
-    if _Warm.key is None:
-        _Warm.key = codec.load_hmac_key()
-    key = _Warm.key
+    key, signing_key = creds.read_key_bytes, creds.signing_key_bytes
     job_id, base = event["job_id"], event["policy_version"]
-    client = warm_client(redis_url(event), clock)
+    client = warm_client(redis_url(event, creds), clock)
 
     with clock.io():
         blob = client.get(event["payload_ref"])
@@ -171,7 +172,7 @@ def handler(event: dict, context=None) -> dict:
     if latest is not None and certainly_dropped(staleness, bound):
         rec = skip_record(event["invocation_id"], event["round"], base, latest, bound, staleness)
         fields = {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
-                  b"payload": encode_update(rec, key)}
+                  b"payload": encode_update(rec, signing_key)}
         with clock.io():
             entry = client.xadd(update_stream_key(job_id), fields, maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
         return {"ok": True, "skipped": "stale_base", "job_id": job_id, "invocation_id": event["invocation_id"],
@@ -192,7 +193,7 @@ def handler(event: dict, context=None) -> dict:
     stats["recent_versions_used"] = len(recent)
     rec = UpdateRecord(event["invocation_id"], event["round"], base, steps, update, stats)
     fields = {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
-              b"payload": encode_update(rec, key)}
+              b"payload": encode_update(rec, signing_key)}
     with clock.io():
         entry = client.xadd(update_stream_key(job_id), fields, maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
     t_pushed = time.perf_counter()

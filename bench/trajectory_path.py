@@ -2,9 +2,10 @@
 
 Figure: ms per batch through the full signed path. Per iteration:
 TrajectoryWriter.append_batch, as the actor calls it (pickle protocol 5 with
-out-of-band buffers, one ChaCha20-Poly1305 tag, one XADD), then
-TrajectoryReader.read (XREADGROUP, tag check, restricted unpickle, dedup
-against the reader's copy of `seen`) and ack (XACK + XDEL + seen record in one
+out-of-band buffers, one ChaCha20-Poly1305 tag under the invocation's own key,
+one XADD), then TrajectoryReader.read (XREADGROUP, the invocation's key derived
+from the master key, tag check, restricted unpickle, dedup against the reader's
+copy of `seen`) and ack (XACK + XDEL + seen record in one
 script). The ack is held back as the learner's commit holds it (ack(defer=True):
 its checkpoint names the entries), so it rides with the next iteration's read:
 every batch still pays its whole ack's work, one round trip fewer. The learner
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
 
-from nitro.contracts import stream_key  # noqa: E402
+from nitro.contracts import invocation_id, invocation_key, stream_key  # noqa: E402
 from nitro.data import codec  # noqa: E402
 from nitro.data.redis_client import connect  # noqa: E402
 from nitro.data.store import TrajectoryReader, TrajectoryWriter  # noqa: E402
@@ -97,11 +98,14 @@ def main() -> None:
 
     batch = hopper_batch()
     raw = pickle.dumps(batch, protocol=5)
-    key = secrets.token_bytes(32)
+    key = secrets.token_bytes(32)  # the master key: the reader derives each entry's invocation key from it
     with LocalRedis() as server:
         client = connect(server.url)
-        writer = TrajectoryWriter(client, "bench", key)
         reader = TrajectoryReader(client, "bench", key)
+        # Each iteration is one actor invocation of round i, with its own key (the scaler derives it, outside
+        # the timed path: the actor receives it in its event).
+        ids = [invocation_id("bench", i, 0) for i in range(args.warmup + args.iterations)]
+        writers = [TrajectoryWriter(client, "bench", invocation_key(key, "bench", inv)) for inv in ids]
 
         # GC is off while timing, as in timeit.
         path: list[float] = []
@@ -110,8 +114,8 @@ def main() -> None:
         try:
             for i in range(args.warmup + args.iterations):
                 t0 = time.perf_counter()
-                writer.append_batch(invocation_id=f"inv-{i}", round=i, policy_version=i, batch=batch,
-                                    compress=args.compress)
+                writers[i].append_batch(invocation_id=ids[i], round=i, policy_version=i, batch=batch,
+                                        compress=args.compress)
                 entries = reader.read(count=1, block_ms=1000)
                 reader.ack(entries, defer=not args.ack_now)
                 t1 = time.perf_counter()

@@ -27,6 +27,7 @@ from nitro.contracts import (
     SCORE_WINDOW,
     detector_ratios_key,
     is_job_id,
+    job_read_key,
     sample_key,
 )
 from nitro.data import codec
@@ -51,6 +52,7 @@ DEFAULTS = {"subset_size": DETECTOR_SUBSET, "lanczos_steps": LANCZOS_STEPS, "win
 
 class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
     def __init__(self, redis_client, hmac_key: bytes, redis_url: str):
+        """hmac_key: the master key; a job's policies and sample subsets verify with its read key, derived from it."""
         self.redis, self.key, self.redis_url = redis_client, hmac_key, redis_url
         self._policy_cache: dict[str, Policy] = {}
         self._lock = threading.Lock()
@@ -61,7 +63,7 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
         Modules are reused across rounds (building one costs more than loading weights);
         a concurrent Score for the same job simply builds its own.
         """
-        doc = blob_to_doc(PolicyStore(self.redis, job_id).get(version), self.key)
+        doc = blob_to_doc(PolicyStore(self.redis, job_id).get(version), job_read_key(self.key, job_id))
         with self._lock:
             policy = self._policy_cache.pop(job_id, None)
         if policy is None or policy.spec != doc["spec"]:
@@ -129,7 +131,7 @@ class DetectorServicer(detector_pb2_grpc.BoostingDetectorServicer):
         if raw is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"sample_ref {request.sample_ref!r} not found (expired?)")
         try:
-            samples = codec.decode(raw, self.key)
+            samples = codec.decode(raw, job_read_key(self.key, request.job_id))
         except codec.PayloadError as exc:
             metrics.REJECTED_PAYLOADS.labels(exc.reason).inc()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sample_ref payload rejected: {exc}")

@@ -3,6 +3,7 @@ retries, the errors that end a job, and the invocation ids and wave records of a
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from nitro.contracts import wave_live_key, waves_key
 from nitro.rpc.grpc_util import DEADLINES
 from nitro.spec import TrainingSpec, env_kwargs_to_wire
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +45,19 @@ class LastRound:
     round_seconds: float = 0.0
     env_steps: int = 0  # samples the round trained on (the "noise" scaler's per-sample cost)
     policy_noise_scale: float = 0.0  # B_simple of the policy's gradient alone ("noise"); 0 = unknown
+
+
+def end_job(deps: LearnerDeps, job_id: str, patience: float = COST_PATIENCE_S) -> bool:
+    """Tell the scaler the job ended, so it deletes the job's functions' Redis user (EndJob); whether it did. A
+    scaler that stays unavailable for `patience` is logged and left to the learner's next start."""
+    try:
+        rpc_call(deps.scaler.EndJob, scaler_pb2.EndJobRequest(job_id=job_id), timeout=DEADLINES["EndJob"],
+                 patience=patience, what="EndJob", job_id=job_id, metadata=deps.call_metadata)
+        return True
+    except grpc.RpcError as exc:
+        log.warning("job %s: the scaler did not delete the job's Redis user (%s: %s); the learner's next start asks "
+                    "again", job_id, exc.code().name, exc.details())
+        return False
 
 
 def retry_note(r: scaler_pb2.InvocationResult) -> str | None:

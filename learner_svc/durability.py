@@ -82,11 +82,24 @@ class JobFiles:
             f.flush()
             os.fsync(f.fileno())
 
-    def save_job_state(self, job_id: str, state: str, message: str, resumable: bool, spec: dict) -> None:
+    def save_job_state(self, job_id: str, state: str, message: str, resumable: bool, spec: dict, *,
+                       actor_user_released: bool = False) -> None:
+        """actor_user_released: the scaler confirmed that the ended job's Redis user is gone (EndJob); an ended job
+        without it is ended again by the learner's next start (TrainingServicer.release_actor_users)."""
         tmp = self.job_state + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"job_id": job_id, "state": state, "message": message, "resumable": resumable,
-                       "spec": spec}, f)
+                       "spec": spec, "actor_user_released": actor_user_released}, f)
+        os.replace(tmp, self.job_state)
+
+    def mark_actor_user_released(self) -> None:
+        """Record in job.json that the scaler deleted the job's Redis user."""
+        with open(self.job_state) as f:
+            saved = json.load(f)
+        saved["actor_user_released"] = True
+        tmp = self.job_state + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(saved, f)
         os.replace(tmp, self.job_state)
 
 

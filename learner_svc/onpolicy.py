@@ -42,7 +42,7 @@ from learner_svc.reporting import DIAGNOSTICS
 from learner_svc.rounds import End, RoundLoop, succeeded
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
-from nitro.contracts import NOISE_EMA, actor_slot, invocation_id
+from nitro.contracts import NOISE_EMA, invocation_id
 from nitro.cost import cloud_detect_wait, cloud_round_seconds
 from nitro.rpc import metrics
 from nitro.scaling.noise import adascale_update, ema
@@ -164,6 +164,9 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         while True:
             if inherited is not None:  # every slot is out already; no response will come for them
                 taken, inherited, fut = inherited, None, None
+                for w in range(taken.count):  # the ids those waves can have: every slot of each
+                    for s in slots:
+                        slot_of[invocation_id(self.job.job_id, k, s, w)] = s
                 label = f"the {taken.count} wave(s) launched before the learner restarted"
                 out.waves += 1  # as the round's planned launch: its shortfall still gets replacement waves
                 wave_deadline = taken.deadline()
@@ -203,7 +206,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                 entries = self.redis_call(lambda: self.reader.read(*ONPOLICY_READ), "stream read")
                 drop = []
                 for e in entries:
-                    slot = actor_slot(e.invocation_id, self.job.job_id, k)
+                    # Only this round's launched invocations count (the reader verified the batch with its key).
+                    slot = slot_of.get(e.invocation_id)
                     if e.round == k and e.policy_version == self.version and slot is not None \
                             and e.dedup_id not in batches:
                         # Kept entries stay unacked until the round's commit (RoundLoop.commit).

@@ -33,23 +33,24 @@ def detector_subset(data: dict, fields, rng: np.random.Generator, extra: dict | 
 class Publisher:
     """One job's writes of policies and sample subsets; `retry(fn, what)` rides out a Redis restart."""
 
-    def __init__(self, client: redis.Redis, job_id: str, hmac_key: bytes, retry: Callable,
+    def __init__(self, client: redis.Redis, job_id: str, key: bytes, retry: Callable,
                  behaviour_values: bool = True):
-        """behaviour_values: the job's learner reads the per-step values actors record (policy_to_blob)."""
-        self.client, self.job_id, self.hmac_key, self.retry = client, job_id, hmac_key, retry
+        """key: the job's read key (nitro.contracts.job_read_key), which its functions and the detector verify with.
+        behaviour_values: the job's learner reads the per-step values actors record (policy_to_blob)."""
+        self.client, self.job_id, self.key, self.retry = client, job_id, key, retry
         self.behaviour_values = behaviour_values
         self.policies = PolicyStore(client, job_id, ttl_s=POLICY_TTL_S)
 
     def policy(self, policy: Policy, version: int, drop: Iterable[int] = ()) -> None:
         """Publish `version`; delete the versions in `drop`, which nobody will ask for any more."""
-        blob = policy_to_blob(policy, version, self.hmac_key, self.behaviour_values)
+        blob = policy_to_blob(policy, version, self.key, self.behaviour_values)
         self.retry(lambda: self.policies.put(version, blob, drop), "policy publish")
 
     def sample_subset(self, round_index: int, subset: dict) -> str:
         """Write the round's sample subset (signed, expiring); returns its key. The previous round's subset
         goes: every loop has its score (or gave up on it) before it writes the next round's."""
         key = sample_key(self.job_id, round_index)
-        blob = codec.encode(subset, self.hmac_key)
+        blob = codec.encode(subset, self.key)
 
         def write():
             pipe = self.client.pipeline(transaction=False)

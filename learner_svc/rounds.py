@@ -40,7 +40,7 @@ from typing import Generic, NamedTuple, TypeVar
 
 import numpy as np
 
-from learner_svc.clients import LastRound, LearnerDeps, Services, derived_seed
+from learner_svc.clients import LastRound, LearnerDeps, Services, derived_seed, end_job
 from learner_svc.constants import EVAL_SEED_TAG, IO_THREADS, RECENT_EPISODES
 from learner_svc.durability import CommittedEntry, JobFiles, job_dir, load_reports
 from learner_svc.jobs import Job
@@ -54,7 +54,7 @@ from learner_svc.resilience import (
     redis_call,
     resume_advice,
 )
-from nitro.contracts import MAX_EMPTY_ROUNDS
+from nitro.contracts import MAX_EMPTY_ROUNDS, job_read_key
 from nitro.data.store import TrajectoryReader
 from nitro.detector.core import REQUIRED_FIELDS
 from nitro.policy.envs import env_spaces
@@ -103,7 +103,10 @@ class RoundLoop(Generic[R]):
                                           init_log_std=self.cfg.init_log_std)
         self.learner = self.learner_class(self.model_spec, self.cfg, seed=self.spec.seed, device=self.device)
         self.services = Services(job.job_id, self.spec, self.cfg, deps)
-        self.publisher = Publisher(deps.redis, job.job_id, deps.hmac_key, self.redis_call,
+        # What the job's functions verify (policies, parcels) is signed with the job's read key; what they send back
+        # is verified with each invocation's own key, which the reader derives from the master key.
+        self.read_key = job_read_key(deps.hmac_key, job.job_id)
+        self.publisher = Publisher(deps.redis, job.job_id, self.read_key, self.redis_call,
                                    behaviour_values=self.spec.algo in BEHAVIOUR_VALUE_ALGOS)
         self.policies = self.publisher.policies
         self.reader = TrajectoryReader(deps.redis, job.job_id, deps.hmac_key, consumer=f"learner-{job.job_id}")
@@ -162,8 +165,11 @@ class RoundLoop(Generic[R]):
                 f"{end_message}: the actors produced no batches (the round notes say why; see the actor "
                 f"endpoint's or function's log)", job.job_id, len(job.reports), self.spec.rounds,
                 fix="fix the actors, then")
+        # The job's functions lose their Redis user now (a resume's first launch makes a new one); a scaler that
+        # cannot be told is asked again by the learner's next start (job.json says so).
+        released = self.release_actor_user()
         self.save_job_state(training_pb2.JobState.Name(end_state).removeprefix("JOB_STATE_"), end_message,
-                            resumable=resumable)
+                            resumable=resumable, actor_user_released=released)
         job.set_state(end_state, end_message)
 
     def train(self, resume: bool) -> End:
@@ -428,5 +434,16 @@ class RoundLoop(Generic[R]):
         self.job.add_report(report)
         export_diagnostics(report)
 
-    def save_job_state(self, state: str, message: str = "", resumable: bool = False) -> None:
-        self.files.save_job_state(self.job.job_id, state, message, resumable, self.spec.to_dict())
+    def save_job_state(self, state: str, message: str = "", resumable: bool = False,
+                       actor_user_released: bool = False) -> None:
+        self.files.save_job_state(self.job.job_id, state, message, resumable, self.spec.to_dict(),
+                                  actor_user_released=actor_user_released)
+
+    def release_actor_user(self) -> bool:
+        """The job ended: the scaler deletes its functions' Redis user (EndJob). Whether it confirmed; a failure
+        never changes how the job ends."""
+        try:
+            return end_job(self.deps, self.job.job_id)
+        except Exception as exc:  # noqa: BLE001 - e.g. no scaler at all; the next start asks again
+            log.warning("job %s: could not end the job's Redis user: %s", self.job.job_id, exc)
+            return False

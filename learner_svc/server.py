@@ -6,11 +6,12 @@ import argparse
 import json
 import logging
 import os
+import threading
 
 import grpc
 
-from learner_svc.clients import LearnerDeps
-from learner_svc.durability import job_dir, load_reports
+from learner_svc.clients import LearnerDeps, end_job
+from learner_svc.durability import JobFiles, job_dir, load_reports
 from learner_svc.jobs import Job, JobManager
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
@@ -28,6 +29,8 @@ from nitro.v1 import detector_pb2_grpc, scaler_pb2_grpc, training_pb2, training_
 
 log = logging.getLogger("learner_svc")
 
+RELEASE_PATIENCE_S = 60.0  # how long the learner's start keeps asking the scaler to end a job's Redis user
+
 
 def redis_unavailable(context, redis_url: str, exc: Exception):
     safe = redis_url.split("@")[-1]
@@ -39,6 +42,7 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         self.deps = deps
         self.redis_url = redis_url
         self.jobs = JobManager(self._run)
+        self.unreleased: list[str] = []  # ended jobs whose Redis user the scaler has not confirmed deleted
 
     def _run(self, job: Job, resume: bool = False) -> None:
         loop = (StellarisLoop if job.spec.learner_mode == "stellaris"
@@ -77,6 +81,8 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
                 self.jobs.start(spec, resume=True)
                 resumed.append(job_id)
             else:
+                if not saved.get("actor_user_released"):  # its end never reached the scaler, or it was cut short
+                    self.unreleased.append(job_id)
                 job = Job(spec)
                 job.reports = load_reports(job_dir(self.deps.data_dir, job_id))
                 if interrupted:  # not resumed automatically: say so, and how
@@ -90,6 +96,20 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
                     job.total_env_steps = job.reports[-1].total_env_steps
                 self.jobs.add_finished(job)
         return resumed
+
+    def release_actor_users(self) -> list[str]:
+        """Ask the scaler to delete the Redis users of the jobs `load_saved_jobs` found ended or left interrupted
+        without the scaler's confirmation (EndJob; their job.json records it); the jobs it confirmed. A job resumed
+        meanwhile is skipped: its launches use its user."""
+        released = []
+        for job_id in list(self.unreleased):
+            current = self.jobs.get(job_id)
+            if current is None or current.done:
+                if end_job(self.deps, job_id, patience=RELEASE_PATIENCE_S):
+                    JobFiles(job_dir(self.deps.data_dir, job_id)).mark_actor_user_released()
+                    released.append(job_id)
+            self.unreleased.remove(job_id)
+        return released
 
     def _resume(self, job_id: str, context) -> Job:
         """Continue an interrupted or resumable job from its checkpoint (round 0 when it has none); a job
@@ -228,4 +248,6 @@ def main(argv=None) -> None:
     resumed = servicer.load_saved_jobs(resume=args.resume_jobs)
     if resumed:
         log.info("resumed %d interrupted job(s): %s", len(resumed), ", ".join(resumed))
+    if servicer.unreleased:  # in the background: the scaler may still be starting
+        threading.Thread(target=servicer.release_actor_users, name="release-actor-users", daemon=True).start()
     service.wait()

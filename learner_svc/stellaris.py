@@ -87,6 +87,7 @@ from nitro.algos.stellaris import (
 from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import (
     invocation_id,
+    invocation_key,
     learn_counter_key,
     parcel_key,
     policy_key,
@@ -333,7 +334,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
                                  recent_versions=self.st.recent_versions,
                                  seed=derived_seed(self.spec.seed, k, slot) % (2**31), batches=[e.batch],
                                  behaviour_versions=[e.policy_version], max_staleness=self.bound)
-            blob = codec.encode(parcel, self.deps.hmac_key)
+            blob = codec.encode(parcel, self.read_key)
             self.redis_call(lambda: self.deps.redis.set(ref, blob, ex=POLICY_TTL_S), "parcel write")
             if not self.counted_before.pop(e.entry_id, False):  # not already in the restored statistics
                 self.pending_obs[e.entry_id] = e.batch["obs"]
@@ -398,7 +399,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             self.cursor = eid
             ids.append(eid)
             try:
-                rec = decode_update(fields.get(b"payload", b""), self.deps.hmac_key, self.learner.n_params)
+                rec = self._verified_update(fields)
             except codec.PayloadError as exc:
                 acc.rejected += 1
                 metrics.REJECTED_PAYLOADS.labels(exc.reason).inc()
@@ -429,6 +430,20 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
         if records:
             self._aggregate(records, acc)
         return True
+
+    def _verified_update(self, fields: dict):
+        """The update record of an update-stream entry, verified with the key of the learner function the entry
+        names (nitro.contracts.invocation_key): an update signed with any other key, an actor's of this job
+        included, fails as `bad_signature`."""
+        named = fields.get(b"inv")
+        if not named:
+            raise codec.UnsignedPayloadError("update entry names no invocation: there is no key to verify it with")
+        inv = named.decode("utf-8", "surrogateescape")
+        rec = decode_update(fields.get(b"payload", b""), invocation_key(self.deps.hmac_key, self.job.job_id, inv),
+                            self.learner.n_params)
+        if rec.invocation_id != inv:
+            raise codec.BadSignatureError("update entry's invocation differs from the signed one")
+        return rec
 
     def _aggregate(self, records: list, acc: StellarisStats) -> None:
         st = self.st
@@ -463,7 +478,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
         """The staleness record first, then the version: a learner that reads `policy:latest` and then the
         record sees one at least as new as that version. The first publish (at open) replaces a record a
         killed service left, whose bases are not this service's."""
-        blob = encode_staleness_record(self.ledger.record(self.version), self.deps.hmac_key)
+        blob = encode_staleness_record(self.ledger.record(self.version), self.read_key)
         key = staleness_record_key(self.job.job_id)
         self.redis_call(lambda: self.deps.redis.set(key, blob, ex=POLICY_TTL_S), "staleness record write")
         super().publish()

@@ -7,6 +7,7 @@ Imports nothing of nitro: the torch-free actor and every service can use it.
 
 from __future__ import annotations
 
+import hmac
 import re
 from dataclasses import dataclass
 
@@ -101,6 +102,9 @@ def scaler_state_key(job_id: str) -> str:
     return _key(check_job_id(job_id), "scaler")
 
 
+SCALER_STATE_TTL_S = 7 * 24 * 3600  # the scaler hash lives this long after its last write
+
+
 def learn_prefix(job_id: str) -> str:
     """Every Stellaris key of the job starts with this; learner functions may read only below it."""
     return _key(check_job_id(job_id), "learn", "")
@@ -129,10 +133,30 @@ def is_learn_key(job_id: str, key: str) -> bool:
     return is_job_id(job_id) and isinstance(key, str) and key.startswith(learn_prefix(job_id))
 
 
-# Key patterns of the local Redis's ACL users: services own every nitro key; actors and learner
-# functions may touch only trajectory streams, policies and the learn: keys.
+# Key patterns of Redis's ACL users: services own every nitro key; a job's functions (its actors and Stellaris
+# learner functions) log in as the job's own user, which may touch only that job's trajectory stream, policies and
+# learn: keys (nitro.data.redis_acl holds the commands; the scaler creates and deletes the users).
 ALL_KEYS_PATTERN = f"{KEY_PREFIX}:*"
-ACTOR_KEY_PATTERNS = (_key("*", "traj"), _key("*", "policy", "*"), _key("*", "learn", "*"))
+ACTOR_USER_PREFIX = "nitro-actor-"
+
+
+def actor_user(job_id: str) -> str:
+    """The Redis ACL user of job `job_id`'s functions: "nitro-actor-{job}"."""
+    return ACTOR_USER_PREFIX + check_job_id(job_id)
+
+
+def job_of_actor_user(name: str) -> str | None:
+    """The job whose functions' user `name` is, else None (another user: a service's, or not nitro's)."""
+    if not isinstance(name, str) or not name.startswith(ACTOR_USER_PREFIX):
+        return None
+    job_id = name[len(ACTOR_USER_PREFIX):]
+    return job_id if is_job_id(job_id) else None
+
+
+def actor_key_patterns(job_id: str) -> tuple[str, ...]:
+    """The keys job `job_id`'s functions may touch: its stream, its policies, its learn: keys. Job ids hold no
+    glob character, so a pattern matches that job's keys only."""
+    return stream_key(job_id), _key(check_job_id(job_id), "policy", "*"), learn_prefix(job_id) + "*"
 
 
 # -- invocation ids ---------------------------------------------------------------------------------
@@ -181,6 +205,97 @@ def actor_slot(text: str, job_id: str, round_index: int) -> int | None:
     if inv is None or inv.kind != "actor" or inv.job_id != job_id or inv.round_index != round_index:
         return None
     return inv.slot
+
+
+# -- signing keys of a job and of its invocations ------------------------------------------------------
+# The services hold the deployment's master key (NITRO_HMAC_KEY) and derive every other key from it; it never
+# leaves them. An invocation gets two derived keys in its event (FunctionCredentials), never the master:
+#   invocation key  HMAC-SHA256(master, "nitro-invocation-key|{job}|{invocation}")  signs what the function
+#                   sends back (a trajectory batch, a Stellaris update); the learner derives it again from the
+#                   invocation id the entry names, so a batch verifies only as that invocation's of that job
+#   job read key    HMAC-SHA256(master, "nitro-job-read-key|{job}")  signs what the learner publishes for the
+#                   job (policies, sample subsets, Stellaris parcels and staleness records), which the job's
+#                   functions verify; they may read those keys but not write them (their ACL user)
+# Job ids hold no "|", so the label, the job and the invocation id cannot run into each other.
+
+INVOCATION_KEY_LABEL = "nitro-invocation-key"
+JOB_READ_KEY_LABEL = "nitro-job-read-key"
+
+
+def _derive(master: bytes, *parts: str) -> bytes:
+    if not isinstance(master, (bytes, bytearray)) or not master:
+        raise TypeError("the master key must be non-empty bytes")
+    return hmac.digest(bytes(master), "|".join(parts).encode("utf-8", "surrogateescape"), "sha256")
+
+
+def invocation_key(master: bytes, job_id: str, invocation: str) -> bytes:
+    """The key invocation `invocation` of job `job_id` signs with (32 bytes)."""
+    if not isinstance(invocation, str) or not invocation:
+        raise ValueError("invocation must be a non-empty str")
+    return _derive(master, INVOCATION_KEY_LABEL, check_job_id(job_id), invocation)
+
+
+def job_read_key(master: bytes, job_id: str) -> bytes:
+    """The key the learner signs job `job_id`'s published data with, and its functions verify it with."""
+    return _derive(master, JOB_READ_KEY_LABEL, check_job_id(job_id))
+
+
+CREDENTIALS_FIELD = "credentials"  # the event field that carries an invocation's FunctionCredentials
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+_PASSWORD = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
+
+
+@dataclass(frozen=True)
+class FunctionCredentials:
+    """What one invocation gets to do its work and nothing more: its job's Redis user and password, its own
+    signing key and its job's read key (hex). Built by the scaler per invocation, read by the handlers; the
+    values are secrets (never in a repr, a log line or an error)."""
+
+    redis_username: str
+    redis_password: str
+    signing_key: str
+    read_key: str
+
+    def __repr__(self) -> str:
+        return f"FunctionCredentials(redis_username={self.redis_username!r}, ...)"
+
+    def to_event(self) -> dict:
+        return {"redis_username": self.redis_username, "redis_password": self.redis_password,
+                "signing_key": self.signing_key, "read_key": self.read_key}
+
+    @classmethod
+    def from_event(cls, event: object, job_id: str) -> FunctionCredentials:
+        """The event's credentials for job `job_id`; ValueError naming the field that is missing or malformed
+        (never its value)."""
+        creds = event.get(CREDENTIALS_FIELD) if isinstance(event, dict) else None
+        if not isinstance(creds, dict):
+            raise ValueError(f"event field {CREDENTIALS_FIELD!r} is missing or not an object: the scaler gives every "
+                             "invocation its job's Redis user and its keys")
+        user = creds.get("redis_username")
+        if user != actor_user(job_id):
+            raise ValueError(f"event field '{CREDENTIALS_FIELD}.redis_username' must be {actor_user(job_id)!r}, "
+                             "the user of the event's job")
+        if not isinstance(creds.get("redis_password"), str) or not _PASSWORD.fullmatch(creds["redis_password"]):
+            raise ValueError(f"event field '{CREDENTIALS_FIELD}.redis_password' must be 16-512 characters of "
+                             "[A-Za-z0-9._~+/=-]")
+        for name in ("signing_key", "read_key"):
+            if not isinstance(creds.get(name), str) or not _HEX_KEY.fullmatch(creds[name]):
+                raise ValueError(f"event field '{CREDENTIALS_FIELD}.{name}' must be 64 lowercase hex characters")
+        return cls(user, creds["redis_password"], creds["signing_key"], creds["read_key"])
+
+    @property
+    def signing_key_bytes(self) -> bytes:
+        return bytes.fromhex(self.signing_key)
+
+    @property
+    def read_key_bytes(self) -> bytes:
+        return bytes.fromhex(self.read_key)
+
+
+def function_credentials(master: bytes, job_id: str, invocation: str, redis_password: str) -> FunctionCredentials:
+    """The credentials of invocation `invocation` of job `job_id` (the scaler's, per invocation)."""
+    return FunctionCredentials(actor_user(job_id), redis_password, invocation_key(master, job_id, invocation).hex(),
+                               job_read_key(master, job_id).hex())
 
 
 # -- scaling policies and shared defaults -----------------------------------------------------------

@@ -26,6 +26,7 @@ import grpc
 from nitro import cost
 from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 from nitro.contracts import (
+    CREDENTIALS_FIELD,
     DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_I_MAX,
     DEFAULT_SCALING_POLICY,
@@ -37,8 +38,10 @@ from nitro.contracts import (
     HYDROZOA_PERIOD,
     JOB_ID_RULE,
     NOISE_KAPPA,
+    SCALER_STATE_TTL_S,
     SCALING_POLICIES,
     SCORE_DECAY,
+    function_credentials,
     invocation_id,
     is_job_id,
     is_learn_key,
@@ -46,6 +49,7 @@ from nitro.contracts import (
     scaler_state_key,
     wave_live_key,
 )
+from nitro.data import codec
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.errors import ConfigError
 from nitro.rpc import auth, metrics
@@ -57,16 +61,15 @@ from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, Scheduler
 from nitro.scaling.policies import fleet_actors, make_policy
 from nitro.spec import MAX_ACTORS, MAX_BUDGET_USD, InvalidSpec, env_kwargs_from_wire
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
+from scaler_svc.actor_users import ActorUsers
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
 from scaler_svc.leases import WaveLeases
 
 log = logging.getLogger("scaler_svc")
 
-STATE_TTL_S = 7 * 24 * 3600
-
 
 def strip_password(url: str) -> str:
-    """Actors get the address only; their password comes from their own environment."""
+    """Actors get the address only; their job's user and password come in their event's credentials."""
     scheme, sep, rest = url.partition("://")
     return f"{scheme}{sep}{rest.split('@')[-1]}" if sep else url
 
@@ -156,10 +159,15 @@ def error_fields(o) -> dict:
 
 class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
     def __init__(self, redis_client, invoker: Invoker, prices: cost.Prices, actor_redis_url: str,
-                 wave_leases: WaveLeases | None = None):
+                 wave_leases: WaveLeases | None = None, *, hmac_key: bytes | None = None,
+                 actor_users: ActorUsers | None = None):
+        """hmac_key: the deployment's master key, from which each invocation's signing key and its job's read key
+        are derived (nitro.contracts.function_credentials); without it Launch refuses (Plan and GetCost work)."""
         self.redis, self.invoker, self.prices = redis_client, invoker, prices
-        self.actor_redis_url = actor_redis_url
+        self.actor_redis_url = strip_password(actor_redis_url)  # the job's user and password go in the events
+        self.hmac_key = hmac_key
         self.wave_leases = wave_leases or WaveLeases(redis_client)  # tests pass short TTLs
+        self.actor_users = actor_users or ActorUsers(redis_client)
         self._in_flight = 0
         self._lock = threading.Lock()
         self._init_ms: dict[str, float] = {}  # function name -> init CPU a fresh worker last reported
@@ -259,7 +267,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping={"policy_state": json.dumps(new_state), f"plan:{request.round}": json.dumps(plan)})
         pipe.hincrby(key, "rounds_planned", 1)
-        pipe.expire(key, STATE_TTL_S)
+        pipe.expire(key, SCALER_STATE_TTL_S)
         pipe.execute()
         metrics.set_job(metrics.BUDGET_LEFT_USD, request.job_id, inputs.budget_left_usd)
         metrics.forget_idle_jobs()
@@ -306,11 +314,18 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if len(slots) != request.actors or len(set(slots)) != len(slots) or min(slots) < 0 or request.wave < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "slots: must be distinct non-negative integers, as many as actors; wave must be >= 0")
+        if self.hmac_key is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "the scaler has no master key (NITRO_HMAC_KEY): it cannot give invocations their keys")
+        # The job's own Redis user, created at its first launch; each invocation gets its password and keys.
+        password = self.actor_users.ensure(request.job_id)
         invocations = []
         for i in slots:
             inv_id = invocation_id(request.job_id, request.round, i, kind=kind, wave=request.wave)
             event = {"job_id": request.job_id, "round": request.round, "policy_version": request.policy_version,
-                     "invocation_id": inv_id, "redis_url": self.actor_redis_url}
+                     "invocation_id": inv_id, "redis_url": self.actor_redis_url,
+                     CREDENTIALS_FIELD: function_credentials(self.hmac_key, request.job_id, inv_id,
+                                                             password).to_event()}
             if kind == "actor":
                 event.update(env_id=request.env_id, num_steps=request.steps_per_actor, seed=(request.seed + i) % (2**62))
                 if request.reset_episodes:
@@ -352,7 +367,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             if o.measured_init_ms > 0:
                 pipe.hset(key, init_field, o.measured_init_ms)
                 self._init_ms[request.function_name] = o.measured_init_ms
-            pipe.expire(key, STATE_TTL_S)
+            pipe.expire(key, SCALER_STATE_TTL_S)
             pipe.execute()
             metrics.COST_USD.labels("actors" if actors else "learner_functions").inc(charge.usd)
             metrics.CLOUD_COST_USD.labels("actors" if actors else "learner_functions").inc(charge.cloud_usd)
@@ -371,7 +386,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 self._in_flight += len(invocations)
                 metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
         t0 = time.perf_counter()
-        with metrics.SCALER_LAUNCH_SECONDS.labels(kind).time(), self._running(request, kind):
+        with (metrics.SCALER_LAUNCH_SECONDS.labels(kind).time(), self._running(request, kind),
+              self.actor_users.hold(request.job_id)):
             outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
                                                           on_done=account)
         # Only invocations that ran leave a sandbox behind (a throttled or refused one never started).
@@ -396,6 +412,13 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             return contextlib.nullcontext()
         return self.wave_leases.hold(wave_live_key(request.job_id, request.round, request.wave))
 
+    def EndJob(self, request, context):
+        """The job ended: delete its functions' Redis user and password (a resume's Launch makes new ones)."""
+        check_job_id(request.job_id, context)
+        deleted = self.actor_users.end(request.job_id)
+        log.info("job %s ended: its Redis user %s", request.job_id, "deleted" if deleted else "was already gone")
+        return scaler_pb2.EndJobResponse(user_deleted=deleted)
+
     def GetCost(self, request, context):
         check_job_id(request.job_id, context)
         st = self._state(request.job_id, COST_FIELDS)
@@ -418,6 +441,21 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             cloud_seconds=cloud.seconds, budget_clock=clock)
 
 
+def sweep_actor_users(users: ActorUsers) -> threading.Thread:
+    """At start, in the background (an unreachable Redis must not delay startup): delete the Redis users of jobs
+    that ended (ActorUsers.sweep)."""
+
+    def sweep() -> None:
+        try:
+            users.sweep()
+        except Exception as exc:  # noqa: BLE001 - advice: the next start sweeps again
+            log.warning("could not sweep the Redis users of ended jobs: %s", exc)
+
+    t = threading.Thread(target=sweep, name="actor-user-sweep", daemon=True)
+    t.start()
+    return t
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="scaler_svc", description="nitro ActorScaler")
     p.add_argument("--host", default="127.0.0.1")
@@ -430,8 +468,10 @@ def parse_args(argv=None):
                         "usual AWS environment)")
     p.add_argument("--region", default=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-2")))
     p.add_argument("--actor-redis-url", default=os.environ.get("NITRO_ACTOR_REDIS_URL"), action=URLWithoutPassword,
-                   instead="let the actors read the password from their own environment (NITRO_REDIS_PASSWORD)",
-                   help="Redis address as the actors see it (no password: actors read it from their env)")
+                   instead="leave the password out: each invocation gets its job's own Redis user and password in "
+                           "its event",
+                   help="Redis address as the actors see it (no user or password: each invocation gets its job's "
+                        "own in its event)")
     p.add_argument("--prices", default=os.environ.get("NITRO_PRICES"), help="YAML/JSON file overriding prices")
     p.add_argument("--max-concurrency", type=int, default=256)
     p.add_argument("--log-level", default="INFO")
@@ -445,6 +485,7 @@ def main(argv=None) -> None:
     try:
         args.redis_url = with_credentials(args.redis_url)  # NITRO_REDIS_PASSWORD(_FILE) when the URL has none
         security = auth.server_security(args, "scaler")
+        hmac_key = codec.load_hmac_key()  # the master key: invocation and read keys are derived from it
     except ConfigError as exc:
         raise SystemExit(f"scaler_svc: {exc}") from None
     prices = cost.Prices()
@@ -455,10 +496,12 @@ def main(argv=None) -> None:
             prices = cost.Prices.from_mapping(yaml.safe_load(f))
     client = lambda_client(args.lambda_endpoint, args.region, max_connections=args.max_concurrency,
                            read_timeout=900)
-    actor_url = args.actor_redis_url or strip_password(args.redis_url)
+    actor_url = args.actor_redis_url or args.redis_url
     redis_client = connect(args.redis_url)
     warn_if_not_persistent(redis_client, args.redis_url, "scaler")
-    servicer = ScalerServicer(redis_client, Invoker(client, max_concurrency=args.max_concurrency), prices, actor_url)
+    servicer = ScalerServicer(redis_client, Invoker(client, max_concurrency=args.max_concurrency), prices, actor_url,
+                              hmac_key=hmac_key)
+    sweep_actor_users(servicer.actor_users)
     service = Service("scaler", args.host, args.port, max_workers=32, interceptors=security.interceptors,
                       server_credentials=security.credentials,
                       max_connection_age_s=REPLICA_CONNECTION_AGE_S)

@@ -53,14 +53,14 @@ def one_thread():
 
 
 @pytest.fixture
-def fresh_handler(monkeypatch, hmac_key):
-    """The actor's Lambda handler with a cold execution environment (no warm key, sampler, runner or
-    Redis client) and `hmac_key` as its signing key."""
+def fresh_handler(monkeypatch):
+    """The actor's Lambda handler with a cold execution environment (no warm sampler, runner or Redis client).
+    Its keys come in each event (tests.credentials.grant)."""
     import actor_fn.handler as handler_mod
     from actor_fn import runtime
 
-    monkeypatch.setenv("NITRO_HMAC_KEY", hmac_key.hex())
-    for name in ("key", "sampler", "sampler_key", "runner", "runner_key"):
+    monkeypatch.delenv("NITRO_HMAC_KEY", raising=False)  # a function holds no key of its own
+    for name in ("sampler", "sampler_key", "runner", "runner_key"):
         monkeypatch.setattr(handler_mod._Warm, name, None)
     monkeypatch.setattr(runtime, "WARM_CLIENTS", {})
     yield handler_mod.handler

@@ -1,6 +1,7 @@
 """The actor Lambda handler end to end: policy in Redis -> one signed batch in the stream.
 
-Real redis-server, real local Lambda endpoint, real boto3 client.
+Real redis-server, real local Lambda endpoint, real boto3 client. The function holds no secret of its own:
+its job's Redis user and password and its keys come in the event (tests.credentials.grant, as the scaler).
 """
 
 import json
@@ -13,14 +14,21 @@ from pathlib import Path
 import boto3
 import numpy as np
 import pytest
+import redis
 from botocore.config import Config
 
+from nitro.contracts import invocation_id
 from nitro.data.store import PolicyStore, TrajectoryReader
 from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
 from nitro.policy.envs import env_spaces
 from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
+from tests.credentials import grant, read_key
 
 JOB = "handler-test"
+
+
+def inv(slot: int) -> str:
+    return invocation_id(JOB, 0, slot)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +37,8 @@ def key_hex():
 
 
 @pytest.fixture(scope="module")
-def endpoint(key_hex):
-    fn = FunctionConfig("nitro-actor", "actor_fn.handler.handler", timeout_s=30, concurrency=4, max_workers=2,
-                        env={"NITRO_HMAC_KEY": key_hex})
+def endpoint():
+    fn = FunctionConfig("nitro-actor", "actor_fn.handler.handler", timeout_s=30, concurrency=4, max_workers=2)
     with LocalLambda([fn]) as ll:
         yield ll
 
@@ -46,14 +53,17 @@ def lam(endpoint):
 def publish_policy(client, key: bytes, env_id="CartPole-v1", version=3) -> Policy:
     spec = spec_for_spaces(*env_spaces(env_id), obs_norm=True)
     policy = Policy(spec)
-    PolicyStore(client, JOB).put(version, policy_to_blob(policy, version, key))
+    PolicyStore(client, JOB).put(version, policy_to_blob(policy, version, read_key(key, JOB)))
     return policy
 
 
-def event(redis_server, **kw):
+def event(redis_server, key: bytes = bytes.fromhex("ab" * 32), **kw):
+    """An event as the scaler builds it: the invocation's credentials derived from master key `key`."""
     e = {"job_id": JOB, "round": 0, "policy_version": 3, "env_id": "CartPole-v1", "num_steps": 300, "seed": 1,
-         "invocation_id": "inv-1", "redis_url": redis_server.url}
+         "invocation_id": inv(1), "redis_url": redis_server.url}
     e.update(kw)
+    with redis.Redis.from_url(redis_server.url) as client:
+        e.update(grant(client, key, JOB, e["invocation_id"]))
     return e
 
 
@@ -73,11 +83,11 @@ def test_policy_in_redis_to_batch_in_stream_through_boto3(redis_client, redis_se
     entries = reader.read(count=10, block_ms=1000)
     assert len(entries) == 1
     e = entries[0]
-    assert (e.invocation_id, e.round, e.policy_version, e.steps) == ("inv-1", 0, 3, 300)
+    assert (e.invocation_id, e.round, e.policy_version, e.steps) == (inv(1), 0, 3, 300)
     b = e.batch
     for name in ("obs", "actions", "rewards", "terminated", "truncated", "logp", "values", "final_values"):
         assert len(b[name]) == 300, name
-    assert b["obs"].shape == (300, 4) and b["policy_version"] == 3 and b["invocation_id"] == "inv-1"
+    assert b["obs"].shape == (300, 4) and b["policy_version"] == 3 and b["invocation_id"] == inv(1)
     assert sum(b["episode_lengths"]) <= 300 and isinstance(b["bootstrap_value"], float)
     reader.ack(entries)
     assert redis_client.xlen(f"nitro:{JOB}:traj") == 0
@@ -88,7 +98,7 @@ def test_warm_actor_continues_episodes_and_reloads_new_version(redis_client, red
     publish_policy(redis_client, key, version=3)
     publish_policy(redis_client, key, version=4)
     for i, version in enumerate((3, 3, 4)):
-        resp, summary = invoke(lam, event(redis_server, invocation_id=f"warm-{i}", policy_version=version,
+        resp, summary = invoke(lam, event(redis_server, invocation_id=inv(10 + i), policy_version=version,
                                           num_steps=50))
         assert summary["ok"] and summary["policy_version"] == version
     reader = TrajectoryReader(redis_client, JOB, key)
@@ -115,24 +125,40 @@ def test_errors_are_clear_function_errors(redis_client, redis_server, lam, key_h
 
 def test_unreachable_redis_fails_fast_not_hangs(redis_server, lam):
     t0 = time.monotonic()
-    resp, body = invoke(lam, event(redis_server, redis_url="redis://127.0.0.1:1/0", invocation_id="nored"))
+    resp, body = invoke(lam, event(redis_server, redis_url="redis://127.0.0.1:1/0", invocation_id=inv(20)))
     assert resp["FunctionError"] == "Unhandled"
     assert body["errorType"] == "RedisUnavailableError" and "127.0.0.1:1" in body["errorMessage"]
     assert time.monotonic() - t0 < 15
 
 
-def test_direct_call_signs_batch_with_deployment_key(redis_client, redis_server, monkeypatch):
+def test_direct_call_signs_batch_with_its_invocation_key(redis_client, redis_server, monkeypatch):
     from actor_fn import handler as actor
 
     key = b"k" * 32
-    monkeypatch.setenv("NITRO_HMAC_KEY", key.hex())
-    monkeypatch.setattr(actor._Warm, "key", None)
+    monkeypatch.delenv("NITRO_HMAC_KEY", raising=False)  # the function needs no key of its own
     publish_policy(redis_client, key)
-    out = actor.handler(event(redis_server, invocation_id="direct", num_steps=20))
+    out = actor.handler(event(redis_server, key, invocation_id=inv(30), num_steps=20))
     assert out["ok"]
     wrong = TrajectoryReader(redis_client, JOB, b"x" * 32, consumer="other")
-    assert wrong.read(count=5, block_ms=200) == [] and sum(wrong.rejected.values()) == 1
+    assert wrong.read(count=5, block_ms=200) == [] and wrong.rejected == {"bad_signature": 1}
     np.testing.assert_equal(out["steps"], 20)
+
+
+def test_the_credentials_are_required_and_never_echoed(redis_client, redis_server):
+    from actor_fn import handler as actor
+    from nitro.errors import ConfigError
+
+    good = event(redis_server, invocation_id=inv(31), num_steps=20)
+    creds = good["credentials"]
+    for broken, field in (({k: v for k, v in good.items() if k != "credentials"}, "'credentials'"),
+                          ({**good, "credentials": {**creds, "signing_key": "zz"}}, "credentials.signing_key"),
+                          ({**good, "credentials": {**creds, "redis_username": "nitro-actor-other"}},
+                           "credentials.redis_username"),
+                          ({**good, "credentials": {**creds, "redis_password": "short"}}, "credentials.redis_password")):
+        with pytest.raises(ConfigError, match=field) as err:
+            actor.handler(broken)
+        for secret in (creds["redis_password"], creds["signing_key"], creds["read_key"]):
+            assert secret not in str(err.value)
 
 
 def test_reset_episodes_makes_a_batch_depend_on_its_event_only(redis_client, redis_server, monkeypatch):
@@ -141,26 +167,25 @@ def test_reset_episodes_makes_a_batch_depend_on_its_event_only(redis_client, red
     from actor_fn import handler as actor
 
     key = b"r" * 32
-    monkeypatch.setenv("NITRO_HMAC_KEY", key.hex())
-    monkeypatch.setattr(actor._Warm, "key", None)
     publish_policy(redis_client, key)
     reader = TrajectoryReader(redis_client, JOB, key, consumer="reset-test")
 
-    def batch(inv, **kw):
-        assert actor.handler(event(redis_server, invocation_id=inv, num_steps=40, **{"seed": 11, **kw}))["ok"]
+    def batch(slot, **kw):
+        ev = event(redis_server, key, invocation_id=inv(slot), num_steps=40, **{"seed": 11, **kw})
+        assert actor.handler(ev)["ok"]
         (entry,) = reader.read(count=5, block_ms=1000)
         reader.ack([entry])
         return entry.batch
 
-    first = batch("reset-a", reset_episodes=True)
-    batch("warm-up", seed=5)  # moves the warm environment on
-    again = batch("reset-b", reset_episodes=True)
-    continued = batch("cont", seed=11)
+    first = batch(40, reset_episodes=True)
+    batch(41, seed=5)  # moves the warm environment on
+    again = batch(42, reset_episodes=True)
+    continued = batch(43, seed=11)
     np.testing.assert_array_equal(first["obs"], again["obs"])
     np.testing.assert_array_equal(first["actions"], again["actions"])
     assert not np.array_equal(first["obs"], continued["obs"])  # without the flag the episode carries on
     with pytest.raises(Exception, match="reset_episodes"):
-        actor.handler(event(redis_server, invocation_id="bad", reset_episodes="yes"))
+        actor.handler(event(redis_server, key, invocation_id=inv(44), reset_episodes="yes"))
 
 
 def test_an_actor_process_runs_numpy_on_one_blas_thread():

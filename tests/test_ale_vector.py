@@ -19,6 +19,7 @@ from nitro.policy.envs import ale_vector_kwargs, env_spaces, make_env, resolve_e
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
 from nitro.policy.rollout import Sampler, VecSampler, env_seed, make_sampler
+from tests.credentials import grant, read_key, signer
 
 # Berzerk under a near-uniform policy ends episodes in ~140-230 steps; a limit of 800 frames cuts them at 200
 # steps, so a few hundred steps per env see both terminations and truncations. (gym.make's max_episode_steps:
@@ -188,8 +189,9 @@ def test_uneven_steps_record_the_same_rows_and_leave_the_extra_step_out(n_envs, 
             # Split, each part lists the episodes that ended in it, those at a left-out step included; also
             # through the stream, where a batch above max_entry_bytes goes as signed parts.
             parts = split_batch(got, 3, value_of=runner.value_batch)
-            writer = TrajectoryWriter(redis_client, f"uneven{n_envs}", hmac_key, max_entry_bytes=250_000)
-            writer.append_batch(invocation_id="u-1", round=0, policy_version=0, batch=got, compress=False,
+            job = f"uneven{n_envs}"
+            writer = TrajectoryWriter(redis_client, job, signer(hmac_key, job), max_entry_bytes=250_000)
+            writer.append_batch(invocation_id=f"{job}-r0-a1", round=0, policy_version=0, batch=got, compress=False,
                                 value_of=runner.value_batch)
             reader = TrajectoryReader(redis_client, f"uneven{n_envs}", hmac_key)
             streamed = [e.batch for e in reader.read(count=10, block_ms=1000)]
@@ -278,10 +280,10 @@ def test_make_env_stacks_zeros_before_the_first_frame():
 
 def test_the_actor_handler_samples_atari_on_the_vector_env(fresh_handler, redis_server, redis_client, hmac_key):
     spec = spec_for_spaces(*env_spaces("ALE/Qbert-v5"))
-    PolicyStore(redis_client, "alev").put(1, policy_to_blob(Policy(spec), 1, hmac_key))
+    PolicyStore(redis_client, "alev").put(1, policy_to_blob(Policy(spec), 1, read_key(hmac_key, "alev")))
     event = {"job_id": "alev", "round": 0, "policy_version": 1, "env_id": "ALE/Qbert-v5", "num_steps": 64,
-             "seed": 5, "invocation_id": "alev-1", "redis_url": redis_server.url, "reset_episodes": True,
-             "envs_per_actor": 4}
+             "seed": 5, "invocation_id": "alev-r0-a1", "redis_url": redis_server.url, "reset_episodes": True,
+             "envs_per_actor": 4, **grant(redis_client, hmac_key, "alev", "alev-r0-a1")}
     summary = fresh_handler(event, None)
     assert summary["ok"] and summary["steps"] == 64
     assert isinstance(handler_mod._Warm.sampler, ALEVecSampler) and handler_mod._Warm.sampler.num_envs == 4

@@ -22,9 +22,11 @@ from nitro.policy.models import (
     spec_for_spaces,
 )
 from nitro.policy.rollout import Sampler
+from tests.credentials import grant, read_key, signer
 
 ENV = "ALE/Qbert-v5"
 JOB = "atari-test"
+INV = f"{JOB}-r0-a0"  # the actor invocation every batch below belongs to
 
 
 @pytest.fixture(scope="module")
@@ -220,17 +222,17 @@ def test_a_prepacked_forward_that_fails_on_this_cpu_falls_back_to_the_dense_one(
     assert inference._packed_failed and later._packed_cnn(("actor", "critic"), 8) is None and not caplog.text
 
 
-def event(redis_server, **kw):
+def event(redis_client, redis_server, hmac_key, **kw):
     e = {"job_id": JOB, "round": 0, "policy_version": 1, "env_id": ENV, "num_steps": 64, "seed": 3,
-         "invocation_id": "atari-1", "redis_url": redis_server.url}
+         "invocation_id": INV, "redis_url": redis_server.url}
     e.update(kw)
-    return e
+    return {**e, **grant(redis_client, hmac_key, JOB, e["invocation_id"])}
 
 
 def test_handler_samples_an_ale_env_into_a_compressed_signed_batch(fresh_handler, redis_server, redis_client,
                                                                     hmac_key, policy):
-    PolicyStore(redis_client, JOB).put(1, policy_to_blob(policy, 1, hmac_key))
-    summary = fresh_handler(event(redis_server), None)
+    PolicyStore(redis_client, JOB).put(1, policy_to_blob(policy, 1, read_key(hmac_key, JOB)))
+    summary = fresh_handler(event(redis_client, redis_server, hmac_key), None)
     assert summary["ok"] and summary["steps"] == 64 and summary["entries"] == 1
     raw = redis_client.xrange(f"nitro:{JOB}:traj")[0][1][b"payload"]
     assert raw[4] & 0x01  # envelope flag: zlib, switched on automatically for uint8 frames
@@ -242,13 +244,13 @@ def test_handler_samples_an_ale_env_into_a_compressed_signed_batch(fresh_handler
     assert batch["actions"].dtype == np.int64 and batch["actions"].max() < policy.spec.action_dim
     for name in ("rewards", "terminated", "truncated", "logp", "values", "final_values"):
         assert len(batch[name]) == 64, name
-    assert (entry.part, entry.parts, entry.dedup_id) == (0, 1, "atari-1")
+    assert (entry.part, entry.parts, entry.dedup_id) == (0, 1, INV)
     reader.ack([entry])
 
 
 def test_handler_splits_a_batch_above_the_entry_cap(fresh_handler, redis_server, redis_client, hmac_key, policy):
-    PolicyStore(redis_client, JOB).put(1, policy_to_blob(policy, 1, hmac_key))
-    summary = fresh_handler(event(redis_server, num_steps=48, compress=False, max_entry_bytes=400_000), None)
+    PolicyStore(redis_client, JOB).put(1, policy_to_blob(policy, 1, read_key(hmac_key, JOB)))
+    summary = fresh_handler(event(redis_client, redis_server, hmac_key, num_steps=48, compress=False, max_entry_bytes=400_000), None)
     assert summary["entries"] >= 3  # 48 x 21168 bytes of frames, at most 400 kB per entry
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
     entries = reader.read(count=10, block_ms=1000)
@@ -256,7 +258,7 @@ def test_handler_splits_a_batch_above_the_entry_cap(fresh_handler, redis_server,
     assert sorted(e.part for e in entries) == list(range(entries[0].parts))
     assert len({e.dedup_id for e in entries}) == len(entries)
     with pytest.raises(Exception, match="max_entry_bytes"):
-        fresh_handler(event(redis_server, max_entry_bytes="big"), None)
+        fresh_handler(event(redis_client, redis_server, hmac_key, max_entry_bytes="big"), None)
 
 
 # -- stream entries at the limit -----------------------------------------------------------
@@ -272,11 +274,11 @@ def fake_batch(n=40, seed=0):
             "final_values": np.where(trunc, 1.5, 0.0).astype(np.float32), "bootstrap_value": 0.7,
             "episode_returns": [1.0, 2.0, 3.0][:int((term | trunc).sum())],
             "episode_lengths": [10, 16, 6][:int((term | trunc).sum())], "policy_version": 2,
-            "invocation_id": "inv"}
+            "invocation_id": INV}
 
 
 def encoded_size(batch, key, compress=False):
-    return len(codec.encode(("inv", 0, 2, len(batch["rewards"]), batch), key, compress=compress))
+    return len(codec.encode((INV, 0, 2, len(batch["rewards"]), batch), key, compress=compress))
 
 
 def read_all(client, key, **kw):
@@ -289,8 +291,8 @@ def read_all(client, key, **kw):
 def test_batch_exactly_at_the_cap_is_one_entry(redis_client, hmac_key):
     batch = fake_batch()
     size = encoded_size(batch, hmac_key)
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=size)
-    assert len(writer.append_batch(invocation_id="inv", round=0, policy_version=2, batch=batch,
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), max_entry_bytes=size)
+    assert len(writer.append_batch(invocation_id=INV, round=0, policy_version=2, batch=batch,
                                    compress=False)) == 1
     _, (entry,) = read_all(redis_client, hmac_key)
     assert entry.parts == 1 and np.array_equal(entry.batch["obs"], batch["obs"])
@@ -299,8 +301,8 @@ def test_batch_exactly_at_the_cap_is_one_entry(redis_client, hmac_key):
 def test_batch_one_byte_above_the_cap_is_split_and_round_trips(redis_client, hmac_key):
     batch = fake_batch()
     size = encoded_size(batch, hmac_key)
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=size - 1)
-    ids = writer.append_batch(invocation_id="inv", round=0, policy_version=2, batch=batch, compress=False)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), max_entry_bytes=size - 1)
+    ids = writer.append_batch(invocation_id=INV, round=0, policy_version=2, batch=batch, compress=False)
     assert len(ids) >= 2
     assert all(len(f[b"payload"]) <= size - 1 for _, f in redis_client.xrange(f"nitro:{JOB}:traj"))
     _, entries = read_all(redis_client, hmac_key)
@@ -313,7 +315,7 @@ def test_batch_one_byte_above_the_cap_is_split_and_round_trips(redis_client, hma
     for p, nxt in zip(parts[:-1], parts[1:]):  # a mid-episode cut bootstraps from the next part's first value
         ended = p["terminated"][-1] or p["truncated"][-1]
         assert p["bootstrap_value"] == (0.0 if ended else float(nxt["values"][0]))
-    assert all(p["policy_version"] == 2 and p["invocation_id"] == "inv" for p in parts)
+    assert all(p["policy_version"] == 2 and p["invocation_id"] == INV for p in parts)
     assert sum(e.steps for e in entries) == 40
 
 
@@ -325,8 +327,8 @@ def test_compression_keeps_an_atari_like_batch_in_one_entry(redis_client, hmac_k
         frames[t, :, 70:84, :] = 90
     batch["obs"] = frames
     raw = encoded_size(batch, hmac_key)
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=raw // 4)
-    assert len(writer.append_batch(invocation_id="inv", round=0, policy_version=2, batch=batch)) == 1  # auto
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), max_entry_bytes=raw // 4)
+    assert len(writer.append_batch(invocation_id=INV, round=0, policy_version=2, batch=batch)) == 1  # auto
     _, (entry,) = read_all(redis_client, hmac_key)
     assert np.array_equal(entry.batch["obs"], batch["obs"])
 
@@ -334,8 +336,8 @@ def test_compression_keeps_an_atari_like_batch_in_one_entry(redis_client, hmac_k
 def test_entries_above_the_readers_max_are_rejected(redis_client, hmac_key):
     batch = fake_batch()
     size = encoded_size(batch, hmac_key)
-    TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=size).append_batch(
-        invocation_id="inv", round=0, policy_version=2, batch=batch, compress=False)
+    TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), max_entry_bytes=size).append_batch(
+        invocation_id=INV, round=0, policy_version=2, batch=batch, compress=False)
     reader, entries = read_all(redis_client, hmac_key, max_payload_bytes=size - 1)
     assert entries == [] and reader.rejected["too_large"] == 1
     assert redis_client.xlen(f"nitro:{JOB}:traj") == 0  # dropped, not left pending
@@ -343,18 +345,18 @@ def test_entries_above_the_readers_max_are_rejected(redis_client, hmac_key):
 
 def test_a_single_step_above_the_cap_cannot_be_split(redis_client, hmac_key):
     with pytest.raises(codec.PayloadTooLargeError, match="one step"):
-        TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=10_000).append_batch(
-            invocation_id="inv", round=0, policy_version=2, batch=fake_batch(4), compress=False)
+        TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), max_entry_bytes=10_000).append_batch(
+            invocation_id=INV, round=0, policy_version=2, batch=fake_batch(4), compress=False)
     with pytest.raises(ValueError, match="proto-max-bulk-len"):
-        TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=(512 << 20) + 1)
+        TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), max_entry_bytes=(512 << 20) + 1)
 
 
 def test_relabelled_part_is_rejected_and_duplicate_parts_dropped(redis_client, hmac_key):
     batch = fake_batch()
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=encoded_size(batch, hmac_key) // 2)
-    ids = writer.append_batch(invocation_id="inv", round=0, policy_version=2, batch=batch, compress=False)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), max_entry_bytes=encoded_size(batch, hmac_key) // 2)
+    ids = writer.append_batch(invocation_id=INV, round=0, policy_version=2, batch=batch, compress=False)
     redis_client.xadd(f"nitro:{JOB}:traj", {**redis_client.xrange(f"nitro:{JOB}:traj")[0][1], b"part": b"1"})
-    writer.append_batch(invocation_id="inv", round=0, policy_version=2, batch=batch, compress=False)  # a retry
+    writer.append_batch(invocation_id=INV, round=0, policy_version=2, batch=batch, compress=False)  # a retry
     reader, entries = read_all(redis_client, hmac_key)
     assert len(entries) == len(ids) and reader.rejected["bad_signature"] == 1 and reader.duplicates == len(ids)
 

@@ -22,6 +22,7 @@ from nitro.policy.model_spec import blob_to_doc
 from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
 from nitro.policy.rollout import lockstep_layout, make_sampler
 from nitro.spec import ALGOS, BEHAVIOUR_VALUE_ALGOS
+from tests.credentials import grant, read_key
 
 ENV = "CartPole-v1"
 KW = {"max_episode_steps": 15}  # a random policy meets both time limits and terminations
@@ -137,21 +138,22 @@ def test_the_flag_travels_in_the_signed_policy_document_and_defaults_on(hmac_key
     assert set(BEHAVIOUR_VALUE_ALGOS) == {"ppo"} and set(BEHAVIOUR_VALUE_ALGOS) < set(ALGOS)
 
 
-def _event(redis_server, **kw):
+def _event(redis_client, hmac_key, redis_server, **kw):
     e = {"job_id": "bv", "round": 0, "policy_version": 1, "env_id": ENV, "env_kwargs": KW, "num_steps": 200,
-         "seed": 5, "invocation_id": "bv-1", "redis_url": redis_server.url, "reset_episodes": True}
+         "seed": 5, "invocation_id": "bv-r0-a1", "redis_url": redis_server.url, "reset_episodes": True}
     e.update(kw)
-    return e
+    return {**e, **grant(redis_client, hmac_key, "bv", e["invocation_id"])}
 
 
 def test_an_impact_policy_gets_batches_without_values_that_impact_learns_from_and_ppo_refuses(
         fresh_handler, redis_server, redis_client, hmac_key):
     spec = spec_for_spaces(*env_spaces(ENV))
     policy = Policy(spec)
-    PolicyStore(redis_client, "bv").put(1, policy_to_blob(policy, 1, hmac_key, behaviour_values=False))
-    fresh_handler(_event(redis_server, envs_per_actor=4), None)
+    PolicyStore(redis_client, "bv").put(1, policy_to_blob(policy, 1, read_key(hmac_key, "bv"), behaviour_values=False))
+    fresh_handler(_event(redis_client, hmac_key, redis_server, envs_per_actor=4), None)
     # A cap that forces a split: the parts' cut bootstraps come from the actor's critic.
-    summary = fresh_handler(_event(redis_server, invocation_id="bv-2", max_entry_bytes=3000), None)
+    summary = fresh_handler(_event(redis_client, hmac_key, redis_server, invocation_id="bv-r0-a2",
+                                   max_entry_bytes=3000), None)
     assert summary["entries"] > 1
     reader = TrajectoryReader(redis_client, "bv", hmac_key)
     entries = reader.read(count=20, block_ms=1000)

@@ -28,16 +28,40 @@ def test_key_layout():
     assert c.update_stream_key("j") == "nitro:j:learn:updates"
 
 
-def test_actor_acl_patterns_cover_exactly_what_actors_touch():
+@given(JOB_IDS, JOB_IDS)
+def test_a_jobs_acl_patterns_cover_exactly_what_its_functions_touch_of_that_job_only(job, other):
     import fnmatch
 
-    allowed = lambda key: any(fnmatch.fnmatchcase(key, p) for p in c.ACTOR_KEY_PATTERNS)  # noqa: E731
-    assert allowed(c.stream_key("j")) and allowed(c.policy_key("j", 1)) and allowed(c.parcel_key("j", "i"))
-    assert allowed(c.update_stream_key("j"))
-    for private in (c.seen_key("j"), c.scaler_state_key("j"), c.sample_key("j", 0), c.detector_ratios_key("j"),
-                    c.wave_live_key("j", 0, 0)):
+    allowed = lambda key: any(fnmatch.fnmatchcase(key, p) for p in c.actor_key_patterns(job))  # noqa: E731
+    assert allowed(c.stream_key(job)) and allowed(c.policy_key(job, 1)) and allowed(c.latest_policy_key(job))
+    assert allowed(c.parcel_key(job, "i")) and allowed(c.update_stream_key(job)) and allowed(c.staleness_record_key(job))
+    for private in (c.seen_key(job), c.scaler_state_key(job), c.sample_key(job, 0), c.detector_ratios_key(job),
+                    c.wave_live_key(job, 0, 0), c.learn_counter_key(job).replace(":learn:", ":other:")):
         assert not allowed(private), private
         assert fnmatch.fnmatchcase(private, c.ALL_KEYS_PATTERN)
+    if other != job:  # nothing of another job, whatever the two ids (job ids hold no glob character)
+        for key in (c.stream_key(other), c.policy_key(other, 1), c.parcel_key(other, "i"), c.update_stream_key(other)):
+            assert not allowed(key), (job, key)
+    assert c.job_of_actor_user(c.actor_user(job)) == job and c.job_of_actor_user("nitro-service") is None
+
+
+def test_derived_keys_are_bound_to_their_job_and_invocation():
+    master = b"m" * 32
+    key = c.invocation_key(master, "a", "a-r3-a0")
+    assert len(key) == 32 and key == c.invocation_key(master, "a", "a-r3-a0")
+    others = {c.invocation_key(master, "b", "a-r3-a0"), c.invocation_key(master, "a", "a-r3-a1"),
+              c.invocation_key(master, "a", "a-r3-a0-x1"), c.invocation_key(b"n" * 32, "a", "a-r3-a0"),
+              c.job_read_key(master, "a"), c.job_read_key(master, "b")}
+    assert key not in others and len(others) == 6
+    with pytest.raises(ValueError, match="job_id"):
+        c.invocation_key(master, "a|b", "x")
+    with pytest.raises(ValueError, match="invocation"):
+        c.invocation_key(master, "a", "")
+    with pytest.raises(TypeError, match="master"):
+        c.job_read_key(b"", "a")
+    creds = c.function_credentials(master, "a", "a-r3-a0", "p" * 32)
+    assert "p" * 32 not in repr(creds) and key.hex() not in repr(creds)
+    assert c.FunctionCredentials.from_event({"credentials": creds.to_event()}, "a") == creds
 
 
 @pytest.mark.parametrize("bad", ["", "a" * 65, "a:b", "a*", "a b", "j\n", "../x", None, 7, "ü"])

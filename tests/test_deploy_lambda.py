@@ -289,30 +289,20 @@ def test_train_backend_aws_fails_fast_on_missing_settings(aws, flags, message):
     assert rc == 2 and message in err, err
 
 
-def test_train_backend_aws_needs_the_functions_secrets(aws, monkeypatch):
+def test_train_backend_aws_starts_the_local_system_without_the_local_endpoint(aws, monkeypatch, tmp_path):
+    """The CLI's side of the contract with LocalSystem (see _aws_backend). The deployed function holds no secret
+    (each invocation's event carries its job's Redis user and its keys), so none is asked for or passed on."""
     for k in ("NITRO_HMAC_KEY", "NITRO_HMAC_KEY_FILE", "NITRO_REDIS_PASSWORD", "NITRO_REDIS_PASSWORD_FILE"):
         monkeypatch.delenv(k, raising=False)
-    rc, err = train("--backend", "aws", "--local", "--function", "f", "--actor-redis-url", "redis://10.0.0.5:6390/0")
-    assert rc == 2 and "needs NITRO_HMAC_KEY" in err and "deploy-lambda --env" in err
-
-
-def test_train_backend_aws_starts_the_local_system_without_the_local_endpoint(aws, monkeypatch, tmp_path):
-    """The CLI's side of the contract with LocalSystem (see _aws_backend)."""
-    monkeypatch.setenv("NITRO_HMAC_KEY", SECRET)
-    pw = tmp_path / "pw"
-    pw.write_text("redispw\n")
-    monkeypatch.delenv("NITRO_REDIS_PASSWORD", raising=False)
-    monkeypatch.setenv("NITRO_REDIS_PASSWORD_FILE", str(pw))
     flags = ["--backend", "aws", "--local", "--function", "nitro-actor:live", "--actor-redis-url",
              "redis://203.0.113.7:6390/0"]
     seen = {}
 
     class FakeSystem:
         def __init__(self, state_dir, ports=None, *, concurrency=64, startup_timeout_s=180.0, lambda_backend="local",
-                     actor_redis_url=None, aws_region=None, hmac_key=None, redis_password=None, redis_bind=None,
-                     restart_policy=None):
+                     actor_redis_url=None, aws_region=None, redis_bind=None, restart_policy=None):
             seen.update(ports=ports, lambda_backend=lambda_backend, actor_redis_url=actor_redis_url,
-                        aws_region=aws_region, hmac_key=hmac_key, redis_password=redis_password, redis_bind=redis_bind)
+                        aws_region=aws_region, redis_bind=redis_bind)
 
         def start(self):
             raise LocalSystemError("stop here")
@@ -327,7 +317,7 @@ def test_train_backend_aws_starts_the_local_system_without_the_local_endpoint(aw
     rc, err = train(*flags)
     assert rc == 1 and "stop here" in err, err
     assert seen == {"ports": {"redis": 6390}, "lambda_backend": "aws", "actor_redis_url": "redis://203.0.113.7:6390/0",
-                    "aws_region": REGION, "hmac_key": SECRET, "redis_password": "redispw", "redis_bind": "0.0.0.0"}
+                    "aws_region": REGION, "redis_bind": "0.0.0.0"}
 
 
 # --- deploy/aws IAM documents -------------------------------------------------------------------

@@ -256,12 +256,18 @@ def test_hpas_scale_detector_and_scaler_independently_and_services_select_pods()
     assert container["command"] == ["sh", "/etc/redis/redis-start.sh", "/etc/redis/redis.conf"]
     secret_keys = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"]}
     assert secret_keys["NITRO_REDIS_PASSWORD"] == "redis-password"
-    assert secret_keys["NITRO_REDIS_ACTOR_PASSWORD"] == "redis-actor-password"
+    assert secret_keys["NITRO_REDIS_SCALER_PASSWORD"] == "redis-scaler-password"
+    assert "NITRO_REDIS_ACTOR_PASSWORD" not in secret_keys  # no shared actor user: each job gets its own
     example = yaml.safe_load_all((K8S / "secrets.example.yaml").read_text())
-    assert {"redis-password", "redis-actor-password"} <= set(next(example)["stringData"])
-    for name in ("nitro-learner", "nitro-detector", "nitro-scaler"):  # the services log in as nitro-service
-        env = {e["name"]: e.get("value") for e in pods[name]["spec"]["containers"][0]["env"]}
-        assert env["NITRO_REDIS_URL"].startswith("redis://nitro-service:$(NITRO_REDIS_PASSWORD)@"), name
+    assert set(next(example)["stringData"]) == {"hmac-key", "token", "redis-password", "redis-scaler-password"}
+    for name, user in (("nitro-learner", "nitro-service"), ("nitro-detector", "nitro-service"),
+                       ("nitro-scaler", "nitro-scaler")):  # the scaler alone may create and delete job users
+        container = pods[name]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["NITRO_REDIS_URL"].startswith(f"redis://{user}:$(NITRO_REDIS_PASSWORD)@"), name
+        password = next(e for e in container["env"] if e["name"] == "NITRO_REDIS_PASSWORD")
+        assert password["valueFrom"]["secretKeyRef"]["key"] == (
+            "redis-scaler-password" if user == "nitro-scaler" else "redis-password"), name
 
 
 def test_config_files_are_what_the_code_accepts():
@@ -524,17 +530,41 @@ def test_compose_commands_are_the_services_own_flags(compose):
     assert parses(service_parser("scaler"), aws_cmd) and "--lambda-endpoint" not in aws_cmd
     redis = compose["services"]["redis"]
     assert redis["command"][:2] == ["sh", "/usr/local/etc/redis/redis-start.sh"]
-    assert {"NITRO_REDIS_PASSWORD", "NITRO_REDIS_ACTOR_PASSWORD"} <= set(redis["environment"])
-    # Actors get the restricted user's password only; the services log in as nitro-service.
-    assert actors["environment"]["NITRO_REDIS_USERNAME"] == "nitro-actor"
-    assert "NITRO_REDIS_ACTOR_PASSWORD" in actors["environment"]["NITRO_REDIS_PASSWORD"]
-    assert interpolate(compose["services"]["learner"]["environment"]["NITRO_REDIS_URL"]).startswith(
-        "redis://nitro-service:")
+    assert set(redis["environment"]) == {"NITRO_REDIS_PASSWORD", "NITRO_REDIS_SCALER_PASSWORD"}
+    # The actors hold no secret: each event carries its job's Redis user and password and its own keys.
+    assert not any(re.search(r"HMAC|PASSWORD|TOKEN|REDIS", name) for name in actors["environment"])
+    assert "@" not in scaler[scaler.index("--actor-redis-url") + 1]
+    assert "@" not in aws_cmd[aws_cmd.index("--actor-redis-url") + 1]
+    # The learner and detector log in as nitro-service, the scaler as nitro-scaler.
+    for svc, user in (("learner", "nitro-service"), ("detector", "nitro-service"), ("scaler", "nitro-scaler")):
+        assert interpolate(compose["services"][svc]["environment"]["NITRO_REDIS_URL"]).startswith(f"redis://{user}:")
     # Every secret compose requires is one gen-secrets.sh writes.
     code = "\n".join(ln for ln in (DOCKER / "compose.yaml").read_text().splitlines() if not ln.lstrip().startswith("#"))
     required = set(re.findall(r"\$\{(\w+):\?", code))
-    written = set(re.findall(r'echo "(\w+)=', (DOCKER / "gen-secrets.sh").read_text()))
+    written = set(re.search(r"^for name in ([\w ]+); do$", (DOCKER / "gen-secrets.sh").read_text(), re.M).group(1).split())
     assert required <= written, required - written
+
+
+def test_gen_secrets_writes_every_secret_once_and_adds_what_an_older_env_lacks(tmp_path):
+    import shutil
+    import subprocess
+
+    script = tmp_path / "gen-secrets.sh"
+    shutil.copy(DOCKER / "gen-secrets.sh", script)
+    run = lambda: subprocess.run(["sh", str(script)], capture_output=True, text=True, check=True)  # noqa: E731
+    run()
+    env = tmp_path / ".env"
+    first = dict(ln.split("=", 1) for ln in env.read_text().splitlines() if "=" in ln and not ln.startswith("#"))
+    assert set(first) >= {"NITRO_HMAC_KEY", "NITRO_TOKEN", "NITRO_REDIS_PASSWORD", "NITRO_REDIS_SCALER_PASSWORD"}
+    assert env.stat().st_mode & 0o077 == 0 and len(set(first.values())) == len(first)
+    run()
+    assert env.read_text().count("NITRO_REDIS_SCALER_PASSWORD=") == 1  # nothing rewritten
+    # An .env from before the scaler had its own Redis user: kept, and the missing secret added.
+    env.write_text("".join(f"{k}={v}\n" for k, v in first.items() if k != "NITRO_REDIS_SCALER_PASSWORD")
+                   + "NITRO_REDIS_ACTOR_PASSWORD=old\n")
+    run()
+    again = dict(ln.split("=", 1) for ln in env.read_text().splitlines() if "=" in ln and not ln.startswith("#"))
+    assert again["NITRO_TOKEN"] == first["NITRO_TOKEN"] and len(again["NITRO_REDIS_SCALER_PASSWORD"]) == 64
 
 
 # --- Prometheus and Grafana ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from detector_svc.server import RATIO_LOOKBACK, DetectorServicer
-from nitro.contracts import detector_ratios_key, sample_key
+from nitro.contracts import detector_ratios_key, job_read_key, sample_key
 from nitro.data import codec
 from nitro.data.store import PolicyStore
 from nitro.detector.score import FAILED_RATIO, window_ratios
@@ -112,7 +112,7 @@ def score_rounds(svc, redis_client, job: str, rounds: range, failed: set[int], s
     advantages, so its detection fails (NaN eigenvalues). {round: ScoreResponse}."""
     torch.manual_seed(0)
     policy = Policy(SPEC)
-    PolicyStore(redis_client, job).put(1, policy_to_blob(policy, 1, KEY))
+    PolicyStore(redis_client, job).put(1, policy_to_blob(policy, 1, job_read_key(KEY, job)))  # the learner's
     out = {}
     for k in rounds:
         if k in skipped:
@@ -120,7 +120,7 @@ def score_rounds(svc, redis_client, job: str, rounds: range, failed: set[int], s
         samples = round_samples(policy, k)
         if k in failed:
             samples["advantages"][:] = np.nan
-        redis_client.set(sample_key(job, k), codec.encode(samples, KEY))
+        redis_client.set(sample_key(job, k), codec.encode(samples, job_read_key(KEY, job)))
         out[k] = svc.Score(detector_pb2.ScoreRequest(job_id=job, round=k, policy_version=1,
                                                      sample_ref=sample_key(job, k), clip=0.2, window=6, decay=0.96),
                            Context())

@@ -40,6 +40,7 @@ from nitro.data.redis_client import connect
 from nitro.data.store import TrajectoryWriter
 from nitro.spec import TrainingSpec, validate
 from nitro.v1 import training_pb2
+from tests.credentials import signer
 from tests.system import module_system, sample_value, scrape
 
 pytestmark = pytest.mark.timeout(400)
@@ -178,7 +179,7 @@ def _loop(redis_client, hmac_key, tmp_path, job_id) -> OffPolicyLoop:
 
 def _append_round0(redis_client, hmac_key, job_id: str, actors: int) -> None:
     """One 4-step batch from each of `actors` actors of round 0."""
-    writer = TrajectoryWriter(redis_client, job_id, hmac_key)
+    writer = TrajectoryWriter(redis_client, job_id, signer(hmac_key, job_id))  # each actor's own key
     batch = {"obs": np.zeros((4, 4), np.float32), "rewards": np.zeros(4, np.float32)}
     for a in range(actors):
         writer.append(invocation_id=f"{job_id}-r0-a{a}", round=0, policy_version=0, steps=4, batch=batch)

@@ -11,6 +11,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+import redis
 
 import actor_fn.handler as handler_mod
 from nitro.algos.advantages import batch_gae
@@ -22,6 +23,7 @@ from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
 from nitro.policy.rollout import Sampler, VecSampler, env_seed, make_sampler
 from nitro.spec import InvalidSpec, TrainingSpec, from_proto, to_proto, validate
+from tests.credentials import grant, read_key
 
 ENV = "CartPole-v1"
 KW = {"max_episode_steps": 60}  # short time limit: both truncations and terminations in a few hundred steps
@@ -397,8 +399,8 @@ def test_scaler_passes_envs_per_actor_to_the_event_and_rejects_bad_values_over_g
 
     rec = _Recorder()
     server = grpc.server(futures.ThreadPoolExecutor(2))
-    scaler_pb2_grpc.add_ActorScalerServicer_to_server(ScalerServicer(redis_client, rec, cost.Prices(), "redis://x"),
-                                                      server)
+    scaler_pb2_grpc.add_ActorScalerServicer_to_server(ScalerServicer(redis_client, rec, cost.Prices(), "redis://x",
+                                                                     hmac_key=b"k" * 32), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
@@ -423,11 +425,12 @@ def test_scaler_passes_envs_per_actor_to_the_event_and_rejects_bad_values_over_g
         server.stop(None)
 
 
-def _event(redis_server, **kw):
+def _event(redis_server, hmac_key=b"k" * 32, **kw):
     e = {"job_id": "epa", "round": 0, "policy_version": 1, "env_id": "Hopper-v5", "num_steps": 200, "seed": 5,
-         "invocation_id": "epa-1", "redis_url": redis_server.url, "reset_episodes": True}
+         "invocation_id": "epa-r0-a1", "redis_url": redis_server.url, "reset_episodes": True}
     e.update(kw)
-    return e
+    with redis.Redis.from_url(redis_server.url) as client:
+        return {**e, **grant(client, hmac_key, "epa", e["invocation_id"])}
 
 
 def _read_one(redis_client, key):
@@ -442,10 +445,10 @@ def test_handler_one_env_is_todays_batch_and_n_envs_reach_the_stream(fresh_handl
                                                                      hmac_key):
     spec = spec_for_spaces(*env_spaces("Hopper-v5"), obs_norm=True)
     policy = Policy(spec)
-    PolicyStore(redis_client, "epa").put(1, policy_to_blob(policy, 1, hmac_key))
-    fresh_handler(_event(redis_server), None)
+    PolicyStore(redis_client, "epa").put(1, policy_to_blob(policy, 1, read_key(hmac_key, "epa")))
+    fresh_handler(_event(redis_server, hmac_key), None)
     today = _read_one(redis_client, hmac_key)
-    fresh_handler(_event(redis_server, envs_per_actor=1, invocation_id="epa-2"), None)
+    fresh_handler(_event(redis_server, hmac_key, envs_per_actor=1, invocation_id="epa-r0-a2"), None)
     one = _read_one(redis_client, hmac_key)
     # What today's actor samples for this event, computed directly.
     runner = PolicyRunner.from_doc({"spec": spec, "state": policy.numpy_state(), "version": 1})
@@ -459,7 +462,7 @@ def test_handler_one_env_is_todays_batch_and_n_envs_reach_the_stream(fresh_handl
                 assert got[k].tobytes() == v.tobytes(), k
             else:
                 assert got[k] == v, k
-    summary = fresh_handler(_event(redis_server, envs_per_actor=8, invocation_id="epa-3"), None)
+    summary = fresh_handler(_event(redis_server, hmac_key, envs_per_actor=8, invocation_id="epa-r0-a3"), None)
     assert summary["ok"] and summary["steps"] == 200
     vb = _read_one(redis_client, hmac_key)
     assert len(vb["rewards"]) == 200 and vb["cut"].dtype == bool and vb["obs"].shape == (200, 11)

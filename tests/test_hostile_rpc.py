@@ -523,7 +523,7 @@ def test_zz_services_survived(system, stubs, auth_md):
 
 
 def test_zz_listeners_bind_loopback_and_secrets_stay_out_of_argv_and_logs(system):
-    secrets = [system.token, system.hmac_key, system._redis_password, system._actor_password]
+    secrets = [system.token, system.hmac_key, system._redis_password, system._scaler_password]
     listening = {}
     for name, comp in system.components.items():
         argv = Path(f"/proc/{comp.pid}/cmdline").read_bytes().decode(errors="replace")
@@ -535,14 +535,17 @@ def test_zz_listeners_bind_loopback_and_secrets_stay_out_of_argv_and_logs(system
     for log in (system.state_dir / "logs").glob("*.log"):
         text = log.read_text(errors="replace")
         assert not any(s in text for s in secrets), f"a secret is in {log.name}"
-    for f in ("token", "hmac.key", "redis.password", "redis-actor.password"):
+    for f in ("token", "hmac.key", "redis.password", "redis-scaler.password"):
         assert (system.state_dir / f).stat().st_mode & 0o777 == 0o600, f
-    # Actors get the actor Redis user and neither the access token nor the service password.
+    # The Lambda endpoint (and so every function) holds no secret: not the token, the master key or a Redis
+    # password; each invocation's event carries its job's user and its own keys.
     actor_env = Path(f"/proc/{system.components['lambda'].pid}/environ").read_bytes().split(b"\0")
-    assert b"NITRO_REDIS_USERNAME=nitro-actor" in actor_env
-    assert not any(s.encode() in v for v in actor_env for s in (system.token, system._redis_password))
-    learner_env = Path(f"/proc/{system.components['learner'].pid}/environ").read_bytes()
-    assert system._actor_password.encode() not in learner_env
+    assert not any(s.encode() in v for v in actor_env for s in secrets)
+    assert not any(v.startswith((b"NITRO_HMAC_KEY", b"NITRO_REDIS_PASSWORD", b"NITRO_TOKEN")) for v in actor_env)
+    # Only the scaler holds the password of the user that may create Redis users.
+    for name in ("learner", "detector"):
+        env = Path(f"/proc/{system.components[name].pid}/environ").read_bytes()
+        assert system._scaler_password.encode() not in env, name
 
 
 def _listen_addresses(pid: int) -> list[str]:

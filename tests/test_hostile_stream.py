@@ -2,8 +2,9 @@
 
 A running system and a CartPole job; after its first round, entries are pushed
 into the job's stream (nitro:{job}:traj) with the service user's client, as
-anyone holding a Redis password (or a compromised actor holding the HMAC key)
-could. Among them a pickle whose reduce would run `touch <marker>`. The marker
+anyone holding a Redis password could; those "signed with the real key" are
+signed with the key of the invocation they name, which is what a compromised
+actor of the job holds (its own invocation's key). Among them a pickle whose reduce would run `touch <marker>`. The marker
 must never appear, the job must finish SUCCEEDED with exactly the actors'
 steps trained on, and every entry must be rejected and counted by reason.
 """
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 
 from nitro.client.sdk import NitroClient
-from nitro.contracts import stream_key
+from nitro.contracts import invocation_key, stream_key
 from nitro.data import codec
 from nitro.data.redis_client import connect
 from tests.envelopes import body as _body
@@ -54,12 +55,16 @@ def _zlib_bomb(size: int) -> bytes:
     return b"".join(parts) + c.flush()
 
 
-def hostile_entries(key: bytes, marker: str) -> list[tuple[str, str, dict]]:
+def hostile_entries(master: bytes, marker: str) -> list[tuple[str, str, dict]]:
     """(name, expected rejection reason, stream fields)."""
+
+    def key(inv: str) -> bytes:  # the key the invocation `inv` of the job holds
+        return invocation_key(master, JOB, inv)
+
     forged = pickle.dumps(_RunsCommand(f"touch {marker}"), protocol=5)
     # posix.system(<first out-of-band buffer>): the command rides as buffer bytes beside a real array.
     oob_forged = _body(b"\x80\x05cposix\nsystem\n\x97\x85R.", [f"touch {marker}".encode(), bytes(64)])
-    ntr1 = b"NTR1\x00" + hmac.new(key, b"NTR1\x00" + forged, hashlib.sha256).digest() + forged
+    ntr1 = b"NTR1\x00" + hmac.new(key("evil-ntr1"), b"NTR1\x00" + forged, hashlib.sha256).digest() + forged
     meta = {b"inv": b"evil-0", b"round": b"1", b"version": b"1", b"steps": str(STEPS).encode()}
 
     def fields(inv: str, payload: bytes | None, extra: dict | None = None) -> dict:
@@ -69,32 +74,41 @@ def hostile_entries(key: bytes, marker: str) -> list[tuple[str, str, dict]]:
         return f
 
     batch = {"rewards": np.ones(STEPS, np.float32), "obs": np.zeros((STEPS, 4), np.float32)}
-    signed = codec.encode(("evil-tampered", 1, 1, STEPS, batch), key)
+    signed = codec.encode(("evil-tampered", 1, 1, STEPS, batch), key("evil-tampered"))
     tampered = bytearray(signed)
     tampered[-5] ^= 0x01
-    relabelled = codec.encode(("evil-relabelled", 1, 1, STEPS, batch), key)
+    relabelled = codec.encode(("evil-relabelled", 1, 1, STEPS, batch), key("evil-relabelled"))
     return [
         ("forged pickle, no envelope", "unsigned", fields("evil-raw", forged)),
         ("forged pickle, made-up MAC", "bad_signature",
          fields("evil-mac", codec.MAGIC + b"\x00" + bytes(12) + forged + bytes(16))),
-        ("forged pickle signed with the real key", "disallowed_type", fields("evil-signed", _sign(_body(forged), key))),
+        ("forged pickle signed with the real key", "disallowed_type", fields("evil-signed", _sign(_body(forged), key("evil-signed")))),
         ("signed pickle handing an out-of-band buffer to os.system", "disallowed_type",
-         fields("evil-oob", _sign(oob_forged, key))),
+         fields("evil-oob", _sign(oob_forged, key("evil-oob")))),
         ("signed, buffer table longer than the body", "malformed",
-         fields("evil-table", _sign(_body(pickle.dumps([1], protocol=5), [b"x" * 8], lengths=[1 << 20]), key))),
-        ("signed, unknown envelope flags", "malformed", fields("evil-flags", _sign(_body(forged), key, flags=0x40))),
+         fields("evil-table", _sign(_body(pickle.dumps([1], protocol=5), [b"x" * 8], lengths=[1 << 20]),
+                                    key("evil-table")))),
+        ("signed, unknown envelope flags", "malformed",
+         fields("evil-flags", _sign(_body(forged), key("evil-flags"), flags=0x40))),
         ("previous envelope version NTR1, signed with the real key", "malformed", fields("evil-ntr1", ntr1)),
         ("previous envelope version NTR2 (HMAC-SHA256), signed with the real key", "malformed",
-         fields("evil-ntr2", sign_ntr2(_body(forged), key))),
+         fields("evil-ntr2", sign_ntr2(_body(forged), key("evil-ntr2")))),
         ("tampered signed payload", "bad_signature", fields("evil-tampered", bytes(tampered))),
         ("signed payload, stream fields relabelled", "bad_signature",
          fields("evil-relabelled", relabelled, {b"steps": b"100000"})),
         ("missing payload field", "unsigned", {b"inv": b"evil-missing"}),
-        ("no fields but a payload", "bad_signature", {b"payload": signed}),
-        ("signed, not a trajectory record", "malformed", fields("evil-shape", codec.encode({"a": 1}, key))),
+        ("no fields but a payload: no invocation to verify it as", "unsigned", {b"payload": signed}),
+        ("signed, not a trajectory record", "malformed",
+         fields("evil-shape", codec.encode({"a": 1}, key("evil-shape")))),
+        ("signed by this job's invocation a0 as its a1", "bad_signature",
+         fields(f"{JOB}-r1-a1", codec.encode((f"{JOB}-r1-a1", 1, 1, STEPS, batch), key(f"{JOB}-r1-a0")))),
+        ("signed with the master key itself", "bad_signature",
+         fields(f"{JOB}-r1-a1", codec.encode((f"{JOB}-r1-a1", 1, 1, STEPS, batch), master))),
+        ("signed, not an actor invocation of this job", "foreign_invocation",
+         fields("evil-named", codec.encode(("evil-named", 1, 1, STEPS, batch), key("evil-named")))),
         ("oversized: 5 MB of junk", "unsigned", fields("evil-junk", os.urandom(64) * (5 * (1 << 20) // 64))),
         ("oversized: signed zlib bomb over the learner's limit", "too_large",
-         fields("evil-bomb", _sign(_zlib_bomb(LEARNER_MAX_PAYLOAD + (1 << 20)), key, flags=0x01))),
+         fields("evil-bomb", _sign(_zlib_bomb(LEARNER_MAX_PAYLOAD + (1 << 20)), key("evil-bomb"), flags=0x01))),
     ]
 
 

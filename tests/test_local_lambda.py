@@ -197,7 +197,7 @@ def test_a_launch_whose_invocations_were_all_throttled_bills_nothing_and_warms_n
             raise AssertionError(details)
 
     c = make_client(endpoint.endpoint_url, pool=8)
-    svc = ScalerServicer(redis_client, Invoker(c, max_attempts=1), Prices(), "redis://127.0.0.1:1/0")
+    svc = ScalerServicer(redis_client, Invoker(c, max_attempts=1), Prices(), "redis://127.0.0.1:1/0", hmac_key=b"k" * 32)
     launch = scaler_pb2.LaunchRequest(job_id="thr", actors=2, steps_per_actor=8, env_id="CartPole-v1",
                                       function_name="limited", deadline_s=20.0)
     resp = while_limited_is_full(c, lambda: svc.Launch(launch, Context()), tmp_path)

@@ -89,7 +89,8 @@ def test_a_scaler_launch_is_timed_under_its_own_name_not_as_a_round_phase(redis_
 
     # A real Lambda client on a port nobody listens on: both invocations fail at once, nothing is billed.
     client = lambda_client("http://127.0.0.1:1", "us-east-2", max_connections=4, read_timeout=5)
-    svc = ScalerServicer(redis_client, Invoker(client, max_attempts=1), cost.Prices(), "redis://127.0.0.1:1/0")
+    svc = ScalerServicer(redis_client, Invoker(client, max_attempts=1), cost.Prices(), "redis://127.0.0.1:1/0",
+                         hmac_key=b"k" * 32)
     launches = count(metrics.SCALER_LAUNCH_SECONDS, kind="actor")
     phases = count(metrics.ROUND_PHASE_SECONDS)
 

@@ -1,8 +1,9 @@
 """Redis ACL and persistence of a Redis nitro runs itself, on a real redis-server.
 
-The actor user may XADD to trajectory streams and GET policies, nothing else;
-the service user has nitro's keys but no server-wide dangerous commands; the
-default user is disabled. AOF (appendfsync everysec) survives a kill -9.
+A job's own user (what its actors log in as) may XADD to that job's trajectory
+stream and GET its policies, nothing else; the service user has nitro's keys but
+no server-wide dangerous commands; the scaler's may also create and delete the job
+users; the default user is disabled. AOF (appendfsync everysec) survives a kill -9.
 """
 
 from __future__ import annotations
@@ -14,18 +15,23 @@ import numpy as np
 import pytest
 import redis
 
+from nitro.contracts import actor_user
+from nitro.data.redis_acl import set_actor_user
 from nitro.data.redis_client import connect, persistence, warn_if_not_persistent, with_credentials
 from nitro.data.store import PolicyStore, TrajectoryReader, TrajectoryWriter
-from nitro.local.redis_server import ACTOR_USER, SERVICE_USER, LocalRedis, nitro_users
+from nitro.local.redis_server import SCALER_USER, SERVICE_USER, LocalRedis, nitro_users
+from tests.credentials import grant, read_key, signer
 
-SERVICE_PW, ACTOR_PW = "svc-" + "s" * 28, "act-" + "a" * 28
+SERVICE_PW, SCALER_PW, ACTOR_PW = "svc-" + "s" * 28, "scl-" + "c" * 28, "act-" + "a" * 28
 JOB = "acl-job"
+ACTOR_USER = actor_user(JOB)
 KEY = b"k" * 32
 
 
 @pytest.fixture(scope="module")
 def server():
-    s = LocalRedis(users=nitro_users(SERVICE_PW, ACTOR_PW), appendonly=True).start()
+    s = LocalRedis(users=nitro_users(SERVICE_PW, SCALER_PW), appendonly=True).start()
+    set_actor_user(connect(s.url_for(SCALER_USER)), JOB, ACTOR_PW)  # as the scaler does at the job's launch
     yield s
     s.close()
 
@@ -41,7 +47,8 @@ def service(server):
 
 @pytest.fixture
 def actor(server):
-    c = connect(server.url_for(ACTOR_USER), retries=0)
+    """What job JOB's actors log in as."""
+    c = connect(f"redis://{ACTOR_USER}:{ACTOR_PW}@127.0.0.1:{server.port}/0", retries=0)
     yield c
     c.close()
 
@@ -51,23 +58,25 @@ def test_urls_name_the_users_and_the_default_user_is_off(server):
     anon = connect(f"redis://127.0.0.1:{server.port}/0", retries=0)
     with pytest.raises(redis.RedisError):
         anon.ping()
-    for user, pw in (("default", "x"), ("default", SERVICE_PW), ("default", ACTOR_PW), (ACTOR_USER, SERVICE_PW)):
+    for user, pw in (("default", "x"), ("default", SERVICE_PW), ("default", ACTOR_PW), (ACTOR_USER, SERVICE_PW),
+                     (SCALER_USER, SERVICE_PW), ("nitro-actor", ACTOR_PW)):  # no shared actor user any more
         with pytest.raises(redis.AuthenticationError):
             connect(f"redis://{user}:{pw}@127.0.0.1:{server.port}/0", retries=0).ping()
-    assert SERVICE_PW not in repr(nitro_users(SERVICE_PW, ACTOR_PW))
+    assert SERVICE_PW not in repr(nitro_users(SERVICE_PW, SCALER_PW)) and SCALER_PW not in repr(
+        nitro_users(SERVICE_PW, SCALER_PW))
 
 
 def test_actor_can_append_trajectories_and_read_policies(service, actor):
     PolicyStore(service, JOB).put(3, b"signed-policy-blob")
     assert actor.ping()
     assert PolicyStore(actor, JOB).get(3) == b"signed-policy-blob"
-    TrajectoryWriter(actor, JOB, KEY).append(invocation_id="inv-0", round=0, policy_version=3, steps=2,
-                                             batch={"rewards": np.zeros(2, np.float32)})
+    TrajectoryWriter(actor, JOB, signer(KEY, JOB)).append(invocation_id=f"{JOB}-r0-a0", round=0, policy_version=3,
+                                                          steps=2, batch={"rewards": np.zeros(2, np.float32)})
     entries = TrajectoryReader(service, JOB, KEY).read(count=5, block_ms=500)
-    assert [e.invocation_id for e in entries] == ["inv-0"]
+    assert [e.invocation_id for e in entries] == [f"{JOB}-r0-a0"]
     # The actor handler's path: append_batch writes its entries in one MULTI/EXEC.
-    ids = TrajectoryWriter(actor, JOB, KEY).append_batch(invocation_id="inv-1", round=0, policy_version=3,
-                                                         batch={"rewards": np.zeros(2, np.float32)})
+    ids = TrajectoryWriter(actor, JOB, signer(KEY, JOB)).append_batch(
+        invocation_id=f"{JOB}-r0-a1", round=0, policy_version=3, batch={"rewards": np.zeros(2, np.float32)})
     assert len(ids) == 1
 
 
@@ -94,6 +103,12 @@ REFUSED = {
     "GET a key outside nitro": lambda c: c.get("other:key"),
     "XADD outside a traj stream": lambda c: c.xadd(f"nitro:{JOB}:sample:0", {"a": "b"}),
     "EVAL": lambda c: c.eval("return redis.call('set', KEYS[1], 'x')", 1, f"nitro:{JOB}:traj"),
+    "XADD another job's stream": lambda c: c.xadd("nitro:other-job:traj", {"a": "b"}),
+    "GET another job's policy": lambda c: c.get("nitro:other-job:policy:3"),
+    "GET another job's latest version": lambda c: c.get("nitro:other-job:policy:latest"),
+    "GET another job's parcel": lambda c: c.get("nitro:other-job:learn:parcel:other-job-r0-g0"),
+    "XADD another job's learner updates": lambda c: c.xadd("nitro:other-job:learn:updates", {"a": "b"}),
+    "ACL SETUSER": lambda c: c.execute_command("ACL", "SETUSER", "evil", "on", ">x", "~*", "+@all"),
     "SUBSCRIBE-free PUBLISH": lambda c: c.publish("nitro", "x"),
     "SHUTDOWN": lambda c: c.execute_command("SHUTDOWN", "NOSAVE"),
     "DEBUG": lambda c: c.execute_command("DEBUG", "SLEEP", "0"),
@@ -118,10 +133,11 @@ def test_service_user_runs_every_service_operation(service):
     store = PolicyStore(service, JOB)
     store.put(0, b"blob")
     assert store.get(0) == b"blob" and store.latest() == 0
-    w = TrajectoryWriter(service, JOB, KEY)
-    w.append(invocation_id="a", round=0, policy_version=0, steps=1, batch={"x": np.ones(1)})
+    w = TrajectoryWriter(service, JOB, signer(KEY, JOB))
+    w.append(invocation_id=f"{JOB}-r0-a9", round=0, policy_version=0, steps=1, batch={"x": np.ones(1)})
     r = TrajectoryReader(service, JOB, KEY)
     got = r.read(count=5, block_ms=200)
+    assert len(got) == 1
     r.ack(got)
     assert r.pending_count() == 0 and r.claim_stale(0, 5) == []
     pipe = service.pipeline(transaction=True)
@@ -134,41 +150,51 @@ def test_service_user_runs_every_service_operation(service):
     assert persistence(service) == "aof"
 
 
-@pytest.mark.parametrize("what", ["FLUSHALL", "KEYS", "CONFIG SET", "SHUTDOWN", "DEBUG", "ACL LIST",
+@pytest.mark.parametrize("what", ["FLUSHALL", "KEYS", "CONFIG SET", "SHUTDOWN", "DEBUG", "ACL LIST", "ACL SETUSER",
                                   "GET a key outside nitro"])
 def test_service_user_lacks_server_wide_dangerous_commands(service, what):
     with pytest.raises(redis.exceptions.NoPermissionError):
         REFUSED[what](service)
 
 
-def test_actor_handler_logs_in_as_the_actor_user(server, service, tmp_path, monkeypatch):
-    """actor_fn.handler builds its URL from the event's address + NITRO_REDIS_USERNAME/PASSWORD_FILE."""
+@pytest.mark.parametrize("what", ["FLUSHALL", "KEYS", "CONFIG SET", "SHUTDOWN", "DEBUG", "ACL LIST",
+                                  "GET a key outside nitro"])
+def test_scaler_user_is_the_service_user_plus_managing_job_users(server, what):
+    scaler = connect(server.url_for(SCALER_USER), retries=0)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        REFUSED[what](scaler)
+    set_actor_user(scaler, "temp-job", ACTOR_PW)  # what it may do beyond the services
+    assert scaler.execute_command("ACL", "DELUSER", actor_user("temp-job")) == 1
+
+
+def test_actor_handler_logs_in_as_its_jobs_user(server, service, tmp_path, monkeypatch):
+    """actor_fn.handler builds its URL from the event's address and the event's credentials, whatever its
+    environment says (an old deployment's NITRO_REDIS_USERNAME/PASSWORD is ignored)."""
     from actor_fn import handler as actor_handler
     from actor_fn import runtime as actor_runtime
     from nitro.policy.envs import env_spaces
     from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
 
-    PolicyStore(service, JOB).put(1, policy_to_blob(Policy(spec_for_spaces(*env_spaces("CartPole-v1"))), 1, KEY))
-    pw = tmp_path / "actor.password"
-    pw.write_text(ACTOR_PW + "\n")
-    monkeypatch.setenv("NITRO_REDIS_USERNAME", ACTOR_USER)
-    monkeypatch.setenv("NITRO_REDIS_PASSWORD_FILE", str(pw))
-    monkeypatch.delenv("NITRO_REDIS_PASSWORD", raising=False)
-    monkeypatch.setenv("NITRO_HMAC_KEY", KEY.hex())
-    monkeypatch.setattr(actor_handler._Warm, "key", None)
+    policy = Policy(spec_for_spaces(*env_spaces("CartPole-v1")))
+    PolicyStore(service, JOB).put(1, policy_to_blob(policy, 1, read_key(KEY, JOB)))
+    monkeypatch.setenv("NITRO_REDIS_USERNAME", SERVICE_USER)
+    monkeypatch.setenv("NITRO_REDIS_PASSWORD", SERVICE_PW)
+    monkeypatch.delenv("NITRO_HMAC_KEY", raising=False)
     monkeypatch.setattr(actor_runtime, "WARM_CLIENTS", {})
+    inv = f"{JOB}-r0-a5"
     out = actor_handler.handler({"job_id": JOB, "round": 0, "policy_version": 1, "env_id": "CartPole-v1",
-                                 "num_steps": 16, "seed": 0, "invocation_id": "acl-inv",
-                                 "redis_url": server.url_without_password})
+                                 "num_steps": 16, "seed": 0, "invocation_id": inv,
+                                 "redis_url": f"redis://{SERVICE_USER}:{SERVICE_PW}@127.0.0.1:{server.port}/0",
+                                 **grant(connect(server.url_for(SCALER_USER)), KEY, JOB, inv, ACTOR_PW)})
     assert out["ok"]
     entries = TrajectoryReader(service, JOB, KEY).read(count=5, block_ms=500)
-    assert [e.invocation_id for e in entries] == ["acl-inv"]
+    assert [e.invocation_id for e in entries] == [inv]
     (url,) = actor_runtime.WARM_CLIENTS
-    assert url.startswith(f"redis://{ACTOR_USER}:")
+    assert url.startswith(f"redis://{ACTOR_USER}:") and SERVICE_PW not in url
 
 
 def test_aof_survives_kill_9(tmp_path):
-    s = LocalRedis(data_dir=tmp_path / "redis", users=nitro_users(SERVICE_PW, ACTOR_PW), appendonly=True).start()
+    s = LocalRedis(data_dir=tmp_path / "redis", users=nitro_users(SERVICE_PW, SCALER_PW), appendonly=True).start()
     try:
         c = connect(s.url)
         c.set("nitro:j:policy:0", b"acknowledged")
@@ -189,11 +215,12 @@ def test_persistence_check(redis_server, server, caplog):
     with caplog.at_level(logging.WARNING, logger="nitro.data.redis_client"):
         warn_if_not_persistent(plain, redis_server.url, "learner").join(10)
     assert "no persistence" in caplog.text and "appendonly yes" in caplog.text
-    actor = connect(server.url_for(ACTOR_USER), retries=0)
+    actor_url = f"redis://{ACTOR_USER}:{ACTOR_PW}@127.0.0.1:{server.port}/0"
+    actor = connect(actor_url, retries=0)
     assert persistence(actor).startswith("unknown: CONFIG GET refused")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="nitro.data.redis_client"):
-        warn_if_not_persistent(actor, server.url_for(ACTOR_USER), "learner").join(10)
+        warn_if_not_persistent(actor, actor_url, "learner").join(10)
         warn_if_not_persistent(connect("redis://127.0.0.1:1/0", retries=0), "redis://:pw@127.0.0.1:1/0",
                                "learner").join(20)
     assert "cannot tell" in caplog.text and "no persistence" not in caplog.text
@@ -210,7 +237,7 @@ def test_users_are_validated():
     with pytest.raises(ValueError):
         RedisUser("u", "x" * 20, "+@all >another")
     with pytest.raises(ValueError):
-        LocalRedis(password="x" * 20, users=nitro_users(SERVICE_PW, ACTOR_PW))
+        LocalRedis(password="x" * 20, users=nitro_users(SERVICE_PW, SCALER_PW))
 
 
 def test_services_take_credentials_from_the_environment(tmp_path):

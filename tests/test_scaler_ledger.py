@@ -243,9 +243,9 @@ def launch(svc, actors: int, wave: int):
 
 def test_launch_reads_the_jobs_warm_sandboxes_and_measured_init_from_the_hash(redis_client):
     """What one scaler replica learned (sandboxes left warm, a fresh worker's init CPU), another reads back."""
-    first = launch(ScalerServicer(redis_client, Recorder(init_ms=750.0), P, "redis://x"), 3, wave=0)
+    first = launch(ScalerServicer(redis_client, Recorder(init_ms=750.0), P, "redis://x", hmac_key=b"k" * 32), 3, wave=0)
     assert [r.modelled_cold for r in first.invocations] == [True] * 3
-    replica = ScalerServicer(redis_client, Recorder(), P, "redis://x")  # remembers nothing in memory
+    replica = ScalerServicer(redis_client, Recorder(), P, "redis://x", hmac_key=b"k" * 32)  # remembers nothing in memory
     second = launch(replica, 5, wave=1)
     assert sorted(r.modelled_cold for r in second.invocations) == [False] * 3 + [True] * 2
     charge = lambda cold: cost.invocation_charge("actor", requests=1, billed_ms=100, modelled_ms=100.0,  # noqa: E731

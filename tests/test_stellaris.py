@@ -43,7 +43,7 @@ from nitro.algos.stellaris import (
     staleness_weight,
 )
 from nitro.config import impact_config, ppo_config, preset_names
-from nitro.contracts import parcel_key, staleness_record_key, update_stream_key
+from nitro.contracts import invocation_key, parcel_key, staleness_record_key, update_stream_key
 from nitro.data import codec
 from nitro.data.store import PolicyStore
 from nitro.errors import ConfigError
@@ -55,6 +55,7 @@ from nitro.spec import InvalidSpec, TrainingSpec, from_proto, to_proto, validate
 from nitro.v1 import scaler_pb2
 from scaler_svc.invoker import InvocationOutcome
 from scaler_svc.server import ScalerServicer
+from tests.credentials import grant, read_key
 
 ENV = "CartPole-v1"
 
@@ -353,8 +354,10 @@ def _stellaris_loop(redis_client, hmac_key, tmp_path, job_id):
 
 
 def _push(redis_client, hmac_key, job_id, rec):
-    redis_client.xadd(update_stream_key(job_id), {b"inv": rec.invocation_id.encode(),
-                                                  b"payload": encode_update(rec, hmac_key)})
+    """An update as the learner function `rec.invocation_id` pushes it: signed with its own key."""
+    redis_client.xadd(update_stream_key(job_id), {
+        b"inv": rec.invocation_id.encode(),
+        b"payload": encode_update(rec, invocation_key(hmac_key, job_id, rec.invocation_id))})
 
 
 def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key, tmp_path):
@@ -391,7 +394,7 @@ def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key
     assert PolicyStore(redis_client, "agg-job").latest() == 4  # the new version is published
     # version 4 applied updates from v2 and v3: each had another base's update in it
     assert loop.ledger.launched == {2: 2, 3: 1} and loop.ledger.staleness == {2: 2, 3: 1}  # 2 <= 2: still applies
-    record = decode_staleness_record(redis_client.get(staleness_record_key("agg-job")), hmac_key)
+    record = decode_staleness_record(redis_client.get(staleness_record_key("agg-job")), read_key(hmac_key, "agg-job"))
     assert record == {"format": 1, "version": 4, "staleness": {2: 2, 3: 1}}  # what v2's other learner reads
     loop.bound = 1  # a tighter round; after v4's update neither v2's nor v3's can be applied: counts forgotten
     _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r1-g4", 1, 4, 64, updates[1], {"kl": 0.0}))
@@ -424,7 +427,8 @@ def test_service_boosted_round_of_siblings_is_one_step(redis_client, hmac_key, t
     moved = before - flat_parameters(loop.learner.policy)
     assert torch.allclose(moved, torch.as_tensor(g), atol=1e-5)  # the mean of 16 equal updates: one update
     assert loop.version == 6 and loop.ledger.launched == {5: 16}
-    parcels = [codec.decode(redis_client.get(info.ref), hmac_key) for info in loop.in_flight.values()]
+    parcels = [codec.decode(redis_client.get(info.ref), read_key(hmac_key, "boost-job"))
+               for info in loop.in_flight.values()]
     assert {(p["base_version"], p["max_staleness"]) for p in parcels} == {(5, 4)}  # the bound for the skip check
 
 
@@ -433,11 +437,12 @@ def test_service_siblings_arriving_one_per_poll_are_one_step(redis_client, hmac_
     (the version count applied 0.143 of it and dropped 11), and a sibling still to start is not skipped."""
     # a record a killed service left: this service's first publish replaces it
     redis_client.set(staleness_record_key("poll-job"), encode_staleness_record(
-        {"format": 1, "version": 30, "staleness": {5: 99}}, hmac_key))
+        {"format": 1, "version": 30, "staleness": {5: 99}}, read_key(hmac_key, "poll-job")))
     loop = _stellaris_loop(redis_client, hmac_key, tmp_path, "poll-job")
     loop.version = 5
     loop.publish()
-    assert decode_staleness_record(redis_client.get(staleness_record_key("poll-job")), hmac_key) == {
+    assert decode_staleness_record(redis_client.get(staleness_record_key("poll-job")),
+                                   read_key(hmac_key, "poll-job")) == {
         "format": 1, "version": 5, "staleness": {}}
     monkeypatch.setattr(loop, "_launch_learner", lambda *args: scaler_pb2.LaunchResponse())
     loop.max_in_flight = 16
@@ -454,7 +459,8 @@ def test_service_siblings_arriving_one_per_poll_are_one_step(redis_client, hmac_
         loop.pending_obs = {}  # observation statistics are not what this test measures
         _push(redis_client, hmac_key, "poll-job", UpdateRecord(info.inv, 0, 5, 8, g, {"kl": 0.0}))
         assert loop._collect_updates(acc)
-        record = decode_staleness_record(redis_client.get(staleness_record_key("poll-job")), hmac_key)
+        record = decode_staleness_record(redis_client.get(staleness_record_key("poll-job")),
+                                         read_key(hmac_key, "poll-job"))
         assert record["version"] == loop.version and not certainly_dropped(base_staleness(record, 5), loop.bound)
     assert (acc.produced, acc.applied, acc.dropped, acc.aggregations) == (16, 16, 0, 16)
     assert acc.staleness == [0] * 16 and loop.version == 21 and loop.ledger.staleness == {5: 0}
@@ -606,9 +612,8 @@ def test_update_wire_format_rejects_bad_records(hmac_key):
 
 @pytest.fixture
 def handler_env(redis_server, redis_client, hmac_key, monkeypatch):
-    monkeypatch.setenv("NITRO_HMAC_KEY", hmac_key.hex())
+    monkeypatch.delenv("NITRO_HMAC_KEY", raising=False)  # a learner function holds no key of its own
     monkeypatch.delenv("NITRO_HMAC_KEY_FILE", raising=False)
-    monkeypatch.setattr(learner_handler._Warm, "key", None)
     monkeypatch.setattr(learner_handler._Warm, "policies", type(learner_handler._Warm.policies)())
     return redis_server.url
 
@@ -617,23 +622,25 @@ def test_handler_pushes_the_signed_update(handler_env, redis_client, hmac_key):
     spec, cfg = _spec_and_cfg(epochs=2, minibatch_size=128)
     ps = ParameterServer(spec, cfg, seed=0)
     store = PolicyStore(redis_client, "lh-job")
-    store.put(3, policy_to_blob(ps.policy, 3, hmac_key))
+    rk = read_key(hmac_key, "lh-job")
+    store.put(3, policy_to_blob(ps.policy, 3, rk))
     newest = copy.deepcopy(ps.policy)
     with torch.no_grad():
         newest.actor.out.bias.add_(torch.tensor([0.5, -0.5]))
-    store.put(4, policy_to_blob(newest, 4, hmac_key))  # published after the learner's base
+    store.put(4, policy_to_blob(newest, 4, rk))  # published after the learner's base
     batch = _batch(spec, ps.policy)
     inv = "lh-job-r1-g7"
     parcel = make_parcel(job_id="lh-job", round_index=1, base_version=3, algo="ppo", config=cfg.to_dict(),
                          kl_coeff=0.0, rho_bar=2.0, recent_versions=1, seed=11, batches=[batch],
                          behaviour_versions=[2])
-    redis_client.set(parcel_key("lh-job", inv), codec.encode(parcel, hmac_key))
+    redis_client.set(parcel_key("lh-job", inv), codec.encode(parcel, rk))
     event = {"job_id": "lh-job", "round": 1, "policy_version": 3, "invocation_id": inv,
-             "payload_ref": parcel_key("lh-job", inv), "redis_url": handler_env}
+             "payload_ref": parcel_key("lh-job", inv), "redis_url": handler_env,
+             **grant(redis_client, hmac_key, "lh-job", inv)}
     out = learner_handler.handler(event)
     assert out["ok"] and out["steps"] == 256 and out["recent_versions_used"] == 1 and out["policy_version"] == 3
     (_, entries), = redis_client.xread({update_stream_key("lh-job"): "0-0"})
-    rec = decode_update(entries[0][1][b"payload"], hmac_key, ps.n_params)
+    rec = decode_update(entries[0][1][b"payload"], invocation_key(hmac_key, "lh-job", inv), ps.n_params)
     assert (rec.invocation_id, rec.base_version, rec.round, rec.steps) == (inv, 3, 1, 256)
     g, _ = compute_update(ps.policy, [batch], cfg, "ppo", rho_bar=2.0, recent=(newest,), seed=11)
     assert np.allclose(rec.update, g, atol=1e-6)  # the handler runs exactly compute_update
@@ -647,22 +654,24 @@ def test_handler_skips_an_update_certain_to_be_dropped(handler_env, redis_client
     spec, cfg = _spec_and_cfg(epochs=1, minibatch_size=0)
     ps = ParameterServer(spec, cfg, seed=0)
     store = PolicyStore(redis_client, "sk-job")
+    rk = read_key(hmac_key, "sk-job")
     for v in (3, 6):
-        store.put(v, policy_to_blob(ps.policy, v, hmac_key))  # latest is 6: three versions past base 3
+        store.put(v, policy_to_blob(ps.policy, v, rk))  # latest is 6: three versions past base 3
     batch = _batch(spec, ps.policy, 64)
 
     def run(inv, bound, staleness):
         if staleness is not None:  # the service's record at clock 6
             redis_client.set(staleness_record_key("sk-job"), encode_staleness_record(
-                {"format": 1, "version": 6, "staleness": {3: staleness}}, hmac_key))
+                {"format": 1, "version": 6, "staleness": {3: staleness}}, rk))
         else:
             redis_client.delete(staleness_record_key("sk-job"))
         parcel = make_parcel(job_id="sk-job", round_index=2, base_version=3, algo="ppo", config=cfg.to_dict(),
                              kl_coeff=0.0, rho_bar=2.0, recent_versions=1, seed=1, batches=[batch],
                              behaviour_versions=[3], max_staleness=bound)
-        redis_client.set(parcel_key("sk-job", inv), codec.encode(parcel, hmac_key))
+        redis_client.set(parcel_key("sk-job", inv), codec.encode(parcel, rk))
         return learner_handler.handler({"job_id": "sk-job", "round": 2, "policy_version": 3, "invocation_id": inv,
-                                        "payload_ref": parcel_key("sk-job", inv), "redis_url": handler_env})
+                                        "payload_ref": parcel_key("sk-job", inv), "redis_url": handler_env,
+                                        **grant(redis_client, hmac_key, "sk-job", inv)})
 
     computed = []
     real = stellaris_mod.compute_update
@@ -677,14 +686,16 @@ def test_handler_skips_an_update_certain_to_be_dropped(handler_env, redis_client
     out = run("sk-job-r2-g4", bound=2, staleness=None)  # no record: not certain, computed
     assert out["ok"] and "skipped" not in out and computed == [1, 1, 1]
     (_, entries), = redis_client.xread({update_stream_key("sk-job"): "0-0"})
-    recs = [decode_update(f[b"payload"], hmac_key, ps.n_params) for _, f in entries]
+    recs = [decode_update(f[b"payload"], invocation_key(hmac_key, "sk-job", f[b"inv"].decode()), ps.n_params)
+            for _, f in entries]
     assert [(r.invocation_id, r.skipped) for r in recs] == [("sk-job-r2-g1", True), ("sk-job-r2-g2", False),
                                                            ("sk-job-r2-g3", False), ("sk-job-r2-g4", False)]
     assert recs[0].stats == {"skipped": "stale_base", "latest": 6, "bound": 2, "staleness": 3}
 
 
 def test_handler_errors_are_clear(handler_env, redis_client, hmac_key):
-    base = {"job_id": "lh-job", "round": 0, "policy_version": 0, "invocation_id": "i", "redis_url": handler_env}
+    base = {"job_id": "lh-job", "round": 0, "policy_version": 0, "invocation_id": "lh-job-r0-g1",
+            "redis_url": handler_env, **grant(redis_client, hmac_key, "lh-job", "lh-job-r0-g1")}
     with pytest.raises(ConfigError, match="payload_ref"):
         learner_handler.handler({**base, "payload_ref": "nitro:other-job:learn:parcel:i"})
     with pytest.raises(ConfigError, match="policy_version"):
@@ -723,16 +734,20 @@ class _FakeInvoker:
 def test_scaler_launches_and_bills_learner_functions(redis_client):
     inv = _FakeInvoker()
     prices = cost.Prices()
-    svc = ScalerServicer(redis_client, inv, prices, "redis://127.0.0.1:1/0")
+    svc = ScalerServicer(redis_client, inv, prices, "redis://127.0.0.1:1/0", hmac_key=b"m" * 32)
     ref = "nitro:bill-job:learn:parcel:bill-job-r2-g5"
     base = dict(job_id="bill-job", round=2, policy_version=7, actors=1, steps_per_actor=128, function_name="nitro-learner",
                 deadline_s=30.0, actor_memory_mb=2048, slots=[5])
     resp = svc.Launch(scaler_pb2.LaunchRequest(kind="learner", payload_ref=ref, **base), _Context())
     assert resp.succeeded == 1 and resp.invocations[0].invocation_id == "bill-job-r2-g5"
     name, events = inv.calls[0]
+    creds = events[0].pop("credentials")
     assert name == "nitro-learner" and events == [{"job_id": "bill-job", "round": 2, "policy_version": 7,
                                                    "invocation_id": "bill-job-r2-g5", "redis_url": "redis://127.0.0.1:1/0",
                                                    "payload_ref": ref}]
+    # The learner function's own signing key (its update verifies only as its own), the job's read key and user.
+    assert creds["signing_key"] == invocation_key(b"m" * 32, "bill-job", "bill-job-r2-g5").hex()
+    assert creds["read_key"] == read_key(b"m" * 32, "bill-job").hex() and creds["redis_username"] == "nitro-actor-bill-job"
     svc.Launch(scaler_pb2.LaunchRequest(env_id=ENV, **{**base, "actor_memory_mb": 1024, "slots": [0]}), _Context())
     assert "env_id" in inv.calls[1][1][0] and inv.calls[1][1][0]["invocation_id"] == "bill-job-r2-a0"
     st = {k.decode(): v.decode() for k, v in redis_client.hgetall("nitro:bill-job:scaler").items()}
@@ -752,7 +767,7 @@ def test_scaler_launches_and_bills_learner_functions(redis_client):
                                            ("learner", "nitro:other:learn:parcel:x", "payload_ref"),
                                            ("learner", "nitro:bad-job:policy:1", "payload_ref")])
 def test_scaler_rejects_bad_learner_launches(redis_client, kind, ref, what):
-    svc = ScalerServicer(redis_client, _FakeInvoker(), cost.Prices(), "redis://x")
+    svc = ScalerServicer(redis_client, _FakeInvoker(), cost.Prices(), "redis://x", hmac_key=b"m" * 32)
     with pytest.raises(_Abort) as err:
         svc.Launch(scaler_pb2.LaunchRequest(job_id="bad-job", round=0, policy_version=0, actors=1, steps_per_actor=1,
                                             function_name="nitro-learner", deadline_s=5.0, kind=kind,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import redis
 
-from nitro.contracts import policy_key, seen_key, stream_key
+from nitro.contracts import invocation_id, invocation_key, policy_key, seen_key, stream_key
 from nitro.data import codec
 from nitro.data.codec import encode
 from nitro.data.redis_client import connect
@@ -23,9 +23,15 @@ from nitro.data.store import (
     TrajectoryWriter,
 )
 from nitro.local.redis_server import LocalRedis
+from tests.credentials import signer
 from tests.envelopes import BODY, TAG, body_of, resign, sign_ntr2
 
 JOB = "job-1"
+
+
+def inv(slot: int, round_index: int = 1) -> str:
+    """An actor invocation id of JOB: what the reader accepts (the batch's round must be its round)."""
+    return invocation_id(JOB, round_index, slot)
 
 
 def _batch(seed: int = 0) -> dict:
@@ -94,12 +100,12 @@ def test_policy_expires(redis_client):
 
 
 def test_append_read_ack_round_trip(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    eid = _append(writer, "inv-1", compress=True)
+    eid = _append(writer, inv(1), compress=True)
     [entry] = reader.read(count=10, block_ms=100)
     assert entry.entry_id == eid
-    assert (entry.invocation_id, entry.round, entry.policy_version, entry.steps) == ("inv-1", 1, 3, 64)
+    assert (entry.invocation_id, entry.round, entry.policy_version, entry.steps) == (inv(1), 1, 3, 64)
     np.testing.assert_array_equal(entry.batch["obs"], _batch()["obs"])
     assert reader.pending_count() == 1
     reader.ack([entry])
@@ -115,26 +121,26 @@ def test_group_creation_is_idempotent(redis_client, hmac_key):
 
 
 def test_unacked_entries_return_to_restarted_reader(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     for i in range(3):
-        _append(writer, f"inv-{i}", seed=i)
+        _append(writer, inv(i), seed=i)
     first = TrajectoryReader(redis_client, JOB, hmac_key)
     got = first.read(count=2, block_ms=100)
-    assert [e.invocation_id for e in got] == ["inv-0", "inv-1"]
+    assert [e.invocation_id for e in got] == [inv(0), inv(1)]
     del first  # "crash" before ack
 
     again = TrajectoryReader(redis_client, JOB, hmac_key)  # same consumer name
     backlog = again.read(count=10, block_ms=100)
-    assert [e.invocation_id for e in backlog] == ["inv-0", "inv-1"]
+    assert [e.invocation_id for e in backlog] == [inv(0), inv(1)]
     np.testing.assert_array_equal(backlog[1].batch["obs"], _batch(1)["obs"])
-    assert [e.invocation_id for e in again.read(count=10, block_ms=100)] == ["inv-2"]
+    assert [e.invocation_id for e in again.read(count=10, block_ms=100)] == [inv(2)]
     assert again.duplicates == 0
 
 
 def test_stale_entries_claimed_from_dead_consumer(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
-    _append(writer, "inv-a")
-    _append(writer, "inv-b", seed=1)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    _append(writer, inv(10))
+    _append(writer, inv(11), seed=1)
     dead = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-0")
     assert len(dead.read(count=10, block_ms=100)) == 2
 
@@ -142,14 +148,14 @@ def test_stale_entries_claimed_from_dead_consumer(redis_client, hmac_key):
     assert other.claim_stale(min_idle_ms=60_000, count=10) == []  # not idle long enough
     time.sleep(0.06)
     claimed = other.claim_stale(min_idle_ms=50, count=10)
-    assert sorted(e.invocation_id for e in claimed) == ["inv-a", "inv-b"]
+    assert sorted(e.invocation_id for e in claimed) == [inv(10), inv(11)]
     other.ack(claimed)
     assert other.pending_count() == 0 and redis_client.xlen(stream_key(JOB)) == 0
 
 
 def test_claim_of_own_held_entry_is_not_a_duplicate(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
-    _append(writer, "inv-a")
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    _append(writer, inv(10))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
     [entry] = reader.read(count=10, block_ms=100)
     time.sleep(0.02)
@@ -160,60 +166,60 @@ def test_claim_of_own_held_entry_is_not_a_duplicate(redis_client, hmac_key):
 
 
 def test_duplicate_in_same_read(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
-    _append(writer, "inv-1")
-    _append(writer, "inv-1")  # a Lambda retry
-    _append(writer, "inv-2")
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    _append(writer, inv(1))
+    _append(writer, inv(1))  # a Lambda retry
+    _append(writer, inv(2))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
     got = reader.read(count=10, block_ms=100)
-    assert [e.invocation_id for e in got] == ["inv-1", "inv-2"]
+    assert [e.invocation_id for e in got] == [inv(1), inv(2)]
     assert reader.duplicates == 1
     assert redis_client.xlen(stream_key(JOB)) == 2  # the duplicate is already deleted
 
 
 def test_duplicate_across_reads_and_readers(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    _append(writer, "inv-1")
+    _append(writer, inv(1))
     [first] = reader.read(count=10, block_ms=100)
-    _append(writer, "inv-1")  # arrives before the first is acked
+    _append(writer, inv(1))  # arrives before the first is acked
     assert reader.read(count=10, block_ms=50) == []
     assert reader.duplicates == 1
     reader.ack([first])
 
-    _append(writer, "inv-1")  # arrives after ack
+    _append(writer, inv(1))  # arrives after ack
     assert reader.read(count=10, block_ms=50) == []
     assert reader.duplicates == 2
 
     fresh = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-9")  # no local memory
-    _append(writer, "inv-1")
-    _append(writer, "inv-2")
-    assert [e.invocation_id for e in fresh.read(count=10, block_ms=50)] == ["inv-2"]
+    _append(writer, inv(1))
+    _append(writer, inv(2))
+    assert [e.invocation_id for e in fresh.read(count=10, block_ms=50)] == [inv(2)]
     assert fresh.duplicates == 1
 
 
 def test_dedup_reads_the_seen_record_once(redis_client, hmac_key):
     """After the first batch, a read is one XREADGROUP: no per-read dedup round trip to Redis."""
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
     redis_client.config_resetstat()
     for i in range(5):
-        _append(writer, f"inv-{i}")
+        _append(writer, inv(i))
         reader.ack(reader.read(count=10, block_ms=100))
     stats = redis_client.info("commandstats")
     assert stats["cmdstat_xreadgroup"]["calls"] >= 5
     assert stats["cmdstat_zrangebyscore"]["calls"] == 1
     assert "cmdstat_zmscore" not in stats and "cmdstat_zscore" not in stats
-    _append(writer, "inv-3")  # a late retry of a consumed invocation is still dropped
+    _append(writer, inv(3))  # a late retry of a consumed invocation is still dropped
     assert reader.read(count=10, block_ms=50) == [] and reader.duplicates == 1
 
 
 @pytest.mark.parametrize("defer", [False, True], ids=["ack-at-once", "ack-held-back"])
 def test_ack_counts_an_id_another_reader_consumed(redis_client, hmac_key, defer):
     """Two consumers each take one copy of a retried invocation; the second ack notices (once it is sent)."""
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
-    _append(writer, "inv-1")
-    _append(writer, "inv-1")  # a Lambda retry
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    _append(writer, inv(1))
+    _append(writer, inv(1))  # a Lambda retry
     a = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-a")
     b = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-b")
     [ea], [eb] = a.read(count=1, block_ms=100), b.read(count=1, block_ms=100)
@@ -240,32 +246,32 @@ def _count_sends(monkeypatch) -> list:
 
 
 def test_a_held_back_ack_rides_with_the_next_read(redis_client, hmac_key, monkeypatch):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    _append(writer, "inv-1")
+    _append(writer, inv(1))
     [entry] = reader.read(count=10, block_ms=100)
     sends = _count_sends(monkeypatch)
     reader.ack([entry], defer=True)
     assert sends == [], "a held-back ack sends nothing"
     assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1
-    assert redis_client.zscore(seen_key(JOB), "inv-1") is None
-    _append(writer, "inv-2")
-    _append(writer, "inv-1")  # a retry of the consumed invocation: this reader's dedup knows it already
+    assert redis_client.zscore(seen_key(JOB), inv(1)) is None
+    _append(writer, inv(2))
+    _append(writer, inv(1))  # a retry of the consumed invocation: this reader's dedup knows it already
     sends.clear()
     got = reader.read(count=1, block_ms=100)
     assert len(sends) == 1, "the held-back ack and the read went in one round trip"
-    assert [e.invocation_id for e in got] == ["inv-2"]
-    assert redis_client.zscore(seen_key(JOB), "inv-1") is not None
+    assert [e.invocation_id for e in got] == [inv(2)]
+    assert redis_client.zscore(seen_key(JOB), inv(1)) is not None
     assert reader.read(count=10, block_ms=100) == [] and reader.duplicates == 1  # the retry, dropped
     assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1  # only inv-2 waits
     assert redis_client.xlen(stream_key(JOB)) == 1
 
 
 def test_an_ack_sent_at_once_or_by_flush(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    for inv in ("inv-1", "inv-2", "inv-3"):
-        _append(writer, inv)
+    for slot in (1, 2, 3):
+        _append(writer, inv(slot))
     first, second, third = reader.read(count=10, block_ms=100)
     reader.ack([first])  # the control: sent at once
     assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 2
@@ -280,10 +286,10 @@ def test_an_ack_sent_at_once_or_by_flush(redis_client, hmac_key):
 
 
 def test_an_ack_held_back_while_another_is_being_sent_is_kept(redis_client, hmac_key, monkeypatch):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    _append(writer, "inv-1")
-    _append(writer, "inv-2")
+    _append(writer, inv(1))
+    _append(writer, inv(2))
     first, second = reader.read(count=10, block_ms=100)
     consume = reader._consume
 
@@ -303,12 +309,12 @@ def test_an_ack_held_back_while_another_is_being_sent_is_kept(redis_client, hmac
 def test_a_failed_held_back_ack_does_not_swallow_the_read_beside_it(redis_client, hmac_key):
     """The ack script and XREADGROUP go in one pipeline, not a transaction: when the script fails the read
     still delivered its entries to this consumer, and the next read hands them out."""
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    _append(writer, "inv-1")
+    _append(writer, inv(1))
     [entry] = reader.read(count=10, block_ms=100)
     reader.ack([entry], defer=True)
-    _append(writer, "inv-2")
+    _append(writer, inv(2))
     redis_client.set(seen_key(JOB), "not a sorted set")  # the script's ZADD fails: WRONGTYPE
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         reader.read(count=10, block_ms=100)
@@ -317,9 +323,9 @@ def test_a_failed_held_back_ack_does_not_swallow_the_read_beside_it(redis_client
     pending = redis_client.xpending_range(stream_key(JOB), "learner", "-", "+", 10)
     assert [p["message_id"] for p in pending] == [redis_client.xrange(stream_key(JOB))[0][0]]
     redis_client.delete(seen_key(JOB))
-    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == ["inv-2"]
+    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == [inv(2)]
     assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1  # the held-back ack went too
-    assert redis_client.zscore(seen_key(JOB), "inv-1") is not None
+    assert redis_client.zscore(seen_key(JOB), inv(1)) is not None
 
 
 def test_an_ack_of_more_ids_than_a_lua_call_takes(redis_client, hmac_key):
@@ -330,7 +336,7 @@ def test_an_ack_of_more_ids_than_a_lua_call_takes(redis_client, hmac_key):
         pipe.xadd(stream_key(JOB), {"n": str(i)})
     pipe.execute()
     msgs = redis_client.xreadgroup("learner", "learner-0", {stream_key(JOB): ">"}, count=9000)[0][1]
-    entries = [TrajectoryEntry(eid.decode(), f"inv-{i}", 1, 3, 1, {}) for i, (eid, _) in enumerate(msgs)]
+    entries = [TrajectoryEntry(eid.decode(), inv(i), 1, 3, 1, {}) for i, (eid, _) in enumerate(msgs)]
     assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 9000
     reader.ack(entries)
     assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 0
@@ -339,24 +345,25 @@ def test_an_ack_of_more_ids_than_a_lua_call_takes(redis_client, hmac_key):
 
 
 def test_rejected_entries_are_counted_and_skipped(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     stream = stream_key(JOB)
-    meta = {b"inv": b"x", b"round": b"1", b"version": b"3", b"steps": b"64"}
-    _append(writer, "good-1")
-    redis_client.xadd(stream, {**meta, b"inv": b"raw", b"payload": pickle.dumps(_batch(), protocol=5)})
-    redis_client.xadd(stream, {**meta, b"inv": b"nopayload"})
-    forged = encode(("forged", 1, 3, 64, _batch()), b"not-the-deployment-key-0123456789")
-    redis_client.xadd(stream, {**meta, b"inv": b"forged", b"payload": forged})
-    tampered = bytearray(encode(("tampered", 1, 3, 64, _batch()), hmac_key))
+    meta = {b"round": b"1", b"version": b"3", b"steps": b"64"}
+    _append(writer, inv(21))
+    redis_client.xadd(stream, {**meta, b"inv": inv(60).encode(), b"payload": pickle.dumps(_batch(), protocol=5)})
+    redis_client.xadd(stream, {**meta, b"inv": inv(61).encode()})
+    forged = encode((inv(62), 1, 3, 64, _batch()), b"not-the-deployment-key-0123456789")
+    redis_client.xadd(stream, {**meta, b"inv": inv(62).encode(), b"payload": forged})
+    tampered = bytearray(encode((inv(63), 1, 3, 64, _batch()), invocation_key(hmac_key, JOB, inv(63))))
     tampered[-5] ^= 0xFF
-    redis_client.xadd(stream, {**meta, b"inv": b"tampered", b"payload": bytes(tampered)})
-    relabelled = encode(("good-1", 1, 3, 64, _batch()), hmac_key)  # valid payload, fields lie
-    redis_client.xadd(stream, {**meta, b"inv": b"other-id", b"payload": relabelled})
-    _append(writer, "good-2")
+    redis_client.xadd(stream, {**meta, b"inv": inv(63).encode(), b"payload": bytes(tampered)})
+    # valid payload, fields lie: verified with the key of the invocation the fields name, it fails
+    relabelled = encode((inv(21), 1, 3, 64, _batch()), invocation_key(hmac_key, JOB, inv(21)))
+    redis_client.xadd(stream, {**meta, b"inv": inv(64).encode(), b"payload": relabelled})
+    _append(writer, inv(22))
 
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
     got = reader.read(count=100, block_ms=100)
-    assert [e.invocation_id for e in got] == ["good-1", "good-2"]
+    assert [e.invocation_id for e in got] == [inv(21), inv(22)]
     assert reader.rejected == {"unsigned": 2, "bad_signature": 3}
     assert reader.pending_count() == 2  # rejected ones were acked
     reader.ack(got)
@@ -380,15 +387,15 @@ def _hopper_batch(steps: int = 4096) -> dict:
 
 def test_hopper_batch_through_the_stream(redis_client, hmac_key):
     batch = _hopper_batch()
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    writer.append_batch(invocation_id="hop-1", round=2, policy_version=5, batch=batch)
+    writer.append_batch(invocation_id=inv(1, 2), round=2, policy_version=5, batch=batch)
     [(_, fields)] = redis_client.xrange(stream_key(JOB))
     payload = fields[b"payload"]
     assert payload[:5] == codec.MAGIC + b"\x00"  # float32 batches travel uncompressed
     assert struct.unpack_from("<I", payload, BODY)[0] == 7  # each array out of band: n_buffers
     [entry] = reader.read(count=10, block_ms=100)
-    assert (entry.invocation_id, entry.round, entry.policy_version, entry.steps) == ("hop-1", 2, 5, 4096)
+    assert (entry.invocation_id, entry.round, entry.policy_version, entry.steps) == (inv(1, 2), 2, 5, 4096)
     for name, sent in batch.items():
         got = entry.batch[name]
         if isinstance(sent, np.ndarray) and sent.ndim:
@@ -432,34 +439,34 @@ def _hostile_payload(case: str, key: bytes, record: tuple) -> bytes:
     ("oob_global", "disallowed_type"),
 ])
 def test_hostile_envelopes_in_the_stream(redis_client, hmac_key, case, reason):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
-    record = ("evil", 1, 3, 64, _batch())
-    fields = {b"inv": b"evil", b"round": b"1", b"version": b"3", b"steps": b"64",
-              b"payload": _hostile_payload(case, hmac_key, record)}
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    record = (inv(50), 1, 3, 64, _batch())  # what a compromised actor holding its invocation's key could send
+    fields = {b"inv": inv(50).encode(), b"round": b"1", b"version": b"3", b"steps": b"64",
+              b"payload": _hostile_payload(case, invocation_key(hmac_key, JOB, inv(50)), record)}
     redis_client.xadd(stream_key(JOB), fields)
-    _append(writer, "good")
+    _append(writer, inv(20))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == ["good"]
+    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == [inv(20)]
     assert reader.rejected == {reason: 1}
     assert reader.pending_count() == 1  # the rejected entry is acked and deleted, the good one waits
 
 
 def test_oversized_payload_rejected(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
-    _append(writer, "big")
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    _append(writer, inv(23))
     reader = TrajectoryReader(redis_client, JOB, hmac_key, max_payload_bytes=1000)
     assert reader.read(count=10, block_ms=50) == []
     assert reader.rejected == {"too_large": 1}
 
 
 def test_memory_bounded(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key, dedup_window_s=3600)
     stream = stream_key(JOB)
 
     def cycle(start: int, n: int) -> None:
         for i in range(start, start + n):
-            _append(writer, f"inv-{i}", seed=i % 4)
+            _append(writer, inv(i), seed=i % 4)
             reader.ack(reader.read(count=10, block_ms=100))
         assert redis_client.xlen(stream) == 0
 
@@ -475,26 +482,26 @@ def test_memory_bounded(redis_client, hmac_key):
 
 
 def test_dedup_window_trims_old_ids(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key, dedup_window_s=1)
-    _append(writer, "old")
+    _append(writer, inv(70))
     reader.ack(reader.read(count=10, block_ms=100))
     time.sleep(1.1)
-    _append(writer, "new")
+    _append(writer, inv(71))
     reader.ack(reader.read(count=10, block_ms=100))
-    assert redis_client.zrange(seen_key(JOB), 0, -1) == [b"new"]
+    assert redis_client.zrange(seen_key(JOB), 0, -1) == [inv(71).encode()]
 
 
 def test_maxlen_caps_stream(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key, maxlen=100)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), maxlen=100)
     for i in range(1000):
-        _append(writer, f"inv-{i}")  # nobody reads: the cap is what bounds memory
+        _append(writer, inv(i))  # nobody reads: the cap is what bounds memory
     assert redis_client.xlen(stream_key(JOB)) < 300
 
 
 def test_trimmed_pending_entry_is_cleared(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
-    _append(writer, "inv-a")
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    _append(writer, inv(10))
     dead = TrajectoryReader(redis_client, JOB, hmac_key, consumer="learner-0")
     [entry] = dead.read(count=10, block_ms=100)
     redis_client.xdel(stream_key(JOB), entry.entry_id)  # as a MAXLEN trim would
@@ -527,50 +534,50 @@ def test_read_blocks_for_block_ms_when_empty(redis_client, hmac_key):
 def test_read_wakes_up_when_entry_arrives(redis_client, hmac_key):
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
     reader.read(count=10, block_ms=10)
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
-    timer = threading.Timer(0.1, lambda: _append(writer, "late"))
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    timer = threading.Timer(0.1, lambda: _append(writer, inv(40)))
     timer.start()
     t0 = time.monotonic()
     got = reader.read(count=10, block_ms=5000)
-    assert [e.invocation_id for e in got] == ["late"]
+    assert [e.invocation_id for e in got] == [inv(40)]
     assert time.monotonic() - t0 < 2.0
     timer.join()
 
 
 def test_reader_survives_redis_data_loss(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key)
-    _append(writer, "before")
+    _append(writer, inv(42))
     [entry] = reader.read(count=10, block_ms=100)
     redis_client.flushall()  # as a restart without persistence would
     reader.ack([entry])  # nothing left to ack: must not raise
     assert reader.pending_count() == 0  # group recreated on demand
-    _append(writer, "after")
-    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == ["after"]
+    _append(writer, inv(41))
+    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == [inv(41)]
 
 
 def test_unacked_entries_survive_redis_restart(tmp_path, hmac_key):
     with LocalRedis(data_dir=tmp_path, appendonly=True) as server:
         client = connect(server.url)
-        writer = TrajectoryWriter(client, JOB, hmac_key)
-        _append(writer, "inv-1")
+        writer = TrajectoryWriter(client, JOB, signer(hmac_key, JOB))
+        _append(writer, inv(1))
         assert len(TrajectoryReader(client, JOB, hmac_key).read(count=10, block_ms=100)) == 1
         server.restart()  # the learner and Redis both restart before the ack
         reader = TrajectoryReader(client, JOB, hmac_key)
         [entry] = reader.read(count=10, block_ms=100)
-        assert entry.invocation_id == "inv-1"
+        assert entry.invocation_id == inv(1)
         reader.ack([entry])
         assert client.xlen(stream_key(JOB)) == 0
         client.close()
 
 
 def test_a_single_entry_is_appended_without_a_transaction(redis_client, hmac_key):
-    writer = TrajectoryWriter(redis_client, JOB, hmac_key)
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     redis_client.config_resetstat()
-    writer.append_batch(invocation_id="one", round=1, policy_version=3, batch=_batch())
+    writer.append_batch(invocation_id=inv(30), round=1, policy_version=3, batch=_batch())
     assert "cmdstat_multi" not in redis_client.info("commandstats")
-    small = TrajectoryWriter(redis_client, JOB, hmac_key, max_entry_bytes=2048)
-    small.append_batch(invocation_id="split", round=1, policy_version=3,
+    small = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB), max_entry_bytes=2048)
+    small.append_batch(invocation_id=inv(31), round=1, policy_version=3,
                        batch={**_batch(), "truncated": np.zeros(64, bool), "values": np.zeros(64, np.float32),
                               "bootstrap_value": 0.0})
     assert redis_client.info("commandstats")["cmdstat_multi"]["calls"] == 1  # the parts stay atomic

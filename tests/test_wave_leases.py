@@ -92,7 +92,7 @@ def endpoint():
 def scaler(redis_client, endpoint):
     client = lambda_client(endpoint.endpoint_url, "us-east-1", max_connections=4, read_timeout=30)
     servicer = ScalerServicer(redis_client, Invoker(client, max_attempts=1), cost.Prices(), "redis://127.0.0.1:1/0",
-                              wave_leases=WaveLeases(redis_client, ttl_s=0.6, refresh_s=0.1))
+                              wave_leases=WaveLeases(redis_client, ttl_s=0.6, refresh_s=0.1), hmac_key=b"k" * 32)
     server = grpc.server(futures.ThreadPoolExecutor(2))
     scaler_pb2_grpc.add_ActorScalerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -12,7 +12,8 @@ One run is idempotent and converges the function to what the flags say:
 
 Every action is reported as one line; `--json` adds a summary on stdout. Input errors,
 a missing role or image, and Lambda's InvalidParameterValue answers exit with code 2.
-Environment variable values are never printed (they carry NITRO_HMAC_KEY and the Redis password).
+Environment variable values are never printed (they may carry secrets; nitro's own functions need none:
+each invocation's event carries its job's Redis user and its own keys).
 """
 
 from __future__ import annotations

@@ -86,9 +86,17 @@ def with_credentials(url: str, environ=os.environ) -> str:
             raise ConfigError(f"NITRO_REDIS_PASSWORD_FILE={path!r} cannot be read: {exc.strerror}") from None
     if not password:
         return url
-    user = parts.username or environ.get("NITRO_REDIS_USERNAME", "")
+    return with_login(url, parts.username or environ.get("NITRO_REDIS_USERNAME", ""), password)
+
+
+def with_login(url: str, username: str, password: str) -> str:
+    """`url` logging in as `username` with `password`, whatever user or password it carried; host (IPv6 in
+    brackets), port, path and query kept. A URL without a host (unix://) is returned as is."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return url
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{quote(username, safe='')}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
 
 

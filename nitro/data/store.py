@@ -10,6 +10,11 @@ image observations are compressed, and a batch still too large is split into
 contiguous parts (nitro.data.batching) written atomically, each a complete batch whose
 signed record carries (part, parts). A part is deduplicated by
 "invocation_id#part/parts"; an unsplit entry keeps the exact earlier format.
+
+Keys: an actor signs with its invocation's own key (nitro.contracts.invocation_key, handed to it in its event);
+the reader holds the master key and derives, for each entry, the key of the invocation the entry names, so an
+entry verifies only as the batch of that invocation of this job: one signed with another job's or another
+invocation's key is rejected as `bad_signature`, before it can claim that invocation's dedup id.
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ from typing import Any
 
 import redis
 
-from nitro.contracts import check_job_id, latest_policy_key, policy_key, seen_key, stream_key
+from nitro.contracts import (
+    check_job_id,
+    invocation_key,
+    latest_policy_key,
+    parse_invocation_id,
+    policy_key,
+    seen_key,
+    stream_key,
+)
 from nitro.data.batching import split_batch, steps_of, wants_compression
 from nitro.data.codec import (
     BadSignatureError,
@@ -70,6 +83,12 @@ return added
 REDIS_MAX_BULK_BYTES = 512 << 20  # Redis's default proto-max-bulk-len: no single value may be larger
 
 
+class ForeignInvocationError(PayloadError):
+    """A signed entry that is not the batch of one of this job's actor invocations for the round its id names."""
+
+    reason = "foreign_invocation"
+
+
 class PolicyNotFoundError(LookupError):
     def __init__(self, job_id: str, version: int):
         self.job_id, self.version = job_id, version
@@ -108,14 +127,17 @@ class PolicyStore:
 class TrajectoryWriter:
     """Actor side: one signed stream entry per invocation (several when `append_batch` splits it)."""
 
-    def __init__(self, client: redis.Redis, job_id: str, key: bytes, maxlen: int = 10000,
+    def __init__(self, client: redis.Redis, job_id: str, key: bytes | Callable[[str], bytes], maxlen: int = 10000,
                  max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES, io=contextlib.nullcontext):
-        """`io`: a context-manager factory entered around each network round trip (the cloud clock's
+        """`key`: the signing key of the invocation this writer appends for (an actor's, from its event), or a
+        function from invocation id to its key (a holder of the master key: tests and benchmarks).
+        `io`: a context-manager factory entered around each network round trip (the cloud clock's
         InvocationClock.io), so encoding and signing stay outside it."""
         if not 0 < max_entry_bytes <= REDIS_MAX_BULK_BYTES:
             raise ValueError(f"max_entry_bytes must be in (0, {REDIS_MAX_BULK_BYTES}] (Redis proto-max-bulk-len), "
                              f"got {max_entry_bytes!r}")
-        self._r, self._stream, self._key, self._maxlen = client, stream_key(job_id), key, maxlen
+        self._r, self._stream, self._maxlen = client, stream_key(job_id), maxlen
+        self._key_of = key if callable(key) else (lambda invocation_id: key)
         self.max_entry_bytes = int(max_entry_bytes)
         self._io = io
 
@@ -134,7 +156,7 @@ class TrajectoryWriter:
         meta = (invocation_id, int(round), int(policy_version), int(steps))
         # The stream fields are readable without decoding, but the signed copy is
         # what the reader trusts: re-labelling a valid payload cannot dodge dedup.
-        payload = encode((*meta, batch), self._key, compress=compress)
+        payload = encode((*meta, batch), self._key_of(invocation_id), compress=compress)
         return self._xadd([(meta, payload)])[0]
 
     def append_batch(self, *, invocation_id: str, round: int, policy_version: int, batch: dict,
@@ -151,7 +173,8 @@ class TrajectoryWriter:
         compress = wants_compression(batch) if compress is None else bool(compress)
         steps = steps_of(batch)
         meta = (invocation_id, int(round), int(policy_version), int(steps))
-        payload = encode((*meta, batch), self._key, compress=compress)
+        key = self._key_of(invocation_id)
+        payload = encode((*meta, batch), key, compress=compress)
         if len(payload) <= self.max_entry_bytes:
             return [self._xadd([(meta, payload)])[0]]
         parts = -(-len(payload) // self.max_entry_bytes) + 1  # parts compress unevenly: start with slack
@@ -162,7 +185,7 @@ class TrajectoryWriter:
             encoded = []
             for i, piece in enumerate(split_batch(batch, parts, value_of)):
                 pmeta = (invocation_id, int(round), int(policy_version), steps_of(piece), i, parts)
-                encoded.append((pmeta, encode((*pmeta[:4], piece, i, parts), self._key, compress=compress)))
+                encoded.append((pmeta, encode((*pmeta[:4], piece, i, parts), key, compress=compress)))
             if max(len(p) for _, p in encoded) <= self.max_entry_bytes:
                 return self._xadd(encoded)
             parts = min(parts * 2, max(steps, 1)) if parts < steps else parts + 1
@@ -260,6 +283,9 @@ class _HeldAcks:
 
 class TrajectoryReader:
     """Learner side of the stream: verified, deduplicated, at-least-once batches.
+
+    `key` is the master key: each entry is verified with the key of the invocation it names
+    (nitro.contracts.invocation_key), derived here.
 
     An entry stays pending until `ack`, so a learner that dies mid-batch gets it
     back (same consumer name: on its first `read`; another consumer: `claim_stale`).
@@ -469,7 +495,13 @@ class TrajectoryReader:
         payload = fields.get(b"payload")
         if payload is None:
             raise UnsignedPayloadError("entry has no payload field")
-        signed = decode(payload, self._key, max_size=self.max_payload_bytes)
+        named = fields.get(b"inv")
+        if not named:
+            raise UnsignedPayloadError("entry names no invocation: there is no key to verify it with")
+        # The key of the invocation the entry names: a batch signed with any other key (another job's, another
+        # invocation's) fails here, before it is parsed and before it can take that invocation's dedup id.
+        key = invocation_key(self._key, self.job_id, named.decode("utf-8", "surrogateescape"))
+        signed = decode(payload, key, max_size=self.max_payload_bytes)
         if not (isinstance(signed, tuple) and len(signed) in (5, 7)):
             raise MalformedPayloadError("payload is not a trajectory record")
         inv, rnd, version, steps, batch = signed[:5]
@@ -477,6 +509,10 @@ class TrajectoryReader:
         ints = all(type(v) is int for v in (rnd, version, steps, part, parts)) and 0 <= part < parts
         if not (isinstance(inv, str) and ints and isinstance(batch, dict)):
             raise MalformedPayloadError("payload is not a trajectory record")
+        parsed = parse_invocation_id(inv)
+        if parsed is None or parsed.kind != "actor" or parsed.job_id != self.job_id or parsed.round_index != rnd:
+            raise ForeignInvocationError(f"invocation {inv[:200]!r} is not an actor invocation of job {self.job_id!r} "
+                                         f"for round {rnd}")
         names, meta = _FIELDS, (inv, rnd, version, steps)
         if len(signed) == 7:
             names, meta = _FIELDS + _PART_FIELDS, (*meta, part, parts)

@@ -22,7 +22,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from nitro.contracts import ACTOR_KEY_PATTERNS, ALL_KEYS_PATTERN
+from nitro.data.redis_acl import SCALER_RULES, SCALER_USER, SERVICE_RULES, SERVICE_USER
 
 _LOG_NAME = "redis.log"
 _CONF_NAME = "redis.conf"
@@ -32,19 +32,6 @@ _PASSWORD_RE = re.compile(r"[A-Za-z0-9._~+/=-]{1,512}")
 _USERNAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 log = logging.getLogger(__name__)
-
-# ACL users of a Redis that nitro runs itself (Redis 6.2 syntax: no selectors).
-SERVICE_USER = "nitro-service"
-ACTOR_USER = "nitro-actor"
-# Services: every command on nitro's keys, none of the server-wide dangerous ones
-# (FLUSHALL, KEYS, CONFIG SET, DEBUG, SHUTDOWN, MODULE, ...); CONFIG GET for the persistence check.
-SERVICE_RULES = f"resetkeys ~{ALL_KEYS_PATTERN} resetchannels -@all +@all -@dangerous +config|get"
-# Actors: append to trajectory streams and read policies, nothing else. PING for redis-py's
-# health checks; AUTH/HELLO to log in; MULTI/EXEC/DISCARD because the parts of a split batch
-# go in one transaction (each queued command is still checked). XADD's MAXLEN trim is part of XADD.
-# Learner functions (stellaris) share the user: GET their input and XADD their update under learn:.
-ACTOR_RULES = ("resetkeys " + " ".join(f"~{p}" for p in ACTOR_KEY_PATTERNS) + " resetchannels -@all +xadd +get +ping "
-               "+auth +hello +multi +exec +discard")
 
 
 @dataclass(frozen=True)
@@ -67,10 +54,11 @@ class RedisUser:
         return f"RedisUser({self.name!r}, rules={self.rules!r})"
 
 
-def nitro_users(service_password: str, actor_password: str) -> list[RedisUser]:
-    """The service user (first: LocalRedis.url logs in as it) and the restricted actor user."""
+def nitro_users(service_password: str, scaler_password: str) -> list[RedisUser]:
+    """The service user (first: LocalRedis.url logs in as it) and the scaler's, which manages the job users
+    (nitro.data.redis_acl). A job's functions get a user of their own from the scaler, none from here."""
     return [RedisUser(SERVICE_USER, service_password, SERVICE_RULES),
-            RedisUser(ACTOR_USER, actor_password, ACTOR_RULES)]
+            RedisUser(SCALER_USER, scaler_password, SCALER_RULES)]
 
 
 class RedisServerError(RuntimeError):

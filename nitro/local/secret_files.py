@@ -16,13 +16,17 @@ HMAC_KEY_FILE = "hmac.key"
 REDIS_PASSWORD_FILE = "redis.password"  # the nitro-service ACL user's
 
 
-REDIS_ACTOR_PASSWORD_FILE = "redis-actor.password"
+REDIS_SCALER_PASSWORD_FILE = "redis-scaler.password"  # the nitro-scaler ACL user's (it manages the job users)
+
+
+# The shared nitro-actor user's, before each job had its own: removed at start when an old state dir has it.
+RETIRED_ACTOR_PASSWORD_FILE = "redis-actor.password"
 
 
 TOKEN_FILE = "token"
 
 
-SECRET_FILES = (HMAC_KEY_FILE, REDIS_PASSWORD_FILE, REDIS_ACTOR_PASSWORD_FILE, TOKEN_FILE)
+SECRET_FILES = (HMAC_KEY_FILE, REDIS_PASSWORD_FILE, REDIS_SCALER_PASSWORD_FILE, TOKEN_FILE)
 
 
 def write_secret(path: Path, value: str) -> None:

@@ -6,9 +6,11 @@ its health check. <state_dir>/state.json says where everything is (no secrets).
 Secrets are created once per state dir, mode 0600, and reused by every later
 start (a restart must not look like an attack: batches signed before it still
 verify); they reach components through their environment, never their command
-line: the gRPC access token (<state_dir>/token), the HMAC key (hmac.key) and the
-passwords of the Redis ACL users `nitro-service` (redis.password) and
-`nitro-actor` (redis-actor.password) (nitro.local.secret_files);
+line: the gRPC access token (<state_dir>/token), the master HMAC key (hmac.key) and the
+passwords of the Redis ACL users `nitro-service` (redis.password, the learner and
+detector) and `nitro-scaler` (redis-scaler.password, the scaler, which creates each
+job's own user for its functions) (nitro.local.secret_files). The Lambda endpoint and
+its functions get none of them: each invocation's event carries what it needs;
 `system_state.rotate_secrets` removes them while the system is down. Redis keeps an append-only file in <state_dir>/redis. `stop()`
 ends the components in reverse order.
 
@@ -38,7 +40,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from urllib.parse import quote, urlparse, urlunparse
 
 from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 from nitro.data.codec import generate_hmac_key
@@ -54,7 +55,7 @@ from nitro.local.processes import (
     process_start_time,
 )
 from nitro.local.redis_server import (
-    ACTOR_USER,
+    SCALER_USER,
     SERVICE_USER,
     LocalRedis,
     RedisServerError,
@@ -64,8 +65,9 @@ from nitro.local.redis_server import (
 from nitro.local.restarts import RestartPolicy, restart_delay
 from nitro.local.secret_files import (
     HMAC_KEY_FILE,
-    REDIS_ACTOR_PASSWORD_FILE,
     REDIS_PASSWORD_FILE,
+    REDIS_SCALER_PASSWORD_FILE,
+    RETIRED_ACTOR_PASSWORD_FILE,
     TOKEN_FILE,
     load_or_create_secret,
     write_secret,
@@ -120,14 +122,6 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
-def _with_user(url: str, user: str) -> str:
-    """url with `user@` as its user name (kept if it already names one; never a password)."""
-    parsed = urlparse(url)
-    if parsed.username:
-        return url
-    return urlunparse(parsed._replace(netloc=f"{quote(user, safe='')}@{parsed.netloc}"))
-
-
 class LocalSystem:
     """Start/stop the whole local deployment. Use from the main thread (parent-death signal)."""
 
@@ -135,12 +129,12 @@ class LocalSystem:
                  concurrency: int = 64, actor_timeout_s: float = 60.0, actor_memory_mb: int = DEFAULT_ACTOR_MEMORY_MB,
                  startup_timeout_s: float = 180.0, python: str = sys.executable,
                  lambda_backend: str = "local", actor_redis_url: str | None = None, aws_region: str | None = None,
-                 hmac_key: str | None = None, redis_password: str | None = None, redis_bind: str = "127.0.0.1",
+                 redis_bind: str = "127.0.0.1",
                  restart_policy: RestartPolicy = RestartPolicy(), resume_jobs: bool | None = None):
         """lambda_backend "aws": no local endpoint; the scaler invokes the deployed functions through
-        boto3's standard endpoint and credentials. The functions reach Redis at actor_redis_url (no
-        password in it) as the restricted actor user with redis_password (their NITRO_REDIS_PASSWORD),
-        and sign with hmac_key (their NITRO_HMAC_KEY); redis_bind opens Redis beyond loopback.
+        boto3's standard endpoint and credentials. The functions reach Redis at actor_redis_url (any user or
+        password in it is dropped) as their job's own user, with the password and keys their events carry: a
+        deployed function needs no secret of its own; redis_bind opens Redis beyond loopback.
         restart_policy: what `supervise` does when a component exits on its own.
         resume_jobs False: the learner never resumes the jobs a killed learner left running (they wait for
         `nitro train --resume`); for a caller that redoes a cut-short job itself, such as the protocol's
@@ -148,15 +142,11 @@ class LocalSystem:
         (default): the learner's own default, `NITRO_RESUME_JOBS` (resume unless it is 0)."""
         if lambda_backend not in ("local", "aws"):
             raise LocalSystemError(f"lambda_backend must be 'local' or 'aws', got {lambda_backend!r}")
-        if lambda_backend == "aws":
-            missing = [n for n, v in (("actor_redis_url", actor_redis_url), ("hmac_key", hmac_key),
-                                      ("redis_password", redis_password)) if not v]
-            if missing:
-                raise LocalSystemError(f"lambda_backend 'aws' needs {', '.join(missing)}: the values the deployed "
-                                       f"function uses")
+        if lambda_backend == "aws" and not actor_redis_url:
+            raise LocalSystemError("lambda_backend 'aws' needs actor_redis_url: Redis as the deployed functions "
+                                   "reach it")
         self.lambda_backend = lambda_backend
-        self._aws = {"actor_redis_url": actor_redis_url, "region": aws_region, "hmac_key": hmac_key,
-                     "redis_password": redis_password} if lambda_backend == "aws" else None
+        self._aws = {"actor_redis_url": actor_redis_url, "region": aws_region} if lambda_backend == "aws" else None
         self.redis_bind = redis_bind
         self.state_dir = Path(state_dir).resolve()
         self.logs_dir = self.state_dir / "logs"
@@ -171,7 +161,7 @@ class LocalSystem:
         self.hmac_key: str | None = None
         self._redis: LocalRedis | None = None
         self._redis_password: str | None = None  # nitro-service's
-        self._actor_password: str | None = None
+        self._scaler_password: str | None = None  # nitro-scaler's
         self.token: str | None = None  # gRPC access token of this system; never print it
         self._status = "stopped"
         self._taken: set[int] = set()
@@ -199,11 +189,6 @@ class LocalSystem:
         return self._redis.url
 
     @property
-    def redis_actor_url(self) -> str:
-        """The nitro-actor ACL user's URL (XADD to trajectory streams, GET policies), with its password."""
-        return self._redis.url_for(ACTOR_USER)
-
-    @property
     def state_file(self) -> Path:
         return self.state_dir / STATE_FILE
 
@@ -227,11 +212,11 @@ class LocalSystem:
         return env
 
     def actor_env(self) -> dict[str, str]:
-        """The Lambda endpoint's (and so the actors') environment: no access token, the actor Redis user."""
+        """The Lambda endpoint's (and so the functions') environment: no secret at all (no access token, no HMAC
+        key, no Redis password); each invocation's event carries its job's Redis user and its keys."""
         env = self.child_env()
         env.pop("NITRO_TOKEN")
-        env["NITRO_REDIS_USERNAME"] = ACTOR_USER
-        env["NITRO_REDIS_PASSWORD_FILE"] = str(self.state_dir / REDIS_ACTOR_PASSWORD_FILE)
+        env.pop("NITRO_HMAC_KEY")
         return env
 
     # lifecycle --------------------------------------------------------------------------
@@ -283,17 +268,17 @@ class LocalSystem:
                 return given
             return load_or_create_secret(self.state_dir / name, generate)
 
-        self.hmac_key = secret(HMAC_KEY_FILE, aws.get("hmac_key"), generate_hmac_key)
+        self.hmac_key = secret(HMAC_KEY_FILE, None, generate_hmac_key)
         self.token = secret(TOKEN_FILE, None, auth.generate_token)
         self._redis_password = secret(REDIS_PASSWORD_FILE, None, lambda: secrets.token_urlsafe(24))
-        # Deployed functions log in as the actor user with the password they were given.
-        self._actor_password = secret(REDIS_ACTOR_PASSWORD_FILE, aws.get("redis_password"),
-                                      lambda: secrets.token_urlsafe(24))
+        self._scaler_password = secret(REDIS_SCALER_PASSWORD_FILE, None, lambda: secrets.token_urlsafe(24))
+        # The shared actor user of earlier releases is gone (each job has its own): so is its password.
+        (self.state_dir / RETIRED_ACTOR_PASSWORD_FILE).unlink(missing_ok=True)
 
         self._start_redis()
         self._write_state()
         if self._aws:
-            self._start_services(lambda_args=["--actor-redis-url", _with_user(aws["actor_redis_url"], ACTOR_USER),
+            self._start_services(lambda_args=["--actor-redis-url", aws["actor_redis_url"],
                                               *(["--region", aws["region"]] if aws["region"] else [])])
             return
         actor_redis_url = self._redis.url_without_password
@@ -376,7 +361,7 @@ class LocalSystem:
         # AOF with fsync every second in a directory we own: a Redis restart loses at most ~1 s of writes.
         try:
             self._redis = LocalRedis(data_dir=self.state_dir / "redis", port=self.ports.get("redis"),
-                                     users=nitro_users(self._redis_password, self._actor_password), appendonly=True,
+                                     users=nitro_users(self._redis_password, self._scaler_password), appendonly=True,
                                      binary=str(wrapper), bind=self.redis_bind)
         except ValueError as exc:  # a given password or bind address Redis cannot take
             raise LocalSystemError(f"cannot configure Redis: {exc}") from None
@@ -396,7 +381,8 @@ class LocalSystem:
         # The Redis URL carries the password: pass it in the environment, never on the command line (ps).
         self._spawn(name, ["-m", f"{name}_svc", "--host", "127.0.0.1", "--port", str(port),
                            "--metrics-port", str(metrics_port), *extra],
-                    env={"NITRO_REDIS_URL": self._redis.url},
+                    # The scaler logs in as nitro-scaler, the only user that may create and delete the job users.
+                    env={"NITRO_REDIS_URL": self._redis.url_for(SCALER_USER) if name == "scaler" else self._redis.url},
                     address=f"127.0.0.1:{port}", metrics_port=metrics_port,
                     metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
 
@@ -585,7 +571,7 @@ class LocalSystem:
             "hmac_key_file": str(self.state_dir / HMAC_KEY_FILE),
             "redis_user": SERVICE_USER,
             "redis_password_file": str(self.state_dir / REDIS_PASSWORD_FILE),
-            "redis_actor_password_file": str(self.state_dir / REDIS_ACTOR_PASSWORD_FILE),
+            "redis_scaler_password_file": str(self.state_dir / REDIS_SCALER_PASSWORD_FILE),
             "token_file": str(self.state_dir / TOKEN_FILE),
             "components": comps,
         }

@@ -32,7 +32,7 @@ SERVICES = ("nitro.v1.TrainingService", "nitro.v1.BoostingDetector", "nitro.v1.A
 # Deadlines (seconds) per method; every client call passes one.
 DEADLINES = {
     "StartTraining": 30.0, "GetTraining": 10.0, "StopTraining": 30.0, "ListTrainings": 10.0,
-    "Score": 120.0, "Plan": 10.0, "Launch": 900.0, "GetCost": 10.0,
+    "Score": 120.0, "Plan": 10.0, "Launch": 900.0, "GetCost": 10.0, "EndJob": 10.0,
     "WatchTraining": 7 * 24 * 3600.0,
 }
 

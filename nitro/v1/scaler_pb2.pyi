@@ -204,3 +204,15 @@ class GetCostResponse(_message.Message):
     cloud_seconds: float
     budget_clock: str
     def __init__(self, actor_cost_usd: _Optional[float] = ..., learner_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., invocations: _Optional[int] = ..., billed_ms: _Optional[int] = ..., budget_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., learner_function_cost_usd: _Optional[float] = ..., learner_function_invocations: _Optional[int] = ..., cloud_actor_cost_usd: _Optional[float] = ..., cloud_learner_cost_usd: _Optional[float] = ..., cloud_learner_function_cost_usd: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ..., cloud_serverful_cost_usd: _Optional[float] = ..., cloud_billed_ms: _Optional[int] = ..., cloud_seconds: _Optional[float] = ..., budget_clock: _Optional[str] = ...) -> None: ...
+
+class EndJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class EndJobResponse(_message.Message):
+    __slots__ = ("user_deleted",)
+    USER_DELETED_FIELD_NUMBER: _ClassVar[int]
+    user_deleted: bool
+    def __init__(self, user_deleted: _Optional[bool] = ...) -> None: ...

@@ -50,6 +50,11 @@ class ActorScalerStub:
                 request_serializer=nitro_dot_v1_dot_scaler__pb2.GetCostRequest.SerializeToString,
                 response_deserializer=nitro_dot_v1_dot_scaler__pb2.GetCostResponse.FromString,
                 _registered_method=True)
+        self.EndJob = channel.unary_unary(
+                '/nitro.v1.ActorScaler/EndJob',
+                request_serializer=nitro_dot_v1_dot_scaler__pb2.EndJobRequest.SerializeToString,
+                response_deserializer=nitro_dot_v1_dot_scaler__pb2.EndJobResponse.FromString,
+                _registered_method=True)
 
 
 class ActorScalerServicer:
@@ -74,6 +79,12 @@ class ActorScalerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ActorScalerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +102,11 @@ def add_ActorScalerServicer_to_server(servicer, server):
                     servicer.GetCost,
                     request_deserializer=nitro_dot_v1_dot_scaler__pb2.GetCostRequest.FromString,
                     response_serializer=nitro_dot_v1_dot_scaler__pb2.GetCostResponse.SerializeToString,
+            ),
+            'EndJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndJob,
+                    request_deserializer=nitro_dot_v1_dot_scaler__pb2.EndJobRequest.FromString,
+                    response_serializer=nitro_dot_v1_dot_scaler__pb2.EndJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +191,33 @@ class ActorScaler:
             '/nitro.v1.ActorScaler/GetCost',
             nitro_dot_v1_dot_scaler__pb2.GetCostRequest.SerializeToString,
             nitro_dot_v1_dot_scaler__pb2.GetCostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nitro.v1.ActorScaler/EndJob',
+            nitro_dot_v1_dot_scaler__pb2.EndJobRequest.SerializeToString,
+            nitro_dot_v1_dot_scaler__pb2.EndJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

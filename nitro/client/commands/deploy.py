@@ -31,7 +31,8 @@ def add_deploy_lambda(sub) -> None:
                    help="environment variable, repeatable; KEY=@FILE reads the value from FILE, a bare KEY takes it "
                         "from this shell's environment; a secret (a KEY with PASSWORD, SECRET, TOKEN, KEY, AUTH ...) "
                         "must come one of those two ways, never as a literal value. Merged over the function's "
-                        "current variables. The actors need NITRO_HMAC_KEY and NITRO_REDIS_PASSWORD")
+                        "current variables. The actors need none: each invocation's event carries its job's Redis user "
+                        "and its own keys")
     p.add_argument("--subnet-ids", metavar="ID,ID", help="run in these VPC subnets (to reach a private Redis)")
     p.add_argument("--security-group-ids", metavar="ID,ID", help="security groups for --subnet-ids")
     p.add_argument("--region", default=None, help="AWS region (default: the AWS configuration)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -246,7 +245,8 @@ def aws_backend(args) -> dict:
     """Check `--backend aws` before anything starts; LocalSystem keyword arguments for --local.
 
     Actors then run on real AWS Lambda: the scaler runs without --lambda-endpoint, and the
-    functions must reach Redis and share the HMAC key and Redis password they were deployed with.
+    functions must reach Redis; each invocation's event carries its job's Redis user and its keys, so the
+    deployed function holds no secret.
     """
     if not args.spec__function_name:
         raise CliError("--backend aws needs --function NAME: the deployed actor function, e.g. nitro-actor:live "
@@ -264,8 +264,8 @@ def aws_backend(args) -> dict:
         raise CliError(f"--actor-redis-url must look like redis://HOST:PORT/0, got {args.actor_redis_url!r}",
                        exit_code=2)
     if url.password:
-        raise CliError("--actor-redis-url must not carry the password: the functions read it from "
-                       "NITRO_REDIS_PASSWORD", exit_code=2)
+        raise CliError("--actor-redis-url must not carry the password: each invocation gets its job's own Redis user "
+                       "and password in its event", exit_code=2)
     if url.hostname in ("127.0.0.1", "localhost", "::1"):
         raise CliError(f"--actor-redis-url {args.actor_redis_url} is loopback: AWS Lambda cannot reach it",
                        exit_code=2)
@@ -277,17 +277,5 @@ def aws_backend(args) -> dict:
     if session.get_credentials() is None:
         raise CliError("--backend aws: no AWS credentials found (environment, ~/.aws, SSO or an instance role); "
                        "the scaler invokes the function with them", exit_code=2)
-    secrets = {}
-    for name, kwarg in (("NITRO_HMAC_KEY", "hmac_key"), ("NITRO_REDIS_PASSWORD", "redis_password")):
-        value = os.environ.get(name)
-        if not value and os.environ.get(f"{name}_FILE"):
-            try:
-                value = Path(os.environ[f"{name}_FILE"]).read_text().strip()
-            except OSError as exc:
-                raise CliError(f"{name}_FILE cannot be read: {exc.strerror}", exit_code=2) from None
-        if not value:
-            raise CliError(f"--backend aws --local needs {name} (or {name}_FILE): the same value the function "
-                           f"was deployed with (nitro deploy-lambda --env {name}=...)", exit_code=2)
-        secrets[kwarg] = value
     return {"lambda_backend": "aws", "actor_redis_url": args.actor_redis_url, "aws_region": session.region_name,
-            "redis_bind": "0.0.0.0", "redis_port": url.port or 6379, **secrets}
+            "redis_bind": "0.0.0.0", "redis_port": url.port or 6379}
