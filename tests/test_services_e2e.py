@@ -41,8 +41,11 @@ def published_behaviour_values(system, job_id: str) -> bool:
     from nitro.data.store import PolicyStore
     from nitro.policy.model_spec import blob_to_doc
 
+    from nitro.contracts import job_read_key
+
     store = PolicyStore(connect(system.redis_url), job_id)
-    return blob_to_doc(store.get(store.latest()), bytes.fromhex(system.hmac_key))["behaviour_values"]
+    read_key = job_read_key(bytes.fromhex(system.hmac_key), job_id)  # what the job's policies are signed with
+    return blob_to_doc(store.get(store.latest()), read_key)["behaviour_values"]
 
 
 def actor_bill_of_the_rounds_is_the_ledgers(system, job_id: str, reports) -> None:

@@ -509,10 +509,6 @@ class TrajectoryReader:
         ints = all(type(v) is int for v in (rnd, version, steps, part, parts)) and 0 <= part < parts
         if not (isinstance(inv, str) and ints and isinstance(batch, dict)):
             raise MalformedPayloadError("payload is not a trajectory record")
-        parsed = parse_invocation_id(inv)
-        if parsed is None or parsed.kind != "actor" or parsed.job_id != self.job_id or parsed.round_index != rnd:
-            raise ForeignInvocationError(f"invocation {inv[:200]!r} is not an actor invocation of job {self.job_id!r} "
-                                         f"for round {rnd}")
         names, meta = _FIELDS, (inv, rnd, version, steps)
         if len(signed) == 7:
             names, meta = _FIELDS + _PART_FIELDS, (*meta, part, parts)
@@ -521,6 +517,10 @@ class TrajectoryReader:
         claimed = tuple(fields.get(f) for f in names)
         if claimed != tuple(str(v).encode() for v in meta):
             raise BadSignatureError("stream fields differ from the signed metadata")
+        parsed = parse_invocation_id(inv)
+        if parsed is None or parsed.kind != "actor" or parsed.job_id != self.job_id or parsed.round_index != rnd:
+            raise ForeignInvocationError(f"invocation {inv[:200]!r} is not an actor invocation of job {self.job_id!r} "
+                                         f"for round {rnd}")
         eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         return TrajectoryEntry(eid, inv, rnd, version, steps, batch, part, parts)
 
