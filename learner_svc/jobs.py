@@ -23,6 +23,7 @@ class Job:
         self.message = ""
         self.reports: list[training_pb2.RoundReport] = []
         self.checkpoint_path = ""
+        self.interrupted = False  # STOPPED by the learner's shutdown, not by a request: TrainingStatus.interrupted
         self.total_cost_usd = 0.0
         self.total_env_steps = 0
         self.created = time.time()
@@ -86,6 +87,7 @@ class Job:
                 job_id=self.job_id, state=self.state, spec=to_proto(self.spec), rounds_done=len(self.reports),
                 message=self.message, total_cost_usd=self.total_cost_usd, total_env_steps=self.total_env_steps,
                 checkpoint_path=self.checkpoint_path, created_unix=self.created, finished_unix=self.finished,
+                interrupted=self.interrupted,
                 cloud_total_cost_usd=self.reports[-1].cloud_total_cost_usd if self.reports else 0.0)
             if self.reports:
                 msg.last_report.CopyFrom(self.reports[-1])

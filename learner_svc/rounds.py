@@ -156,7 +156,7 @@ class RoundLoop(Generic[R]):
             self.shutdown()
             metrics.forget_job(job.job_id)  # a finished job leaves no series behind
         if end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down":
-            resumable = True
+            resumable = job.interrupted = True
             end_message += f"; resume with `nitro train --resume {job.job_id}`"
         elif end_state == failed and end_message.startswith(NO_SAMPLES):
             # Nothing was trained on in those rounds: once the actors work again the job can go on.

@@ -84,9 +84,12 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
                 if not saved.get("actor_user_released"):  # its end never reached the scaler, or it was cut short
                     self.unreleased.append(job_id)
                 job = Job(spec)
-                job.reports = load_reports(job_dir(self.deps.data_dir, job_id))
+                files = JobFiles(job_dir(self.deps.data_dir, job_id))
+                job.reports = load_reports(files.dir)
+                if os.path.isfile(files.checkpoint):  # the status names it, as while the job ran
+                    job.checkpoint_path = files.checkpoint
                 if interrupted:  # not resumed automatically: say so, and how
-                    job.state = training_pb2.JOB_STATE_STOPPED
+                    job.state, job.interrupted = training_pb2.JOB_STATE_STOPPED, True
                     job.message = f"interrupted (learner restarted); resume with `nitro train --resume {job_id}`"
                 else:
                     job.state = training_pb2.JobState.Value(f"JOB_STATE_{saved['state']}")

@@ -1,9 +1,12 @@
-"""`nitro train` tells the truth after a fault: it follows the job across a learner restart, attaches to a
-job the restarted learner already runs, and, when the system itself is gone, exits non-zero with the
-job's last known state and the commands that go on with it (never "PENDING ... exit 0").
+"""`nitro train` tells the truth after a fault: it follows the job across a learner restart (a crash or a
+drain), attaches to a job the restarted learner already runs, and, when the system itself is gone or a learner
+came back without resuming the job, exits 4 (INTERRUPTED_EXIT) saying so, with the job's last known state, its
+checkpoint file and the commands that go on with it (never "PENDING ... exit 0", never a STOPPED that passes
+for an end, never "checkpoint none" while the file exists).
 
 Runs `nitro train` as a subprocess against a supervised local system (`python -m nitro.local.supervisor`,
-as `nitro up` starts it) and crashes components with SIGKILL.
+as `nitro up` starts it), or an in-process one whose learner the test restarts itself, and crashes
+components with SIGKILL or stops them with SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from learner_svc.constants import LOST_BATCH_GRACE_S
+from nitro.client.commands.follow import INTERRUPTED_EXIT
 from nitro.local import system_state
 from tests.faultkit import (
     client_of,
@@ -138,12 +142,13 @@ def test_train_exits_nonzero_with_the_commands_when_the_system_is_gone(system_di
         out, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 1, out
+    assert proc.returncode == INTERRUPTED_EXIT, out
     assert "PENDING" not in out
-    assert f"job {job} has not finished; last known state RUNNING" in out
-    assert f"the local system is down: `nitro up --state-dir {system_dir}`" in out
-    assert f"nitro watch {job} --state-dir {system_dir}" in out
-    assert f"nitro train --resume {job} --state-dir {system_dir}" in out
+    assert f"job {job} did not finish: the nitro system went down: the local system in {system_dir} stopped" in out
+    assert "last known state  RUNNING, 1/5 rounds done (the last: round 0)" in out
+    checkpoint_named(out, system_dir, job)
+    assert f"    nitro up --state-dir {system_dir}\n    nitro train --resume {job} --state-dir {system_dir}" in out
+    assert f"to only follow it: nitro watch {job} --state-dir {system_dir}" in out
     # The documented way on: bring the system back (same secrets: batches signed before are still valid).
     system_state.shutdown(system_dir)  # what the killed supervisor left
     supervised(system_dir)
@@ -154,6 +159,102 @@ def test_train_exits_nonzero_with_the_commands_when_the_system_is_gone(system_di
     assert rounds_in_csv(resumed, job) == list(range(5))
     with client_of(system_dir) as client:
         check_job(system_dir, client, job, 5)
+
+
+def checkpoint_named(out: str, state_dir: Path, job: str) -> str:
+    """The CLI names the job's checkpoint file, in what it says of the unfinished job and in the summary."""
+    path = state_dir.resolve() / "data" / "jobs" / job / "checkpoint.pt"
+    assert path.is_file()
+    assert f"  checkpoint        {path}\n" in out, out
+    assert f"  checkpoint    {path} (the job has not finished: `nitro train --resume {job}` continues from it)" in out
+    assert "checkpoint    none" not in out
+    return str(path)
+
+
+def test_train_says_the_system_went_down_when_the_supervisor_is_killed(system_dir, tmp_path):
+    """Only the supervisor is killed: its components get SIGTERM (parent-death signal) and the learner stops the
+    job to shut down (STOPPED, interrupted). `nitro train` exited 3 within 1.5 s as if the job had been stopped;
+    now it says the system went down and how to go on, and exits 4."""
+    job = "supervisor-killed"
+    proc = train(system_dir, tmp_path, *spec_flags(job, 8))
+    try:
+        read_until(proc, "round    0", 180)
+        os.kill(system_state.read_state(system_dir)["supervisor_pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == INTERRUPTED_EXIT, out
+    assert f"job {job} did not finish: the nitro system went down: the local system in {system_dir} stopped" in out
+    # The learner may answer once more before it exits (the job STOPPED by its shutdown) or be gone already.
+    assert re.search(r"last known state  (STOPPED \(interrupted by its learner's shutdown\)|RUNNING), \d/8 rounds", out)
+    checkpoint_named(out, system_dir, job)
+    assert f"    nitro up --state-dir {system_dir}\n    nitro train --resume {job} --state-dir {system_dir}" in out
+    assert f"job {job} STOPPED" not in out
+    system_state.shutdown(system_dir)  # what the killed supervisor left; the next start resumes the job
+    supervised(system_dir)
+    with client_of(system_dir) as client:
+        client.stop(job)  # not needed by the tests after this one
+
+
+def test_train_follows_the_job_across_a_learner_drain(system_dir, tmp_path):
+    """SIGTERM to the learner alone: it stops the job to shut down (STOPPED, interrupted), the supervisor starts
+    it again and it resumes the job. `nitro train` exited 3 at the STOPPED; now it follows the job to its end."""
+    job = "follows-drain"
+    proc = train(system_dir, tmp_path, *spec_flags(job, 5))
+    try:
+        seen = read_until(proc, "round    1", 180)
+        kill(system_dir, "learner", signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    out = "".join(seen) + out
+    assert proc.returncode == 0, out
+    # It saw the job STOPPED by the shutdown, or the learner already gone; either way it waited for the next one.
+    assert (f"job {job} was stopped by its learner shutting down: waiting for a learner to resume it" in out
+            or re.search(r"learner unavailable \((UNAVAILABLE|CANCELLED)\): waiting for it to come back", out)), out
+    assert f"job {job} SUCCEEDED" in out
+    assert rounds_in_csv(tmp_path, job) == list(range(5)), "every round once in rounds.csv"
+
+
+def test_a_learner_restarted_without_resuming_leaves_the_cli_naming_the_checkpoint(tmp_path):
+    """Automatic resume off (--no-resume-jobs): the restarted learner lists the job STOPPED, interrupted. The CLI
+    printed "checkpoint none" and exited 3; now it names the file, says the learner did not resume the job, and
+    exits 4 (`nitro watch` too, at once: a serving learner that shows the job interrupted will not resume it)."""
+    from nitro.client.sdk import NitroClient
+    from tests.system import start_system
+
+    system = start_system(tmp_path / "state", concurrency=4)
+    try:
+        job = "not-resumed"
+        proc = train(system.state_dir, tmp_path / "results", *spec_flags(job, 8))
+        try:
+            read_until(proc, "round    0", 180)
+            learner = system.components["learner"]
+            os.kill(learner.pid, signal.SIGKILL)
+            learner.proc.wait(10)
+            system.resume_jobs = False  # LocalSystem passes --no-resume-jobs
+            system._launchers["learner"]()
+            system._wait_healthy(["learner"])
+            out, _ = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+        assert proc.returncode == INTERRUPTED_EXIT, out
+        assert (f"job {job} did not finish: its learner restarted without resuming it (automatic resume is off"
+                in out)
+        path = checkpoint_named(out, system.state_dir, job)
+        assert f"    nitro train --resume {job} --state-dir {system.state_dir}" in out
+        with NitroClient(system.learner_address) as client:  # the restarted learner names the file too
+            status = client.get(job)
+        assert status.state_name == "STOPPED" and status.interrupted and status.checkpoint_path == path
+        watch = subprocess.run([sys.executable, "-m", "nitro.client.cli", "watch", job, "--state-dir",
+                                str(system.state_dir), "--results-dir", str(tmp_path / "watched"), "--no-progress"],
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                               timeout=120)
+        assert watch.returncode == INTERRUPTED_EXIT, watch.stdout + watch.stderr
+        assert "its learner restarted without resuming it" in watch.stderr
+        assert f"  checkpoint        {path}\n" in watch.stderr
+    finally:
+        system.stop()
 
 
 def test_a_resumed_round_does_not_wait_out_the_deadline_for_actors_that_died_with_the_system(system_dir):

@@ -305,6 +305,14 @@ def test_watch_resumes_after_unavailable(monkeypatch):
     assert [c[1].from_round for c in client._stub.calls] == [0, 1]
 
 
+def test_watch_resumes_after_a_shutdown_cancelled_the_stream(monkeypatch):
+    """A learner that shuts down cancels the streams still open: that is the learner going away, not an error."""
+    monkeypatch.setattr(sdk.time, "sleep", lambda s: None)
+    cancelled = FakeRpcError(grpc.StatusCode.CANCELLED, "Cancelled")
+    client = make_client({"WatchTraining": [[report(0), cancelled], [report(1)]]})
+    assert [r.round for r in client.watch("job-1")] == [0, 1]
+
+
 def test_watch_raises_other_errors():
     client = make_client({"WatchTraining": [[FakeRpcError(grpc.StatusCode.NOT_FOUND, "no job")]]})
     with pytest.raises(sdk.NotFoundError):

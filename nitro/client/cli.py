@@ -7,7 +7,8 @@ subcommand is one more pair and one more entry in COMMANDS. Errors end as one li
 with exit code 2 for bad input and 1 otherwise; Ctrl-C exits with 130.
 `train` and `watch` end with the job's state: 0 SUCCEEDED, 1 FAILED, 3 STOPPED;
 they follow a job across a learner restart, and a job they leave unfinished is
-exit code 1 with its last known state and the commands that go on with it.
+exit code 4 when the system or its learner went away for good (1 for any other
+cause), with its last known state, its checkpoint and the commands that go on with it.
 """
 
 from __future__ import annotations

@@ -128,6 +128,7 @@ def summarize(status, reports: Sequence, wall_s: float) -> dict:
     return {
         "job_id": st.get("job_id") or last.get("job_id", ""),
         "state": st.get("state", "UNKNOWN"),
+        "interrupted": bool(st.get("interrupted", False)),  # STOPPED by its learner's shutdown: not an end
         "message": st.get("message", ""),
         "env_id": spec.get("env_id", ""),
         "algo": spec.get("algo", ""),

@@ -278,6 +278,11 @@ def _set(target, name: str, value, label: str) -> None:
 # --- client -----------------------------------------------------------------------------
 
 
+# What a call gets from a learner that went away: UNAVAILABLE (restarting, unreachable), or CANCELLED (a learner
+# shutting down cancels the calls and streams still open; this client cancels a call only after leaving it).
+LEARNER_AWAY = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+
 class NitroClient:
     """A TrainingService client. Every call carries a deadline (per method, or `timeout` seconds
     for all unary calls when given) and an "authorization: Bearer <token>" header.
@@ -333,11 +338,23 @@ class NitroClient:
     def list(self) -> list[TrainingStatus]:
         return [TrainingStatus(j) for j in self._call("ListTrainings", training_pb2.ListTrainingsRequest()).jobs]
 
+    def serving(self, timeout: float = 2.0) -> bool:
+        """Whether the learner answers its health check with SERVING (False while it drains to shut down, or
+        when it cannot be reached)."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        try:
+            resp = health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+
     def watch(self, job_id: str, from_round: int = 0, *, patience_s: float = WATCH_PATIENCE_S,
               on_wait: Callable[[NitroRpcError, float], None] | None = None) -> Iterator[RoundReport]:
         """Round reports from `from_round` on, until the job ends.
 
-        If the stream breaks with UNAVAILABLE (learner restarting, network blip) it is
+        If the stream breaks with UNAVAILABLE (learner restarting, network blip) or
+        CANCELLED (a learner shutting down cancels its streams) it is
         reopened after the last round received, with backoff, for up to `patience_s`
         seconds; meanwhile NOT_FOUND counts as "not back yet" too (a restarted learner
         lists its jobs just after it starts serving). Before each retry,
@@ -362,7 +379,7 @@ class NitroClient:
                 return
             except grpc.RpcError as err:
                 code, now = err.code(), time.monotonic()
-                away = code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.NOT_FOUND and lost_since)
+                away = code in LEARNER_AWAY or (code == grpc.StatusCode.NOT_FOUND and lost_since)
                 lost_since = lost_since or (now if away else None)
                 if not away or now - lost_since >= patience_s:
                     raise map_rpc_error(err, "WatchTraining", self.target) from None

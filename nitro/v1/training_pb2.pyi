@@ -235,7 +235,7 @@ class RoundReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors_launched: _Optional[int] = ..., actors_completed: _Optional[int] = ..., actors_failed: _Optional[int] = ..., env_steps: _Optional[int] = ..., total_env_steps: _Optional[int] = ..., train_return: _Optional[float] = ..., eval_return: _Optional[float] = ..., lambda_max: _Optional[float] = ..., lambda_min: _Optional[float] = ..., convexity_ratio: _Optional[float] = ..., score: _Optional[float] = ..., round_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., phases: _Optional[_Iterable[_Union[_common_pb2.PhaseLatency, _Mapping]]] = ..., round_seconds: _Optional[float] = ..., next_actors: _Optional[int] = ..., scaler_reason: _Optional[str] = ..., policy_loss: _Optional[float] = ..., value_loss: _Optional[float] = ..., entropy: _Optional[float] = ..., kl: _Optional[float] = ..., invocation_retries: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., detector_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., actors_replaced: _Optional[int] = ..., fallback_plan: _Optional[bool] = ..., duplicates_dropped: _Optional[int] = ..., rejected_batches: _Optional[int] = ..., stale_batches_dropped: _Optional[int] = ..., resumed: _Optional[bool] = ..., gradients_produced: _Optional[int] = ..., gradients_applied: _Optional[int] = ..., gradients_dropped: _Optional[int] = ..., mean_staleness: _Optional[float] = ..., staleness_bound: _Optional[int] = ..., learner_functions_launched: _Optional[int] = ..., learner_functions_failed: _Optional[int] = ..., cloud_round_seconds: _Optional[float] = ..., cloud_round_cost_usd: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ..., cloud_phases: _Optional[_Iterable[_Union[_common_pb2.PhaseLatency, _Mapping]]] = ..., evaluated: _Optional[bool] = ..., learner_functions_skipped: _Optional[int] = ..., clip_fraction: _Optional[float] = ..., grad_norm: _Optional[float] = ..., explained_variance: _Optional[float] = ..., kl_coeff: _Optional[float] = ..., mean_episode_length: _Optional[float] = ..., cloud_actor_cost_usd: _Optional[float] = ..., policy_noise_scale: _Optional[float] = ..., learning_rate: _Optional[float] = ..., minibatch_size: _Optional[int] = ...) -> None: ...
 
 class TrainingStatus(_message.Message):
-    __slots__ = ("job_id", "state", "spec", "rounds_done", "last_report", "message", "total_cost_usd", "total_env_steps", "checkpoint_path", "created_unix", "finished_unix", "cloud_total_cost_usd")
+    __slots__ = ("job_id", "state", "spec", "rounds_done", "last_report", "message", "total_cost_usd", "total_env_steps", "checkpoint_path", "created_unix", "finished_unix", "cloud_total_cost_usd", "interrupted")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +248,7 @@ class TrainingStatus(_message.Message):
     CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
     FINISHED_UNIX_FIELD_NUMBER: _ClassVar[int]
     CLOUD_TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: JobState
     spec: TrainingSpec
@@ -260,7 +261,8 @@ class TrainingStatus(_message.Message):
     created_unix: float
     finished_unix: float
     cloud_total_cost_usd: float
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., spec: _Optional[_Union[TrainingSpec, _Mapping]] = ..., rounds_done: _Optional[int] = ..., last_report: _Optional[_Union[RoundReport, _Mapping]] = ..., message: _Optional[str] = ..., total_cost_usd: _Optional[float] = ..., total_env_steps: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., created_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ...) -> None: ...
+    interrupted: bool
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., spec: _Optional[_Union[TrainingSpec, _Mapping]] = ..., rounds_done: _Optional[int] = ..., last_report: _Optional[_Union[RoundReport, _Mapping]] = ..., message: _Optional[str] = ..., total_cost_usd: _Optional[float] = ..., total_env_steps: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., created_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ..., interrupted: _Optional[bool] = ...) -> None: ...
 
 class StartTrainingRequest(_message.Message):
     __slots__ = ("spec", "resume")

@@ -15,8 +15,9 @@ from pathlib import Path
 import grpc
 
 from nitro.client.commands.common import STATE_DIR_DEFAULT, CliError
-from nitro.client.sdk import FailedPreconditionError, NitroClient, NitroRpcError
+from nitro.client.sdk import LEARNER_AWAY, FailedPreconditionError, NitroClient, NitroRpcError
 from nitro.local import system_state
+from nitro.local.processes import pid_alive
 from nitro.v1 import training_pb2
 
 
@@ -44,6 +45,12 @@ def _round_line(r) -> str:
 JOB_EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}  # any other state (still running): 1
 
 
+# The job did not end: the nitro system or the job's learner went away and nothing brought it back (the system is
+# down, the learner stayed unreachable, or it restarted without resuming the job). It keeps its checkpoint; the
+# CLI prints the commands that continue it.
+INTERRUPTED_EXIT = 4
+
+
 def open_job_trackers(opts: FollowOptions):
     from nitro.client.tracking import TrackingError, open_trackers
 
@@ -67,16 +74,36 @@ class FollowOptions:
     tensorboard: str | None = None
     wandb_project: str | None = None
     reattach_timeout_s: float = REATTACH_TIMEOUT_S
+    local: bool = False  # `nitro train --local`: this command runs the system (and stops it when it leaves)
 
     @classmethod
     def from_args(cls, args) -> FollowOptions:
         return cls(state_dir=args.state_dir, target=args.target, results_dir=args.results_dir,
                    no_progress=args.no_progress, tensorboard=args.tensorboard, wandb_project=args.wandb_project,
-                   reattach_timeout_s=args.reattach_timeout)
+                   reattach_timeout_s=args.reattach_timeout, local=getattr(args, "local", False))
 
 
 class _LearnerGone(CliError):
-    """Following a job stopped: its learner stayed away, or the local system it ran on is down."""
+    """Following a job stopped because its learner went away for good: the local system it ran on is down,
+    the learner stayed unreachable, or it came back without resuming the job."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=INTERRUPTED_EXIT)
+
+
+def _exited(pid: int | None, start_time: str | None) -> bool:
+    """Whether a process of this one's has ended: gone, or a zombie not yet reaped."""
+    if not pid_alive(pid, start_time):
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _stopped_by_its_learner(status) -> bool:
+    """STOPPED because its learner shut down (TrainingStatus.interrupted), not by a request: not an end."""
+    return status.finished and status.interrupted
 
 
 class Reattacher:
@@ -88,11 +115,27 @@ class Reattacher:
         self.state_dir = None if opts.target else opts.state_dir
         self.timeout_s = opts.reattach_timeout_s
         self.shown_at = None  # seconds waited when the last line was shown; None: not waiting
+        self.went_away = False  # the learner was unreachable since the job was last seen running
+
+    def check_system(self) -> None:
+        """_LearnerGone when the job runs on the local system in state_dir and that system is down, or when
+        this process runs that system (`nitro train --local`, which restarts nothing) and its learner is gone."""
+        if self.state_dir is None:
+            return
+        state = system_state.running_state(self.state_dir)
+        if state is None:
+            raise _LearnerGone(f"the nitro system went down: the local system in {self.state_dir} stopped "
+                               f"(its log: {Path(self.state_dir) / 'logs' / system_state.SUPERVISOR_LOG})")
+        learner = state.get("components", {}).get("learner", {})
+        ours = state.get("supervisor_pid") == os.getpid()
+        if ours and learner and _exited(learner.get("pid"), learner.get("start_time")):
+            raise _LearnerGone(f"the nitro system went down: the learner of the local system this command started "
+                               f"exited, and nothing restarts it under `nitro train --local` (its log: "
+                               f"{learner.get('log')})")
 
     def __call__(self, err: NitroRpcError, waited_s: float) -> None:
-        if self.state_dir is not None and system_state.running_state(self.state_dir) is None:
-            raise _LearnerGone(f"the local system in {self.state_dir} is down (its log: "
-                               f"{Path(self.state_dir) / 'logs' / system_state.SUPERVISOR_LOG})")
+        self.went_away = True
+        self.check_system()
         if self.shown_at is None or waited_s - self.shown_at >= 15:
             self.shown_at = waited_s
             self.write(f"learner unavailable ({err.code.name}): waiting for it to come back, "
@@ -101,7 +144,43 @@ class Reattacher:
     def back(self) -> None:
         if self.shown_at is not None:
             self.write("learner back: following the job again")
-        self.shown_at = None
+        self.shown_at, self.went_away = None, False
+
+    def after_stream(self, client: NitroClient):
+        """The job's status once its stream ended: when it ended for good, or when it runs (again: a restarted
+        learner resumed it; follow it on). A learner that stops the job to shut down leaves it STOPPED,
+        interrupted (`_stopped_by_its_learner`): wait for a learner to resume it. _LearnerGone when the local
+        system is down, when a learner came back without resuming the job (automatic resume off), or when none
+        answered within the reattach timeout."""
+        t0, delay, said = time.monotonic(), 0.5, False
+        while True:
+            self.check_system()
+            waited = time.monotonic() - t0
+            try:
+                current = client.get(self.job)
+            except NitroRpcError as exc:
+                # NOT_FOUND: a restarted learner lists its jobs just after it starts serving.
+                if exc.code not in LEARNER_AWAY and exc.code != grpc.StatusCode.NOT_FOUND:
+                    raise
+                self(exc, waited)
+            else:
+                if not _stopped_by_its_learner(current):  # ended for good, or running (again)
+                    self.back()
+                    return current
+                if not said:
+                    self.write(f"job {self.job} was stopped by its learner shutting down: waiting for a learner to "
+                               f"resume it")
+                    said = True
+                # A serving learner shows it interrupted: it is not the one shutting down (that one drains, not
+                # serving), it came up after it and did not resume the job, and it will not.
+                if self.went_away or client.serving():
+                    raise _LearnerGone("its learner restarted without resuming it (automatic resume is off: "
+                                       "the learner runs with --no-resume-jobs or NITRO_RESUME_JOBS=0)")
+            if waited >= self.timeout_s:
+                raise _LearnerGone(f"its learner went away and no learner ran the job again within "
+                                   f"{self.timeout_s:.0f} s (--reattach-timeout)")
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
     def patiently(self, call):
         """`call()`, retried while the learner is unavailable, for up to the reattach timeout."""
@@ -111,7 +190,7 @@ class Reattacher:
                 result = call()
             except NitroRpcError as exc:
                 waited = time.monotonic() - t0
-                if exc.code != grpc.StatusCode.UNAVAILABLE or waited >= self.timeout_s:
+                if exc.code not in LEARNER_AWAY or waited >= self.timeout_s:
                     raise
                 self(exc, waited)
                 time.sleep(delay)
@@ -163,20 +242,42 @@ def follow_job(client: NitroClient, status, opts: FollowOptions, trackers, t0: f
     trackers.start(job, status.to_dict()["spec"] or {})
     with results.RoundsCsvWriter(out / "rounds.csv") as rounds_csv:
 
-        def take(r) -> None:
+        def take(r) -> bool:
+            if reports and r.round <= reports[-1].round:  # a resumed job's earlier rounds, replayed
+                return False
             reports.append(r)
             rounds_csv.append(r)  # flushed: rounds.csv grows while the job runs
             trackers.log_round(r.to_dict())
+            return True
+
+        refreshed = -math.inf
+
+        def show(r) -> None:
+            nonlocal status, refreshed
+            if not take(r):
+                return
+            # The status now and then: its checkpoint's path is then known should the learner go away.
+            if time.monotonic() - refreshed >= STATUS_REFRESH_S:
+                status, refreshed = _refreshed(client, job, status), time.monotonic()
+            bar.update(1)
+            bar.set_postfix_str(f"actors {r.actors_launched} eval {r.eval_return:.1f} "
+                                f"cloud ${r.cloud_total_cost_usd:.4f} score {r.score:.2f}")
+            if plain:
+                print(_round_line(r), flush=True)
 
         try:
-            for r in client.watch(job, patience_s=waiting.timeout_s, on_wait=waiting):
-                waiting.back()
-                take(r)
-                bar.update(1)
-                bar.set_postfix_str(f"actors {r.actors_launched} eval {r.eval_return:.1f} "
-                                    f"cloud ${r.cloud_total_cost_usd:.4f} score {r.score:.2f}")
-                if plain:
-                    print(_round_line(r), flush=True)
+            while True:
+                for r in client.watch(job, from_round=reports[-1].round + 1 if reports else 0,
+                                      patience_s=waiting.timeout_s, on_wait=waiting):
+                    waiting.back()
+                    show(r)
+                # The stream ended: with the job, or because its learner went away, which is no end of the job.
+                status = waiting.after_stream(client)
+                if _ended(status):  # a restarted learner may have resumed and finished it meanwhile
+                    for r in _remaining_reports(client, job, reports):
+                        show(r)
+                    status = _refreshed(client, job, status)  # after the last report: its final numbers
+                    break
         except KeyboardInterrupt:
             interrupted = True
             bar.close()
@@ -192,21 +293,40 @@ def follow_job(client: NitroClient, status, opts: FollowOptions, trackers, t0: f
             failure = exc
         finally:
             bar.close()
-        # The stream can close just before the state flips; a stopped job finishes its round in flight.
-        wait_s = 0 if failure or (interrupted and leave_running) else 60 if interrupted else 15
-        status = final_status(client, job, status, wait_s=wait_s)
-        if (interrupted or failure) and status.finished:
-            for r in _remaining_reports(client, job, reports):
-                take(r)
+        if interrupted or failure:  # a stopped job finishes its round in flight
+            status = final_status(client, job, status, wait_s=0 if failure or leave_running else 60)
+            if status.finished:
+                for r in _remaining_reports(client, job, reports):
+                    take(r)
     status = _known_status(status, reports)
     wall_s = time.monotonic() - t0 if t0 is not None else _job_seconds(status)
     out = write_results(out, status, reports, wall_s, trackers)
     if interrupted:
         return 130
-    if not status.finished:
+    if not _ended(status):
         print(_unfinished(opts, status, failure), file=sys.stderr)
-        return 1
+        return INTERRUPTED_EXIT if _learner_went_away(failure) or status.interrupted else 1
     return JOB_EXIT_CODES.get(status.state_name, 1)
+
+
+STATUS_REFRESH_S = 2.0  # while reports arrive, the job's status is asked for at most this often
+
+
+def _refreshed(client: NitroClient, job: str, status):
+    """The job's status now (its checkpoint's path once one is written), else `status`."""
+    try:
+        return client.get(job)
+    except NitroRpcError:
+        return status
+
+
+def _ended(status) -> bool:
+    """The job ended for good: SUCCEEDED, FAILED, or STOPPED other than by its learner's shutdown."""
+    return status.finished and not status.interrupted
+
+
+def _learner_went_away(failure) -> bool:
+    return isinstance(failure, _LearnerGone) or (isinstance(failure, NitroRpcError) and failure.code in LEARNER_AWAY)
 
 
 def _known_status(status, reports: list):
@@ -223,20 +343,47 @@ def _known_status(status, reports: list):
 
 
 def _unfinished(opts: FollowOptions, status, failure) -> str:
-    """What a job that was left before its end is known to be doing, and the commands that go on with it."""
+    """Why following a job stopped before its end, what is known of it (state, rounds, checkpoint), and the
+    exact commands that continue it."""
     job = status.job_id
-    why = f": {failure}" if failure else ""
-    lines = [f"job {job} has not finished; last known state {status.state_name}, {status.rounds_done}"
-             f"{f'/{status.spec.rounds}' if status.HasField('spec') else ''} rounds (following it stopped{why})"]
+    if isinstance(failure, _LearnerGone):
+        why = str(failure)
+    elif _learner_went_away(failure):
+        why = (f"its learner{f' at {opts.target}' if opts.target else ''} stayed unreachable "
+               f"(--reattach-timeout {opts.reattach_timeout_s:.0f} s): {failure}")
+    elif failure:
+        why = f"following it stopped: {failure}"
+    elif status.interrupted:
+        why = "its learner stopped it while shutting down"
+    else:
+        why = "following it stopped before its end"
+    planned = f"/{status.spec.rounds}" if status.HasField("spec") else ""
+    last = f" (the last: round {status.last_report.round})" if status.HasField("last_report") else ""
+    interrupted = " (interrupted by its learner's shutdown)" if status.interrupted else ""
     target = opts.target
     default_dir = opts.state_dir == STATE_DIR_DEFAULT
     where = f" --target {target}" if target else "" if default_dir else f" --state-dir {opts.state_dir}"
+    lines = [f"job {job} did not finish: {why}",
+             f"  last known state  {status.state_name}{interrupted}, {status.rounds_done}{planned} rounds done{last}",
+             f"  checkpoint        {_checkpoint_where(status.checkpoint_path)}",
+             "  to continue it:"]
+    if opts.local and not target:  # this command's system stops with it
+        lines.append(f"    nitro train --local --resume {job}{where}")
+        return "\n".join(lines)
     if not target and system_state.running_state(opts.state_dir) is None:
-        lines.append(f"  the local system is down: `nitro up{'' if default_dir else f' --state-dir {opts.state_dir}'}`"
-                     f", then")
-    lines.append(f"  follow it:   nitro watch {job}{where}")
-    lines.append(f"  continue it: nitro train --resume {job}{where}   (attaches to it if the learner runs it already)")
+        lines.append(f"    nitro up{'' if default_dir else f' --state-dir {opts.state_dir}'}")
+    elif target and _learner_went_away(failure):
+        lines.append(f"    nitro status --target {target}   (once the learner answers again)")
+    lines.append(f"    nitro train --resume {job}{where}   (attaches to it if the learner runs it already)")
+    lines.append(f"  to only follow it: nitro watch {job}{where}")
     return "\n".join(lines)
+
+
+def _checkpoint_where(path: str) -> str:
+    """The job's checkpoint file as this machine sees it."""
+    if path and os.path.isfile(path):
+        return path
+    return f"{path} (on the learner's machine)" if path else "none written yet (the learner writes one every round)"
 
 
 def _job_seconds(status) -> float:
@@ -263,7 +410,7 @@ def final_status(client: NitroClient, job: str, last, wait_s: float):
             try:
                 last = client.get(job)
             except NitroRpcError as exc:
-                if exc.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                if exc.code not in LEARNER_AWAY or time.monotonic() >= deadline:
                     return last
             else:
                 if last.finished or time.monotonic() >= deadline:
@@ -288,15 +435,17 @@ def write_results(out: Path, status, reports: list, wall_s: float, trackers=None
     out.mkdir(parents=True, exist_ok=True)
     summary = results.write_summary(out / "summary.json", status, reports, wall_s)
     results.plot_training(out / "training.png", reports)
-    ckpt_line = _copy_checkpoint(status.checkpoint_path, out / "checkpoint.pt") if status.finished or \
-        status.checkpoint_path else "kept by the learner (not finished; `nitro train --resume` continues from it)"
+    ended = _ended(status)
+    ckpt_line = _copy_checkpoint(status.checkpoint_path, out / "checkpoint.pt") if ended else \
+        f"{_checkpoint_where(status.checkpoint_path)} (the job has not finished: `nitro train --resume " \
+        f"{status.job_id}` continues from it)"
     best_line = _copy_checkpoint(summary["best_checkpoint_path"], out / "best.pt")
 
     def num(v, fmt):
         return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
     planned = f" / {summary['rounds_planned']}" if summary.get("rounds_planned") else ""
-    state = summary["state"] if status.finished else f"not finished (last known state {summary['state']})"
+    state = summary["state"] if ended else f"not finished (last known state {summary['state']})"
     print(f"\njob {summary['job_id']} {state}" + (f": {summary['message']}" if summary["message"] else ""))
     print(f"  rounds        {summary['rounds']}{planned}")
     print(f"  eval return   final {num(summary['final_eval_return'], '.2f')}, "

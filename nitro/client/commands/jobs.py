@@ -38,7 +38,8 @@ def add_watch(sub) -> None:
                                    "results/<job>/ as `nitro train` does (rounds.csv row by row, then "
                                    "summary.json and training.png), with the same progress display and tracking "
                                    "flags. Ctrl-C leaves the job running. Exit code 0 when the job SUCCEEDED, "
-                                   "1 FAILED, 3 STOPPED; 2 for an unknown job id.")
+                                   "1 FAILED, 3 STOPPED, 4 when it did not end because the system or its learner "
+                                   "went away; 2 for an unknown job id.")
     _add_job_target(p)
     add_outputs(p)
     p.set_defaults(func=cmd_watch)
