@@ -257,6 +257,37 @@ def test_a_learner_restarted_without_resuming_leaves_the_cli_naming_the_checkpoi
         system.stop()
 
 
+def test_train_gives_up_on_a_learner_at_a_target_that_stays_away(tmp_path):
+    """A learner named by --target (no local system to ask) dies and nothing brings it back: after
+    --reattach-timeout `nitro train` exits 4 saying so, with the checkpoint and the commands for that target
+    (it exited 1 with "following it stopped")."""
+    from tests.system import start_system
+
+    system = start_system(tmp_path / "state", concurrency=4)
+    try:
+        job, target = "unreachable", system.learner_address
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nitro.client.cli", "train", "--target", target, "--token-file",
+             str(system.state_dir / "token"), "--results-dir", str(tmp_path / "results"), "--no-progress",
+             "--reattach-timeout", "5", *spec_flags(job, 8)],
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            read_until(proc, "round    0", 180)
+            learner = system.components["learner"]
+            os.kill(learner.pid, signal.SIGKILL)
+            learner.proc.wait(10)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == INTERRUPTED_EXIT, out
+        assert f"job {job} did not finish: its learner at {target} stayed unreachable (--reattach-timeout 5 s)" in out
+        checkpoint_named(out, system.state_dir, job)
+        assert f"    nitro status --target {target}   (once the learner answers again)" in out
+        assert f"    nitro train --resume {job} --target {target}" in out
+    finally:
+        system.stop()
+
+
 def test_a_resumed_round_does_not_wait_out_the_deadline_for_actors_that_died_with_the_system(system_dir):
     """The whole system dies while round 1's actors run. After `nitro up` the resumed learner takes over
     their wave, sees that no scaler runs it any more (its liveness lease lapsed with the scaler) and replaces
