@@ -76,7 +76,7 @@ class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
     def sample_round(self, k: int) -> OpenRound[OffPolicyStats]:
         rnd = OpenRound(self.launched, OffPolicyStats(), cloud={"carried": sum(self.carried.values())})
         self._train_until_closed(rnd.launch, rnd.stats, rnd.phases, rnd.cloud)
-        rnd.stats.rejected, rnd.stats.duplicates = self.export_reader_counters()
+        rnd.stats.rejected, rnd.stats.duplicates = self.export_reader_counters(rnd.stats.notes)
         return rnd
 
     def _train_until_closed(self, rnd: LaunchedRound, acc: OffPolicyStats, phases: dict, cloud: dict) -> None:

@@ -328,7 +328,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         rnd = SampledRound(k=k, actors=actors, t_round=time.perf_counter())
         metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
         rnd.got = self._collect(k, actors, rnd.phases, rnd.cloud)
-        rnd.rejected, rnd.duplicates = self.export_reader_counters()
+        rnd.rejected, rnd.duplicates = self.export_reader_counters(rnd.got.notes)
         return rnd
 
     def abandons(self, rnd: SampledRound) -> bool:

@@ -251,15 +251,22 @@ class RoundLoop(Generic[R]):
         """Call a scaler/detector RPC, retrying UNAVAILABLE / DEADLINE_EXCEEDED until `patience` runs out."""
         return self.services.rpc(method, request, timeout=timeout, patience=patience, what=what)
 
-    def export_reader_counters(self) -> tuple[int, int]:
-        """Push the reader's rejected/duplicate counts into metrics; returns the deltas since last call."""
-        d_rej = 0
+    def export_reader_counters(self, notes: list[str] | None = None) -> tuple[int, int]:
+        """Push the reader's rejected/duplicate counts into metrics; returns the deltas since last call. With
+        `notes`, the rejections since the last call become one report note naming their reasons (the learner's
+        log names each entry)."""
+        d_rej, by_reason = 0, {}
         for reason, count in self.reader.rejected.items():
             delta = count - self._exported_rejected.get(reason, 0)
             if delta:
                 metrics.REJECTED_PAYLOADS.labels(reason).inc(delta)
                 d_rej += delta
+                by_reason[reason] = delta
             self._exported_rejected[reason] = count
+        if notes is not None and by_reason:
+            notes.append(f"rejected {d_rej} stream entr{'y' if d_rej == 1 else 'ies'} ("
+                         + ", ".join(f"{reason} {n}" for reason, n in sorted(by_reason.items()))
+                         + "): not trained on (docs/security.md)")
         d_dup = self.reader.duplicates - self._exported_duplicates
         if d_dup:
             metrics.DUPLICATE_BATCHES.inc(d_dup)

@@ -226,7 +226,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
                                    extra={**pending.extra, "acc": acc.to_dict()}), self.settlement()
 
     def _count_reader(self, acc: StellarisStats) -> None:
-        rejected, duplicates = self.export_reader_counters()
+        rejected, duplicates = self.export_reader_counters(acc.notes)
         acc.rejected += rejected
         acc.duplicates += duplicates
 

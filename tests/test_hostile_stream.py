@@ -180,3 +180,5 @@ def test_rejections_counted_in_the_learner_metric_and_reports(run):
     expected = Counter(reason for _, reason, _ in run["entries"])
     assert all(delta[reason] >= n for reason, n in expected.items()), (dict(delta), dict(expected))
     assert sum(r.rejected_batches for r in run["reports"]) == len(run["entries"])
+    notes = [n for r in run["reports"] for n in r.notes if n.startswith("rejected ")]  # and say why, in the notes
+    assert sum(int(n.split()[1]) for n in notes) == len(run["entries"]) and "foreign_invocation 1" in " ".join(notes)

@@ -271,6 +271,7 @@ def test_the_probes_attack_is_rejected_and_reported(service, scaler, tmp_path):
     assert all(77777.0 not in b["episode_returns"] for b in rnd.got.batches)
     assert metrics.REJECTED_PAYLOADS.labels("bad_signature")._value.get() - before == 2
     assert loop.reader.rejected == {"bad_signature": 2}
+    assert "rejected 2 stream entries (bad_signature 2): not trained on (docs/security.md)" in rnd.got.notes
 
 
 def test_a_batch_signed_with_another_jobs_or_invocations_key_is_rejected_with_a_counted_reason(service, scaler,
