@@ -37,11 +37,10 @@ def finished_job(client):
 
 def published_behaviour_values(system, job_id: str) -> bool:
     """Whether the job's latest policy version asks its actors to record per-step values."""
+    from nitro.contracts import job_read_key
     from nitro.data.redis_client import connect
     from nitro.data.store import PolicyStore
     from nitro.policy.model_spec import blob_to_doc
-
-    from nitro.contracts import job_read_key
 
     store = PolicyStore(connect(system.redis_url), job_id)
     read_key = job_read_key(bytes.fromhex(system.hmac_key), job_id)  # what the job's policies are signed with

@@ -48,6 +48,6 @@ ENV NITRO_ENV_MODULES=${NITRO_ENV_MODULES} \
     OMP_NUM_THREADS=1 \
     OPENBLAS_NUM_THREADS=1 \
     MKL_NUM_THREADS=1
-# NITRO_HMAC_KEY and NITRO_REDIS_PASSWORD are function configuration (nitro deploy-lambda --env),
-# never baked into the image.
+# No secret, in the image or the function's configuration: each invocation's event carries its job's
+# Redis user and password and its own signing key (docs/security.md, "Keys").
 CMD ["actor_fn.handler.handler"]
