@@ -22,6 +22,7 @@ import threading
 import time
 
 import grpc
+import redis
 
 from nitro import cost
 from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
@@ -318,7 +319,12 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "the scaler has no master key (NITRO_HMAC_KEY): it cannot give invocations their keys")
         # The job's own Redis user, created at its first launch; each invocation gets its password and keys.
-        password = self.actor_users.ensure(request.job_id)
+        try:
+            password = self.actor_users.ensure(request.job_id)
+        except redis.exceptions.NoPermissionError:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "the scaler's Redis user may not create the job's Redis user (ACL SETUSER): run the scaler "
+                          "as nitro-scaler (docs/security.md, Redis)")
         invocations = []
         for i in slots:
             inv_id = invocation_id(request.job_id, request.round, i, kind=kind, wave=request.wave)

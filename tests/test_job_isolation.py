@@ -230,6 +230,24 @@ def test_a_restarted_redis_gets_the_jobs_user_back_at_the_next_launch(tmp_path, 
         assert as_function(actors.events[1]).ping()
 
 
+def test_a_scaler_that_may_not_create_users_refuses_to_launch_and_says_why(server, service, fresh_handler):
+    class Refused(Exception):
+        pass
+
+    class Context:
+        def abort(self, code, details):
+            raise Refused(code, details)
+
+    actors = InProcessActors(fresh_handler)
+    svc = ScalerServicer(service, actors, cost.Prices(), server.url_without_password, hmac_key=MASTER)  # nitro-service
+    with pytest.raises(Refused) as err:
+        svc.Launch(scaler_pb2.LaunchRequest(job_id="no-acl", round=0, policy_version=0, actors=1, steps_per_actor=8,
+                                            env_id="CartPole-v1", function_name="nitro-actor", deadline_s=5.0),
+                   Context())
+    assert err.value.args[0].name == "FAILED_PRECONDITION" and "nitro-scaler" in err.value.args[1]
+    assert actors.events == []  # nothing was invoked without the job's user
+
+
 def test_the_scaler_user_manages_job_users_and_nothing_more(server):
     scaler_client = connect(server.url_for(SCALER_USER), retries=0)
     service_client = connect(server.url, retries=0)
