@@ -198,9 +198,10 @@ def fit_kappa(seeds=range(10), ema_weight: float | None = None) -> dict:
     """kappa from Hopper-v5 seeds 0-9: noise should switch from 4 to 8 actors (the pow2 boundary 4 sqrt 2) at the
     spend b* where fixed:8's return overtakes fixed:4's for good (their seed-mean curves at equal reference
     dollars), with the policy's noise scale there and the a and c a run sees there. The noise scale is read from
-    the fixed:16 runs (which measure the policy's own) at the env steps fixed:8 has taken at b*."""
+    the fixed:16 runs (which measure the policy gradient's terms) at the env steps fixed:8 has taken at b*,
+    averaged as the policy averages them (nitro.scaling.noise.ema_terms), the median over the runs."""
     from nitro.contracts import NOISE_EMA
-    from nitro.scaling.noise import ema
+    from nitro.scaling.noise import b_simple_of, ema_terms
 
     weight = NOISE_EMA if ema_weight is None else ema_weight
     env = ENVS[0]
@@ -220,13 +221,15 @@ def fit_kappa(seeds=range(10), ema_weight: float | None = None) -> dict:
     b_noise, a_c = [], []
     for r in (r for r in runs if r.scheme == "fixed:16"):
         avg, total = None, 0
-        for rnd in r.rounds:
-            avg = ema(avg, rnd.get("policy_noise_scale"), weight)
+        for rnd in r.rounds:  # the noise policy's average of the policy gradient's terms, as it would keep it
+            terms = (float(rnd.get("policy_grad_sq") or 0.0), float(rnd.get("policy_trace_sigma") or 0.0))
+            avg = ema_terms(avg, terms if any(terms) else None, weight)
             total += int(rnd.get("env_steps") or 0)
             a, c = online_costs(rnd)
             if total >= n_star:
-                if avg is not None and a > 0 and c > 0:
-                    b_noise.append(avg)
+                b = b_simple_of(avg)
+                if b is not None and a > 0 and c > 0:
+                    b_noise.append(b)
                     a_c.append(a / c)
                 break
     if not b_noise:

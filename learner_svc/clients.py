@@ -44,7 +44,9 @@ class LastRound:
     actor_seconds: float = 0.0
     round_seconds: float = 0.0
     env_steps: int = 0  # samples the round trained on (the "noise" scaler's per-sample cost)
-    policy_noise_scale: float = 0.0  # B_simple of the policy's gradient alone ("noise"); 0 = unknown
+    policy_noise_scale: float = 0.0  # B_simple of the policy's gradient alone; 0 = unknown
+    policy_grad_sq: float = 0.0  # its terms ("noise" averages them); both 0 = not measured
+    policy_trace_sigma: float = 0.0
 
 
 def end_job(deps: LearnerDeps, job_id: str, patience: float = COST_PATIENCE_S) -> bool:
@@ -120,7 +122,8 @@ class Services:
                 actor_seconds=last.actor_seconds, round_seconds=last.round_seconds,
                 target_return=spec.target_return, rounds=spec.rounds,
                 cloud_learner_seconds=max(0.0, cloud_seconds), budget_clock=spec.budget_clock,
-                policy_noise_scale=_finite(last.policy_noise_scale), env_steps=max(0, int(last.env_steps))),
+                policy_noise_scale=_finite(last.policy_noise_scale), env_steps=max(0, int(last.env_steps)),
+                policy_grad_sq=_finite(last.policy_grad_sq), policy_trace_sigma=_finite(last.policy_trace_sigma)),
                 timeout=DEADLINES["Plan"], patience=spec.round_deadline_s, what="Plan")
         except grpc.RpcError as exc:
             if exc.code() not in RPC_RETRYABLE:  # the scaler refused the plan: retrying cannot help

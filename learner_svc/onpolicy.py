@@ -45,7 +45,7 @@ from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import NOISE_EMA, invocation_id
 from nitro.cost import cloud_detect_wait, cloud_round_seconds
 from nitro.rpc import metrics
-from nitro.scaling.noise import adascale_update, ema
+from nitro.scaling.noise import adascale_update, b_simple_of, ema_terms
 from nitro.scaling.policies import scales_update
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
 
@@ -136,9 +136,9 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
     keep_versions = 2
     inherit_round: int | None = None  # the round a resumed learner redoes: its waves may be out already
     next_plan: scaler_pb2.PlanResponse  # the plan of the round about to begin
-    # EMA of the policy's B_simple over the rounds so far ("noise-adascale" reads it); a resumed learner starts
-    # it again from its first round.
-    policy_noise_ema: float | None = None
+    # The policy gradient's |G|^2 and tr(Sigma), each averaged over the rounds so far ("noise-adascale" reads
+    # their ratio); a resumed learner starts them again from its first round.
+    policy_noise_terms: tuple[float, float] | None = None
 
     # -- sampling ---------------------------------------------------------------------------
     def _collect(self, k: int, actors: int, phases: dict, cloud: dict) -> Collected:
@@ -364,11 +364,13 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         minibatch, lr_factor = None, 1.0
         if scales_update(spec.scaler.policy):  # "noise-adascale": the update grows with the round
             cfg = self.learner.config
-            minibatch, lr_factor = adascale_update(steps, cfg.batch_size, cfg.minibatch_size, self.policy_noise_ema)
+            minibatch, lr_factor = adascale_update(steps, cfg.batch_size, cfg.minibatch_size,
+                                                   b_simple_of(self.policy_noise_terms))
         with metrics.timed("update", phases, cloud):
             stats = self.learner.update(got.batches, minibatch_size=minibatch, lr_factor=lr_factor)
             self.learner.policy.update_obs_stats(np.concatenate([b["obs"] for b in got.batches]))
-        self.policy_noise_ema = ema(self.policy_noise_ema, stats.policy_noise_scale, NOISE_EMA)
+        measured = (stats.policy_grad_sq, stats.policy_trace_sigma)
+        self.policy_noise_terms = ema_terms(self.policy_noise_terms, measured if any(measured) else None, NOISE_EMA)
         self.total_steps += steps
         metrics.ENV_STEPS.inc(steps)
         self.version += 1
@@ -381,6 +383,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss, "entropy": stats.entropy,
             "kl": stats.kl, "gradient_noise_scale": stats.gradient_noise_scale, "notes": got.notes[:50],
             "policy_noise_scale": stats.policy_noise_scale, "learning_rate": stats.learning_rate,
+            "policy_grad_sq": stats.policy_grad_sq, "policy_trace_sigma": stats.policy_trace_sigma,
             "minibatch_size": stats.minibatch_size,
             **{key: float(getattr(stats, name)) for key, name in DIAGNOSTICS.items()}, "kl_coeff": stats.kl_coeff,
             "phases": dict(phases), "cloud_phases": dict(cloud),
@@ -426,7 +429,9 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                              eval_return=self.last_eval(eval_return), kl=pending["kl"],
                              update_seconds=cloud.get("update", 0.0), actor_seconds=cloud.get("sample", 0.0),
                              round_seconds=cloud_round_seconds(cloud), env_steps=pending["env_steps"],
-                             policy_noise_scale=pending.get("policy_noise_scale", 0.0))
+                             policy_noise_scale=pending.get("policy_noise_scale", 0.0),
+                             policy_grad_sq=pending.get("policy_grad_sq", 0.0),
+                             policy_trace_sigma=pending.get("policy_trace_sigma", 0.0))
             next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last,
                                   cloud_seconds=cloud_round_seconds(cloud))
         if next_plan.budget_exhausted and math.isnan(eval_return):  # the job's last round: always evaluated
@@ -440,7 +445,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         # Absent from the pending round of a checkpoint written before the diagnostics (and the round's own
         # actor bill) were reported.
         keep.update({key: pending.get(key, 0.0) for key in (*DIAGNOSTICS, "kl_coeff", "cloud_actor_cost_usd",
-                                                            "policy_noise_scale", "learning_rate")})
+                                                            "policy_noise_scale", "learning_rate",
+                                                            "policy_grad_sq", "policy_trace_sigma")})
         keep["minibatch_size"] = int(pending.get("minibatch_size", 0))
         report = training_pb2.RoundReport(
             **keep, resumed=resumed,

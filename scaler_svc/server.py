@@ -130,6 +130,12 @@ def policy_params(sc) -> tuple[str, dict]:
     return name, {}
 
 
+def policy_noise_terms(request) -> tuple[float, float] | None:
+    """The last round's |G|^2 and tr(Sigma) of the policy's gradient; None when not measured (both 0 on the wire)."""
+    terms = (request.policy_grad_sq, request.policy_trace_sigma)
+    return terms if any(terms) else None
+
+
 def decide(policy, state: dict, inputs: RoundInputs, fallback_actors: int) -> tuple[int, dict, str]:
     """The policy's (actors, new_state, reason); with fallback_actors > 0 (the learner got no boosting score
     this round), a policy that reads the score gets the fallback instead, clipped to [I_min, I_max]."""
@@ -212,7 +218,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             policy = make_policy(name, params)
             inputs = RoundInputs(round_index=request.round, score=request.score, i_min=sc.i_min, i_max=sc.i_max,
                                  noise_scale=request.gradient_noise_scale or None,
-                                 policy_noise_scale=request.policy_noise_scale or None, rounds=request.rounds,
+                                 policy_noise_terms=policy_noise_terms(request), rounds=request.rounds,
                                  learner_loss=request.learner_loss, eval_return=request.eval_return,
                                  approx_kl=request.approx_kl, update_seconds=request.update_seconds,
                                  actor_seconds=request.actor_seconds, round_seconds=request.round_seconds,

@@ -198,7 +198,8 @@ def test_noise_plans_from_the_ledgers_per_round_and_per_sample_costs(svc, redis_
     bill_actors(redis_client, "j", billed_ms=400, cloud_billed_ms=300, steps=400, usd=1e-6, cloud_usd=1e-6)
     sc = common_pb2.ScalerSpec(policy="noise", kappa=4.0, i_min=1, i_max=64)
     req = scaler_pb2.PlanRequest(job_id="j", round=1, budget_usd=1.0, learner_seconds=2.0, cloud_learner_seconds=0.5,
-                                 steps_per_actor=100, scaler=sc, policy_noise_scale=5000.0, env_steps=400,
+                                 steps_per_actor=100, scaler=sc, policy_grad_sq=0.002, policy_trace_sigma=10.0,
+                                 env_steps=400,
                                  update_seconds=0.2, round_seconds=0.5)
     resp = svc.Plan(req, Context())
     per_actor = cost.lambda_invocation_cost(300 / 400 * 100, DEFAULT_ACTOR_MEMORY_MB, P)

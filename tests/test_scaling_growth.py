@@ -15,15 +15,16 @@ from nitro.algos.sgd import minibatch_sgd
 from nitro.contracts import GROW_FRACTIONS, NOISE_EMA, NOISE_KAPPA, SCALING_POLICIES
 from nitro.errors import ConfigError
 from nitro.scaling import RoundInputs, make_policy
-from nitro.scaling.noise import adascale_gain, adascale_update, cost_optimal_batch, ema
+from nitro.scaling.noise import adascale_gain, adascale_update, b_simple_of, cost_optimal_batch, ema, ema_terms
 from nitro.scaling.policies import job_progress, nearest_power_of_two, scales_update
 
 A, C, STEPS = 2.5e-5, 8e-9, 512  # a round's and a sample's cost, steps per actor: an a/c of 3,125 samples
 
 
 def noise_inputs(k: int, b: float | None, *, i_min=4, i_max=64, a=A, c=C, steps=STEPS) -> RoundInputs:
-    return RoundInputs(k, i_min=i_min, i_max=i_max, policy_noise_scale=b, round_cost_usd=a, sample_cost_usd=c,
-                       steps_per_actor=steps)
+    """Round inputs whose policy-gradient terms are |G|^2 = 1 and tr(Sigma) = b (B_simple = b)."""
+    return RoundInputs(k, i_min=i_min, i_max=i_max, policy_noise_terms=None if b is None else (1.0, b),
+                       round_cost_usd=a, sample_cost_usd=c, steps_per_actor=steps)
 
 
 # -- grow -----------------------------------------------------------------------------------------------------
@@ -70,14 +71,14 @@ def test_grow_refuses_bad_fractions_naming_them(params, field):
 
 def test_noise_starts_at_i_min_until_the_learner_measured_a_noise_scale():
     actors, state, reason = make_policy("noise").decide({}, noise_inputs(0, None))
-    assert actors == 4 and "b_simple" not in state and "no gradient noise scale yet" in reason
+    assert actors == 4 and "grad_sq" not in state and "no gradient noise scale yet" in reason
 
 
 def test_noise_plans_kappa_sqrt_b_a_over_c_rounded_to_a_power_of_two():
     b, kappa = 2000.0, 3.0
     batch = kappa * math.sqrt(b * A / C)  # 7,500 samples = 14.6 actors of 512 steps -> 16
     actors, state, reason = make_policy("noise", {"kappa": kappa}).decide({}, noise_inputs(5, b))
-    assert actors == 16 and state == {"actors": 16, "b_simple": b}
+    assert actors == 16 and state == {"actors": 16, "grad_sq": 1.0, "trace_sigma": b}
     assert f"{batch:.0f} samples" in reason
 
 
@@ -90,21 +91,38 @@ def test_noise_smooths_the_estimate_and_never_scales_down():
     expected_ema = 2000.0
     for b in (50.0, 50.0, 50.0, 20000.0):
         expected_ema = (1 - NOISE_EMA) * expected_ema + NOISE_EMA * b
-    assert state["b_simple"] == pytest.approx(expected_ema)
+    assert state["trace_sigma"] == pytest.approx(expected_ema) and state["grad_sq"] == pytest.approx(1.0)
     assert counts[:4] == [16, 16, 16, 16], "a falling noise scale keeps the count"
     assert counts[4] >= 16
 
 
-@pytest.mark.parametrize("b", [None, float("nan"), 0.0, -5.0])
-def test_an_undefined_noise_scale_leaves_the_average_as_it_was(b):
-    n, state, _ = make_policy("noise").decide({"actors": 8, "b_simple": 700.0}, noise_inputs(3, b))
-    assert n == 8 and state["b_simple"] == 700.0
+@pytest.mark.parametrize("terms", [None, (float("nan"), 10.0), (1.0, float("inf"))])
+def test_unmeasured_terms_leave_the_averages_as_they_were(terms):
+    state = {"actors": 8, "grad_sq": 2.0, "trace_sigma": 1400.0}
+    inputs = RoundInputs(3, i_min=4, policy_noise_terms=terms, round_cost_usd=A, sample_cost_usd=C, steps_per_actor=STEPS)
+    n, new, _ = make_policy("noise").decide(state, inputs)
+    assert n == 8 and (new["grad_sq"], new["trace_sigma"]) == (2.0, 1400.0)
+
+
+def test_the_terms_are_averaged_before_dividing_so_a_negative_signal_estimate_counts():
+    """A round whose |G|^2 estimate came out <= 0 (its B_simple undefined) still moves the average: skipping it
+    would bias B_simple down, since those rounds are the noisiest."""
+    state = {"actors": 4, "grad_sq": 1.0, "trace_sigma": 1000.0}
+    inputs = RoundInputs(3, i_min=4, policy_noise_terms=(-0.5, 800.0), round_cost_usd=A, sample_cost_usd=C,
+                         steps_per_actor=STEPS)
+    _, new, reason = make_policy("noise").decide(state, inputs)
+    g2 = (1 - NOISE_EMA) * 1.0 + NOISE_EMA * -0.5
+    tr = (1 - NOISE_EMA) * 1000.0 + NOISE_EMA * 800.0
+    assert (new["grad_sq"], new["trace_sigma"]) == (pytest.approx(g2), pytest.approx(tr))
+    assert f"B_simple={tr / g2:.4g}" in reason
+    _, _, unknown = make_policy("noise").decide({}, RoundInputs(0, i_min=4, policy_noise_terms=(-1.0, 5.0)))
+    assert "<= 0: noise scale unknown" in unknown
 
 
 @pytest.mark.parametrize("a,c,steps", [(0.0, C, STEPS), (A, 0.0, STEPS), (A, C, 0), (float("inf"), C, STEPS)])
 def test_noise_keeps_its_count_while_the_costs_are_unknown(a, c, steps):
     n, state, reason = make_policy("noise").decide({"actors": 8}, noise_inputs(3, 900.0, a=a, c=c, steps=steps))
-    assert n == 8 and "round costs unknown" in reason and state["b_simple"] == 900.0
+    assert n == 8 and "round costs unknown" in reason and state["trace_sigma"] == 900.0
 
 
 def test_noise_is_clipped_to_the_range():
@@ -179,6 +197,14 @@ def test_adascale_update_keeps_the_steps_per_epoch_and_leaves_small_rounds_alone
     assert adascale_update(8192, 4096, 0, 1000.0) == (0, pytest.approx(adascale_gain(1000.0, 4096, 2.0)))
 
 
+def test_ema_terms_average_each_term_and_skip_unmeasured_ones():
+    assert ema_terms(None, (2.0, 100.0), 0.2) == (2.0, 100.0)
+    assert ema_terms((2.0, 100.0), (1.0, 200.0), 0.5) == (1.5, 150.0)
+    assert ema_terms((2.0, 100.0), None, 0.5) == ema_terms((2.0, 100.0), (float("nan"), 1.0), 0.5) == (2.0, 100.0)
+    assert b_simple_of((2.0, 100.0)) == 50.0 and b_simple_of((-1.0, 100.0)) is None and b_simple_of(None) is None
+    assert b_simple_of((2.0, -4.0)) == 0.0
+
+
 def test_ema_starts_at_the_first_value_and_skips_undefined_ones():
     assert ema(None, 10.0, 0.2) == 10.0
     assert ema(10.0, 20.0, 0.2) == pytest.approx(12.0)
@@ -222,6 +248,7 @@ def test_the_subset_noise_scale_is_that_of_the_subsets_own_gradient():
     true_a = float(x.var() / x.mean() ** 2)
     true_b = float(y.var() / y.mean() ** 2)
     assert only_a.subset_noise_scale == pytest.approx(true_a, rel=0.25)
+    assert only_a.subset_estimate.b_simple == only_a.subset_noise_scale
     assert only_b.subset_noise_scale == pytest.approx(true_b, rel=0.5)
     assert both.subset_noise_scale == pytest.approx(both.noise_scale)
     assert estimate(None).subset_noise_scale == 0.0
@@ -290,6 +317,7 @@ def test_the_ppo_update_takes_the_rounds_minibatch_and_learning_rate_and_measure
     plain = learner.update([dict(batch)])
     assert (plain.minibatch_size, plain.learning_rate) == (64, pytest.approx(learner.config.lr))
     assert plain.policy_noise_scale > 0 and plain.policy_noise_scale != plain.gradient_noise_scale
+    assert plain.policy_noise_scale == pytest.approx(max(plain.policy_trace_sigma, 0) / plain.policy_grad_sq)
     scaled = learner.update([dict(batch)], minibatch_size=128, lr_factor=2.5)
     assert (scaled.minibatch_size, scaled.learning_rate) == (128, pytest.approx(2.5 * learner.config.lr))
     assert all(g["lr"] == pytest.approx(2.5 * learner.config.lr) for g in learner.optimizer.param_groups)

@@ -267,7 +267,9 @@ def test_noise_adascale_grows_the_round_and_the_update_with_it(client):
             "budget_usd": 1.0, "scaler": {"policy": "noise-adascale", "kappa": 1e4, "i_min": 1, "i_max": 4}}
     reports = list(client.watch(client.start_training(spec).job_id))
     assert [r.actors_launched for r in reports] == [1, 4]
-    assert reports[0].policy_noise_scale > 0 and "EMA(B_simple)=" in reports[0].scaler_reason
+    assert reports[0].policy_grad_sq > 0 and reports[0].policy_noise_scale == pytest.approx(
+        max(reports[0].policy_trace_sigma, 0) / reports[0].policy_grad_sq)
+    assert "B_simple=" in reports[0].scaler_reason
     assert (reports[0].minibatch_size, reports[0].learning_rate) == (cfg.minibatch_size, pytest.approx(cfg.lr))
     assert reports[1].minibatch_size == cfg.minibatch_size * 4 * 1024 // cfg.batch_size
     assert reports[1].learning_rate > cfg.lr

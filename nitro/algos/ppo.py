@@ -157,7 +157,9 @@ class UpdateStats:
     seconds: float
     loss: float = 0.0
     gradient_noise_scale: float = 0.0  # B_simple from the first epoch's minibatch gradients; 0 = undefined
-    policy_noise_scale: float = 0.0  # the same from the policy's parameters alone (the "noise" scaler reads it)
+    policy_noise_scale: float = 0.0  # the same from the policy's parameters alone
+    policy_grad_sq: float = 0.0  # its terms |G|^2 and tr(Sigma) (the "noise" scaler averages them); 0, 0: none
+    policy_trace_sigma: float = 0.0
     learning_rate: float = 0.0  # the update's learning rate
     minibatch_size: int = 0  # the update's minibatch size (samples per SGD step)
 
@@ -264,6 +266,8 @@ class PPOLearner:
                            kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"], explained_variance=ev,
                            seconds=time.perf_counter() - t0, loss=means["loss"],
                            gradient_noise_scale=sgd.noise_scale, policy_noise_scale=sgd.subset_noise_scale,
+                           policy_grad_sq=sgd.subset_estimate.grad_sq if sgd.subset_estimate else 0.0,
+                           policy_trace_sigma=sgd.subset_estimate.trace_sigma if sgd.subset_estimate else 0.0,
                            learning_rate=lr, minibatch_size=sgd.minibatch_size)
 
     def policy_parameters(self) -> list[torch.nn.Parameter]:

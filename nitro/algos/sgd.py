@@ -21,6 +21,7 @@ import torch
 
 from nitro.clock import add_helper_excess
 from nitro.policy.models import LOG_STD_MAX, LOG_STD_MIN
+from nitro.scaling.noise import NoiseEstimate, noise_scale_estimates
 
 LOSS_PARTS = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
@@ -45,6 +46,9 @@ class SGDResult:
     steps: int
     noise_scale: float        # B_simple; 0.0 when undefined (fewer than two first-epoch minibatches)
     subset_noise_scale: float = 0.0  # B_simple of `noise_subset`'s gradients alone (PPO: the policy's); 0.0 = undefined
+    # The two unbiased terms behind it, |G|^2 and tr(Sigma) (nitro.scaling.noise.NoiseEstimate), which a caller
+    # averages across rounds before dividing (the ratio of two noisy estimates is biased); None = not measured.
+    subset_estimate: NoiseEstimate | None = None
 
 
 def kl_per_sample(old_dist, new_dist, idx) -> torch.Tensor:
@@ -240,9 +244,10 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
         big_sq = float(per_param.sum())
         if in_subset is not None and len(subset_sq) == len(small_sq):
             subset_big_sq = float(per_param[torch.tensor(in_subset)].sum())
+    subset = _noise_estimate(torch.stack(subset_sq).double().tolist() if subset_sq else [], subset_big_sq, mb)
     return SGDResult(means, mb, steps, _noise_scale(torch.stack(small_sq).double().tolist() if small_sq else [],
                                                     big_sq, mb),
-                     _noise_scale(torch.stack(subset_sq).double().tolist() if subset_sq else [], subset_big_sq, mb))
+                     float(subset.b_simple or 0.0) if subset is not None else 0.0, subset)
 
 
 def _subset_mask(params: list[torch.nn.Parameter], subset: list[torch.nn.Parameter] | None) -> list[bool] | None:
@@ -293,13 +298,17 @@ def _clip(params: list[torch.nn.Parameter], grads: list[torch.Tensor], max_norm:
     return norm
 
 
-def _noise_scale(small_sq: list[float], big_sq: float | None, mb: int) -> float:
+def _noise_estimate(small_sq: list[float], big_sq: float | None, mb: int) -> NoiseEstimate | None:
     """McCandlish et al. 2018 (app. A) with the epoch's mean gradient as the big batch (big_sq = its
     squared norm); the parameters drift within the epoch, so this is an estimate for scaling, not an
-    exact value."""
+    exact value. None with fewer than two minibatches."""
     if len(small_sq) < 2 or big_sq is None:
-        return 0.0
-    from nitro.scaling.noise import noise_scale_estimates
+        return None
+    return noise_scale_estimates(small_sq, big_sq, mb, mb * len(small_sq))
 
-    est = noise_scale_estimates(small_sq, big_sq, mb, mb * len(small_sq)).b_simple
-    return float(est) if est is not None else 0.0
+
+def _noise_scale(small_sq: list[float], big_sq: float | None, mb: int) -> float:
+    """B_simple of the estimate, 0.0 when undefined."""
+    est = _noise_estimate(small_sq, big_sq, mb)
+    b = est.b_simple if est is not None else None
+    return float(b) if b is not None else 0.0

@@ -119,7 +119,9 @@ class Component:
 
 
 def _repo_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    """The directory that holds the nitro package (and learner_svc, ...): on the components' PYTHONPATH it makes
+    them run this tree's code, not whatever an editable install of another checkout points at."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 class LocalSystem:

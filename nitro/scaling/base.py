@@ -38,7 +38,9 @@ class RoundInputs:
     i_min: int = DEFAULT_I_MIN
     i_max: int = DEFAULT_I_MAX
     noise_scale: float | None = None  # the last round's gradient noise scale B_simple (kungfu); None = unknown
-    policy_noise_scale: float | None = None  # B_simple of the policy's gradient alone (noise); None = unknown
+    # The last round's |G|^2 and tr(Sigma) of the policy's gradient alone (noise averages each, then divides);
+    # None = not measured.
+    policy_noise_terms: tuple[float, float] | None = None
     # What a round costs, from the job's own ledger (nitro.cost.round_and_sample_costs): a per round whatever its
     # size, c per sample (noise). 0 = unknown.
     round_cost_usd: float = 0.0

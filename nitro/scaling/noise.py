@@ -51,6 +51,25 @@ def noise_scale_estimates(small_sq_norms: Sequence[float], big_sq_norm: float, b
     return NoiseEstimate(grad_sq, trace)
 
 
+def ema_terms(previous: tuple[float, float] | None, terms: tuple[float, float] | None,
+              weight: float) -> tuple[float, float] | None:
+    """Exponential moving average of the two terms (|G|^2, tr(Sigma)), each on its own, with `weight` on the
+    newest: McCandlish et al. average the terms across steps and divide afterwards, since the ratio of two noisy
+    estimates is biased and one round's |G|^2 estimate may come out <= 0. The first measured terms start it;
+    None or a non-finite term (not measured) leaves it as it was."""
+    if terms is None or not all(math.isfinite(x) for x in terms):
+        return previous
+    g2, tr = float(terms[0]), float(terms[1])
+    if previous is None:
+        return g2, tr
+    return (1.0 - weight) * previous[0] + weight * g2, (1.0 - weight) * previous[1] + weight * tr
+
+
+def b_simple_of(terms: tuple[float, float] | None) -> float | None:
+    """tr(Sigma) / |G|^2 of averaged terms (NoiseEstimate.b_simple); None when unknown or |G|^2 <= 0."""
+    return None if terms is None else NoiseEstimate(terms[0], terms[1]).b_simple
+
+
 def ema(previous: float | None, value: float | None, weight: float) -> float | None:
     """Exponential moving average with `weight` on the newest value; the first known value starts it, an
     unknown one (None, NaN, <= 0: the estimate was undefined) leaves it as it was."""

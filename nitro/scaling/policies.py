@@ -25,9 +25,10 @@ Built on the committed evidence (issue 40, docs/scaling.md "Growing rounds"):
 grow            I_min until a fraction f1 of the job is done, 2 * I_min until f2, 4 * I_min after (never down);
                 the job's progress is the larger of the budget fraction spent and the planned rounds done
                 (params: f1 = 0.4, f2 = 0.8)
-noise           the cost-aware critical batch: clip(pow2(kappa * sqrt(EMA(B_simple) * a / c) / steps_per_actor),
-                I_min, I_max), never down; B_simple of the policy gradient alone, a and c the per-round and
-                per-sample cost from the job's ledger (params: kappa, ema = the newest estimate's weight)
+noise           the cost-aware critical batch: clip(pow2(kappa * sqrt(B_simple * a / c) / steps_per_actor),
+                I_min, I_max), never down; B_simple of the policy gradient alone, its |G|^2 and tr(Sigma) each
+                averaged across rounds (EMA) before dividing; a and c the per-round and per-sample cost from the
+                job's ledger (params: kappa, ema = the newest estimate's weight)
 noise-adascale  noise's counts; the learner then scales its update to the round (AdaScale, nitro.scaling.noise)
 noise-replay    replay under its own name: the actor counts of a noise run of another seed (the control)
 
@@ -52,7 +53,7 @@ from nitro.contracts import (
 )
 from nitro.errors import ConfigError
 from nitro.scaling.base import RoundInputs, ScalingPolicy, check_params, clip, round_half_up
-from nitro.scaling.noise import cost_optimal_batch, ema
+from nitro.scaling.noise import b_simple_of, cost_optimal_batch, ema_terms
 
 MAX_REPLAY_ROUNDS = 100_000  # the longest actors_by_round list (nitro.spec.MAX_ROUNDS)
 
@@ -264,8 +265,9 @@ def nearest_power_of_two(x: float) -> int:
 
 @dataclass(frozen=True)
 class NoisePolicy:
-    """clip(pow2(kappa * sqrt(EMA(B_simple) * a / c) / steps_per_actor), I_min, I_max), never down; with anything
-    unknown (no B_simple yet, no costs), the previous count (I_min at first)."""
+    """clip(pow2(kappa * sqrt(B_simple * a / c) / steps_per_actor), I_min, I_max), never down, B_simple the ratio
+    of the policy gradient's averaged noise terms; with anything unknown (no positive |G|^2 yet, no costs), the
+    previous count (I_min at first)."""
 
     kappa: float = NOISE_KAPPA
     ema: float = NOISE_EMA
@@ -273,21 +275,24 @@ class NoisePolicy:
 
     def decide(self, state: dict, inputs: RoundInputs) -> tuple[int, dict, str]:
         prev = int(state.get("actors", 0))
-        b = ema(state.get("b_simple"), inputs.policy_noise_scale, self.ema)
+        before = (state["grad_sq"], state["trace_sigma"]) if "grad_sq" in state else None
+        terms = ema_terms(before, inputs.policy_noise_terms, self.ema)
+        b = b_simple_of(terms)
         a, c, steps = inputs.round_cost_usd, inputs.sample_cost_usd, inputs.steps_per_actor
         if b is None:
-            target, why = inputs.i_min, "no gradient noise scale yet"
+            target, why = inputs.i_min, ("no gradient noise scale yet" if terms is None else
+                                         f"averaged |G|^2 = {terms[0]:.3g} <= 0: noise scale unknown")
         elif not (a > 0 and c > 0 and steps > 0 and math.isfinite(a) and math.isfinite(c)):
-            target, why = inputs.i_min, f"EMA(B_simple)={b:.4g}, round costs unknown"
+            target, why = inputs.i_min, f"B_simple={b:.4g}, round costs unknown"
         else:
-            batch = self.kappa * cost_optimal_batch(b, a, c)
+            batch = self.kappa * cost_optimal_batch(b, a, c) if b > 0 else 0.0
             target = nearest_power_of_two(batch / steps)
-            why = (f"EMA(B_simple)={b:.4g}, a=${a:.3g}, c=${c:.3g}/sample: {self.kappa:g} x sqrt(B a / c) = "
-                   f"{batch:.0f} samples = {batch / steps:.2f} actors -> {target}")
+            why = (f"B_simple={b:.4g} (averaged terms), a=${a:.3g}, c=${c:.3g}/sample: {self.kappa:g} x "
+                   f"sqrt(B a / c) = {batch:.0f} samples = {batch / steps:.2f} actors -> {target}")
         actors = clip(max(target, prev), inputs.i_min, inputs.i_max)
         new_state = dict(state, actors=actors)
-        if b is not None:
-            new_state["b_simple"] = b
+        if terms is not None:
+            new_state.update(grad_sq=terms[0], trace_sigma=terms[1])
         return actors, new_state, f"{self.name}: {why}; never down from {prev}, clipped to {actors}"
 
 
