@@ -194,12 +194,13 @@ def online_costs(rnd: dict, prices: Prices = Prices()) -> tuple[float, float]:
     return round_and_sample_costs(per_actor, round_s, float(cloud.get("update", 0.0)), steps, spa, prices)
 
 
-def fit_kappa(seeds=range(10), ema_weight: float | None = None) -> dict:
+def fit_kappa(seeds=range(10), ema_weight: float | None = None, source: str = "grow") -> dict:
     """kappa from Hopper-v5 seeds 0-9: noise should switch from 4 to 8 actors (the pow2 boundary 4 sqrt 2) at the
     spend b* where fixed:8's return overtakes fixed:4's for good (their seed-mean curves at equal reference
     dollars), with the policy's noise scale there and the a and c a run sees there. The noise scale is read from
-    the fixed:16 runs (which measure the policy gradient's terms) at the env steps fixed:8 has taken at b*,
-    averaged as the policy averages them (nitro.scaling.noise.ema_terms), the median over the runs."""
+    the `source` arm's runs (grow: the first arm run with the learner's fixed-parameter probe,
+    nitro.algos.ppo.policy_noise_probe) at the env steps fixed:8 has taken at b*, averaged as the policy
+    averages them (nitro.scaling.noise.ema_terms), the median over the runs."""
     from nitro.contracts import NOISE_EMA
     from nitro.scaling.noise import b_simple_of, ema_terms
 
@@ -219,7 +220,7 @@ def fit_kappa(seeds=range(10), ema_weight: float | None = None) -> dict:
                 for r in runs if r.scheme == "fixed:8"]
     n_star = float(np.median(steps_at))
     b_noise, a_c = [], []
-    for r in (r for r in runs if r.scheme == "fixed:16"):
+    for r in (r for r in runs if r.scheme == source):
         avg, total = None, 0
         for rnd in r.rounds:  # the noise policy's average of the policy gradient's terms, as it would keep it
             terms = (float(rnd.get("policy_grad_sq") or 0.0), float(rnd.get("policy_trace_sigma") or 0.0))
@@ -227,19 +228,19 @@ def fit_kappa(seeds=range(10), ema_weight: float | None = None) -> dict:
             total += int(rnd.get("env_steps") or 0)
             a, c = online_costs(rnd)
             if total >= n_star:
-                b = b_simple_of(avg)
-                if b is not None and a > 0 and c > 0:
-                    b_noise.append(b)
+                noise = b_simple_of(avg)
+                if noise is not None and a > 0 and c > 0:
+                    b_noise.append(noise)
                     a_c.append(a / c)
                 break
     if not b_noise:
-        raise SystemExit("no fixed:16 run with the policy's noise scale reaches b*: run the fixed16 grid first")
+        raise SystemExit(f"no {source} run with a defined policy noise scale reaches b*: run its grid first")
     steps = runs[0].steps_per_actor
     boundary = 4 * math.sqrt(2) * steps  # samples at which pow2 turns 4 actors into 8
     b_med, ac_med = float(np.median(b_noise)), float(np.median(a_c))
     return {"kappa": boundary / math.sqrt(b_med * ac_med), "b_star_usd": b_star, "b_star_share": b_star / b,
             "env_steps_at_b_star": n_star, "policy_b_simple_ema": b_med, "a_over_c": ac_med,
-            "fixed16_runs": len(b_noise), "seeds": sorted(set(seeds)), "ema_weight": weight}
+            "source": source, "source_runs": len(b_noise), "seeds": sorted(set(seeds)), "ema_weight": weight}
 
 
 # -- the report ---------------------------------------------------------------------------------------------

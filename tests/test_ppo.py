@@ -221,6 +221,7 @@ def test_paper_preset_standardises_advantages_once_over_the_whole_batch(monkeypa
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ppo_module, "ppo_actor_loss", spy)
+    monkeypatch.setattr(ppo_module, "POLICY_NOISE_MINIBATCHES", 0)  # only the SGD steps' calls: no noise probe
     learner.update([b])
     assert len(seen) == 4  # 128 samples, minibatches of 32
     np.testing.assert_allclose(np.sort(torch.cat(seen).numpy()), np.sort(expected), rtol=1e-4, atol=1e-5)

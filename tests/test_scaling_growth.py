@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from nitro import cost
-from nitro.algos.sgd import minibatch_sgd
 from nitro.contracts import GROW_FRACTIONS, NOISE_EMA, NOISE_KAPPA, SCALING_POLICIES
 from nitro.errors import ConfigError
 from nitro.scaling import RoundInputs, make_policy
@@ -224,34 +223,49 @@ def test_a_round_splits_into_a_per_round_and_a_per_sample_cost_that_add_back_up(
         cost.round_and_sample_costs(per_actor, 1.0, -0.5, 100, STEPS, p)
 
 
-def test_the_subset_noise_scale_is_that_of_the_subsets_own_gradient():
-    """Two parameters whose per-sample gradients are x_i and y_i: x has mean 1 and sd 0.5 (B_simple = 0.25),
-    y mean 0.05 and sd 1 (B_simple = 400). With the learning rate at 0 nothing drifts, so the estimates only
-    carry sampling error."""
+def test_the_policy_noise_probe_measures_the_actor_losss_gradients_at_fixed_parameters():
+    """The probe's terms are McCandlish et al.'s estimates from the actor loss's gradients on its minibatches,
+    all taken at the same parameters (compared with gradients computed here by hand), and it leaves the
+    parameters as they were."""
+    from nitro.algos.ppo import PPOLearner, policy_noise_probe, ppo_actor_loss
+    from nitro.algos.sgd import actor_terms, dist_params
+    from nitro.config import ppo_config
+    from nitro.policy.models import ModelSpec
+    from nitro.scaling.noise import noise_scale_estimates
+
+    spec = ModelSpec((4,), "box", 2, (-1.0, -1.0), (1.0, 1.0), hidden_sizes=(16,))
+    learner = PPOLearner(spec, ppo_config("tuned"), seed=0)
+    cfg, policy = learner.config, learner.policy
     rng = np.random.default_rng(0)
-    n, mb = 65536, 256
-    x = torch.tensor(rng.normal(1.0, 0.5, n), dtype=torch.float64)
-    y = torch.tensor(rng.normal(0.05, 1.0, n), dtype=torch.float64)
-    a = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
-    b = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
-    opt = torch.optim.SGD([a, b], lr=0.0)
-
-    def loss(idx):
-        out = (a * x[idx] + b * y[idx]).mean()
-        return out, {}
-
-    def estimate(subset):
-        return minibatch_sgd([a, b], opt, torch.Generator().manual_seed(1), n, epochs=1, minibatch_size=mb,
-                             max_grad_norm=0.0, device=torch.device("cpu"), loss_fn=loss, noise_subset=subset)
-
-    only_a, only_b, both = estimate([a]), estimate([b]), estimate([a, b])
-    true_a = float(x.var() / x.mean() ** 2)
-    true_b = float(y.var() / y.mean() ** 2)
-    assert only_a.subset_noise_scale == pytest.approx(true_a, rel=0.25)
-    assert only_a.subset_estimate.b_simple == only_a.subset_noise_scale
-    assert only_b.subset_noise_scale == pytest.approx(true_b, rel=0.5)
-    assert both.subset_noise_scale == pytest.approx(both.noise_scale)
-    assert estimate(None).subset_noise_scale == 0.0
+    n, mb = 256, 32
+    obs = torch.as_tensor(rng.normal(size=(n, 4)).astype(np.float32))
+    with torch.no_grad():
+        x = policy.normalize(obs)
+        old = dist_params(policy, obs)
+        actions = policy.distribution(obs).sample()
+        logp_old = policy.log_prob(policy.distribution(obs), actions)
+    fields = {"x": x, "old": old, "actions": actions, "logp_old": logp_old,
+              "adv": torch.as_tensor(rng.normal(size=n).astype(np.float32)) + 3.0 * actions[:, 0]}
+    minibatches = [torch.arange(i * mb, (i + 1) * mb) for i in range(4)]
+    params = learner.policy_parameters()
+    before = [p.detach().clone() for p in params]
+    est = policy_noise_probe(policy, params, fields, minibatches, cfg=cfg, kl_coeff=0.0)
+    sq, grads = [], []
+    for idx in minibatches:
+        a = fields["adv"][idx]
+        a = (a - a.mean()) / (a.std(unbiased=False) + 1e-8)
+        logp, ent, kl = actor_terms(policy, x[idx], actions[idx], tuple(t[idx] for t in old), kl_grad=False)
+        loss, _ = ppo_actor_loss(logp, logp_old[idx], a, ent, kl, clip=cfg.clip, kl_coeff=0.0,
+                                 entropy_coeff=cfg.entropy_coeff)
+        g = torch.cat([t.flatten() for t in torch.autograd.grad(loss, params)]).double()
+        grads.append(g)
+        sq.append(float(g.square().sum()))
+    big = float((torch.stack(grads).mean(0)).square().sum())
+    want = noise_scale_estimates(sq, big, mb, 4 * mb)
+    assert (est.grad_sq, est.trace_sigma) == (pytest.approx(want.grad_sq, rel=1e-5),
+                                              pytest.approx(want.trace_sigma, rel=1e-5))
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+    assert policy_noise_probe(policy, params, fields, minibatches[:1], cfg=cfg, kl_coeff=0.0) is None
 
 
 # -- through the spec and the wire ----------------------------------------------------------------------------

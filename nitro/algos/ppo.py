@@ -34,6 +34,7 @@ from nitro.algos.sgd import (
 )
 from nitro.config import PPOConfig
 from nitro.policy.models import ModelSpec, Policy
+from nitro.scaling.noise import NoiseEstimate, noise_scale_estimates
 
 
 def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
@@ -137,6 +138,38 @@ def minibatch_advantages(n: int, minibatch_size: int) -> Callable[[dict], dict]:
     return lambda fields: {**fields, "adv": normalize_slices(fields["adv"], size)}
 
 
+POLICY_NOISE_MINIBATCHES = 16  # minibatches the policy-noise probe takes its gradients on (at most)
+
+
+def policy_noise_probe(policy, params: list[torch.nn.Parameter], fields: dict, minibatches: list[torch.Tensor], *,
+                       cfg: PPOConfig, kl_coeff: float) -> NoiseEstimate | None:
+    """|G|^2 and tr(Sigma) of the policy loss's gradient at the current parameters: the actor's loss on each of
+    `minibatches` (equal-sized index tensors into `fields`, PPOLearner.update's per-sample tensors; advantages
+    standardised per minibatch when the config does), differentiated with respect to `params` without a step in
+    between, then McCandlish et al.'s two-batch-size estimates (nitro.scaling.noise.noise_scale_estimates).
+    The SGD loop's own estimate takes its minibatch gradients while the parameters move, and for the policy that
+    drift makes the large-batch norm come out too small late in training (|G|^2 < 0 in most rounds past
+    Hopper-v5's ~250k steps); here nothing moves. None with fewer than two minibatches."""
+    if len(minibatches) < 2:
+        return None
+    small_sq, total = [], None
+    for idx in minibatches:
+        adv = fields["adv"][idx]
+        if cfg.normalize_advantages:
+            adv = normalize_slices(adv, len(adv))
+        logp, entropy, kl = actor_terms(policy, fields["x"][idx], fields["actions"][idx],
+                                        tuple(t[idx] for t in fields["old"]), kl_grad=kl_coeff > 0)
+        loss, _ = ppo_actor_loss(logp, fields["logp_old"][idx], adv, entropy, kl, clip=cfg.clip, kl_coeff=kl_coeff,
+                                 entropy_coeff=cfg.entropy_coeff)
+        grads = [g if g is not None else torch.zeros_like(p)
+                 for g, p in zip(torch.autograd.grad(loss, params, allow_unused=True), params)]
+        small_sq.append(float(sum(g.double().square().sum() for g in grads)))
+        total = [g.detach().clone() for g in grads] if total is None else [t.add_(g) for t, g in zip(total, grads)]
+    big_sq = float(sum((t.double() / len(minibatches)).square().sum() for t in total))
+    size = len(minibatches[0])
+    return noise_scale_estimates(small_sq, big_sq, size, size * len(minibatches))
+
+
 def standardize_batch(x: np.ndarray) -> np.ndarray:
     """Whole-batch standardisation as RLlib's PPO does it: (x - mean) / max(std, 1e-4), population std."""
     x64 = np.asarray(x, dtype=np.float64)
@@ -202,6 +235,8 @@ class PPOLearner:
         self.optimizer = adam(self.policy.parameters(), config.lr, config.adam_eps)
         self.kl_coeff = config.kl_coeff
         self.generator = torch.Generator().manual_seed(seed)
+        # The policy-noise probe's minibatches come from a generator of their own: the SGD's stay as they were.
+        self.noise_generator = torch.Generator().manual_seed(seed + 1)
         self.updates = 0
         self.last_data: dict[str, np.ndarray] | None = None
 
@@ -248,11 +283,17 @@ class PPOLearner:
                                       entropy_coeff=cfg.entropy_coeff)
             return LossTerms((critic, actor))  # the sum is ppo_loss; the critic's term runs on _term_pool()
 
+        probe_mb = minibatch_length(n, mb_size)
+        order = torch.randperm(n, generator=self.noise_generator).to(dev)
+        probe = policy_noise_probe(policy, self.policy_parameters(), per_sample,
+                                   [order[i * probe_mb:(i + 1) * probe_mb]
+                                    for i in range(min(POLICY_NOISE_MINIBATCHES, n // probe_mb))],
+                                   cfg=cfg, kl_coeff=kl_coeff) if n > probe_mb else None
         per_epoch = minibatch_advantages(n, mb_size) if cfg.normalize_advantages else None
         sgd = minibatch_sgd(list(policy.parameters()), self.optimizer, self.generator, n, epochs=cfg.epochs,
                             minibatch_size=mb_size, max_grad_norm=cfg.max_grad_norm, device=dev,
                             epoch_loss_fn=epoch_loss_from(per_sample, minibatch_loss, per_epoch),
-                            term_pool=self._term_pool(), noise_subset=self.policy_parameters())
+                            term_pool=self._term_pool())
         means = sgd.means
         with torch.no_grad():
             final_kl = float(policy_kl(policy, x_all, old).mean())
@@ -265,9 +306,10 @@ class PPOLearner:
                            entropy=means["entropy"], kl=final_kl, clip_frac=means["clip_frac"],
                            kl_coeff=self.kl_coeff, grad_norm=means["grad_norm"], explained_variance=ev,
                            seconds=time.perf_counter() - t0, loss=means["loss"],
-                           gradient_noise_scale=sgd.noise_scale, policy_noise_scale=sgd.subset_noise_scale,
-                           policy_grad_sq=sgd.subset_estimate.grad_sq if sgd.subset_estimate else 0.0,
-                           policy_trace_sigma=sgd.subset_estimate.trace_sigma if sgd.subset_estimate else 0.0,
+                           gradient_noise_scale=sgd.noise_scale,
+                           policy_noise_scale=float(probe.b_simple or 0.0) if probe else 0.0,
+                           policy_grad_sq=probe.grad_sq if probe else 0.0,
+                           policy_trace_sigma=probe.trace_sigma if probe else 0.0,
                            learning_rate=lr, minibatch_size=sgd.minibatch_size)
 
     def policy_parameters(self) -> list[torch.nn.Parameter]:

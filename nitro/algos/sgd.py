@@ -21,7 +21,6 @@ import torch
 
 from nitro.clock import add_helper_excess
 from nitro.policy.models import LOG_STD_MAX, LOG_STD_MIN
-from nitro.scaling.noise import NoiseEstimate, noise_scale_estimates
 
 LOSS_PARTS = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # as torch.distributions.Normal.log_prob writes it
@@ -45,10 +44,6 @@ class SGDResult:
     minibatch_size: int
     steps: int
     noise_scale: float        # B_simple; 0.0 when undefined (fewer than two first-epoch minibatches)
-    subset_noise_scale: float = 0.0  # B_simple of `noise_subset`'s gradients alone (PPO: the policy's); 0.0 = undefined
-    # The two unbiased terms behind it, |G|^2 and tr(Sigma) (nitro.scaling.noise.NoiseEstimate), which a caller
-    # averages across rounds before dividing (the ratio of two noisy estimates is biased); None = not measured.
-    subset_estimate: NoiseEstimate | None = None
 
 
 def kl_per_sample(old_dist, new_dist, idx) -> torch.Tensor:
@@ -177,8 +172,7 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
                   n: int, *, epochs: int, minibatch_size: int, max_grad_norm: float, device: torch.device,
                   loss_fn: Callable[[torch.Tensor], LossAndParts] | None = None,
                   estimate_noise: bool = True, epoch_loss_fn: EpochLossFn | None = None,
-                  term_pool: Executor | None = None,
-                  noise_subset: list[torch.nn.Parameter] | None = None) -> SGDResult:
+                  term_pool: Executor | None = None) -> SGDResult:
     """Run `epochs` passes of minibatch steps over n samples; loss_fn(idx) -> (loss, parts).
 
     Instead of loss_fn, epoch_loss_fn(perm) may be given: it is called once per epoch with that
@@ -187,9 +181,7 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
     slices it per step (the same minibatches); `epoch_loss_from` builds it. The per-step sums
     (loss parts, gradient norms, the noise-scale terms) stay on the device until the end: no host
     sync per step. A step may return `LossTerms` instead of (loss, parts); `term_pool` (None: the
-    calling thread) then runs all but its last term. `noise_subset` (some of `params`): a second noise
-    scale from those parameters' gradients alone (PPO: the policy's, whose gradient the critic's loss never
-    reaches), from the same first-epoch steps.
+    calling thread) then runs all but its last term.
     """
     if (loss_fn is None) == (epoch_loss_fn is None):
         raise ValueError("pass exactly one of loss_fn and epoch_loss_fn")
@@ -198,9 +190,7 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
     sums: torch.Tensor | None = None  # float64 sums of [*parts, grad_norm, loss] over the steps
     steps = 0
     small_sq: list[torch.Tensor] = []
-    subset_sq: list[torch.Tensor] = []
     grad_sum: list[torch.Tensor] | None = None
-    in_subset: list[bool] | None = None
     for epoch in range(epochs):
         perm = torch.randperm(n, generator=generator).to(device)
         step = epoch_loss_fn(perm) if epoch_loss_fn is not None else None
@@ -219,12 +209,8 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
             if noise_step:  # the first epoch's gradient sum, before any clipping
                 if grad_sum is None:
                     grad_sum = [g.detach().clone() for g in grads]
-                    in_subset = _subset_mask(params, noise_subset)
                 else:
                     torch._foreach_add_(grad_sum, grads)
-                if in_subset is not None and len(in_subset) == len(grads):
-                    subset_sq.append(torch.stack(torch._foreach_norm(
-                        [g for g, keep in zip(grads, in_subset) if keep])).square().sum())
             gn = _clip(params, grads, max_grad_norm)  # the norm before clipping
             if noise_step:
                 small_sq.append(gn.detach().square())  # |g|^2 of this minibatch's unclipped gradient
@@ -238,25 +224,11 @@ def minibatch_sgd(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
     if sums is not None:
         totals.update(zip((*keys, "grad_norm", "loss"), sums.tolist()))
     means = {k: v / max(steps, 1) for k, v in totals.items()}
-    big_sq = subset_big_sq = None
+    big_sq = None
     if len(small_sq) >= 2 and grad_sum is not None:
-        per_param = torch.stack(torch._foreach_norm(grad_sum)).double().square() / len(small_sq) ** 2
-        big_sq = float(per_param.sum())
-        if in_subset is not None and len(subset_sq) == len(small_sq):
-            subset_big_sq = float(per_param[torch.tensor(in_subset)].sum())
-    subset = _noise_estimate(torch.stack(subset_sq).double().tolist() if subset_sq else [], subset_big_sq, mb)
+        big_sq = float(torch.stack(torch._foreach_norm(grad_sum)).double().square().sum() / len(small_sq) ** 2)
     return SGDResult(means, mb, steps, _noise_scale(torch.stack(small_sq).double().tolist() if small_sq else [],
-                                                    big_sq, mb),
-                     float(subset.b_simple or 0.0) if subset is not None else 0.0, subset)
-
-
-def _subset_mask(params: list[torch.nn.Parameter], subset: list[torch.nn.Parameter] | None) -> list[bool] | None:
-    """For each parameter with a gradient (the order of a step's `grads`), whether it is in `subset`."""
-    if not subset:
-        return None
-    ids = {id(p) for p in subset}
-    mask = [id(p) in ids for p in params if p.grad is not None]
-    return mask if any(mask) else None
+                                                    big_sq, mb))
 
 
 def _backward(term: Callable[[], LossAndParts]) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
@@ -298,17 +270,13 @@ def _clip(params: list[torch.nn.Parameter], grads: list[torch.Tensor], max_norm:
     return norm
 
 
-def _noise_estimate(small_sq: list[float], big_sq: float | None, mb: int) -> NoiseEstimate | None:
+def _noise_scale(small_sq: list[float], big_sq: float | None, mb: int) -> float:
     """McCandlish et al. 2018 (app. A) with the epoch's mean gradient as the big batch (big_sq = its
     squared norm); the parameters drift within the epoch, so this is an estimate for scaling, not an
-    exact value. None with fewer than two minibatches."""
+    exact value."""
     if len(small_sq) < 2 or big_sq is None:
-        return None
-    return noise_scale_estimates(small_sq, big_sq, mb, mb * len(small_sq))
+        return 0.0
+    from nitro.scaling.noise import noise_scale_estimates
 
-
-def _noise_scale(small_sq: list[float], big_sq: float | None, mb: int) -> float:
-    """B_simple of the estimate, 0.0 when undefined."""
-    est = _noise_estimate(small_sq, big_sq, mb)
-    b = est.b_simple if est is not None else None
-    return float(b) if b is not None else 0.0
+    est = noise_scale_estimates(small_sq, big_sq, mb, mb * len(small_sq)).b_simple
+    return float(est) if est is not None else 0.0
