@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,6 +10,7 @@ import boto3
 import numpy as np
 from botocore.config import Config
 
+from nitro.contracts import invocation_id, invocation_key
 from nitro.data import codec
 from nitro.data.redis_client import connect
 from nitro.data.store import TrajectoryReader
@@ -36,24 +36,24 @@ def actor_duration(steps: int) -> float:
 
 
 def measure(sizes, steps: int) -> list[dict]:
-    key_hex = codec.generate_hmac_key()
-    os.environ["NITRO_HMAC_KEY"] = key_hex
+    master = bytes.fromhex(codec.generate_hmac_key())  # stays here, as the services' master key does
     duration = actor_duration(steps)
     rows = []
     with LocalRedis() as redis_server:
         client = connect(redis_server.url, socket_timeout=30)
         fn = FunctionConfig("standin", "experiments.standin.handler", timeout_s=120, concurrency=max(sizes),
-                            max_workers=64, env={"NITRO_HMAC_KEY": key_hex})
+                            max_workers=64)
         with LocalLambda([fn]) as endpoint:
             lam = boto3.client("lambda", endpoint_url=endpoint.endpoint_url, region_name="us-east-1",
                                aws_access_key_id="x", aws_secret_access_key="x",
                                config=Config(max_pool_connections=64, retries={"total_max_attempts": 1}))
             for n in sizes:
                 job = f"scal-{n}"
-                reader = TrajectoryReader(client, job, bytes.fromhex(key_hex))
-                events = [json.dumps({"job_id": job, "invocation_id": f"{job}-{i}", "steps": steps,
-                                      "duration_s": duration, "redis_url": redis_server.url}).encode()
-                          for i in range(n)]
+                reader = TrajectoryReader(client, job, master)
+                ids = [invocation_id(job, 0, i) for i in range(n)]  # round 0's actor slots, as the reader expects
+                events = [json.dumps({"job_id": job, "invocation_id": inv, "steps": steps, "duration_s": duration,
+                                      "key": invocation_key(master, job, inv).hex(),
+                                      "redis_url": redis_server.url}).encode() for inv in ids]
                 t0 = time.perf_counter()
                 with ThreadPoolExecutor(max_workers=64) as pool:  # Event invocations: answered at once
                     list(pool.map(lambda e: lam.invoke(FunctionName="standin", InvocationType="Event", Payload=e),

@@ -6,7 +6,6 @@ import time
 
 import numpy as np
 
-from nitro.data import codec
 from nitro.data.redis_client import connect
 from nitro.data.store import TrajectoryWriter
 
@@ -33,7 +32,8 @@ def handler(event, context=None):
     if url not in _clients:
         _clients[url] = connect(url)
     time.sleep(event["duration_s"])
-    TrajectoryWriter(_clients[url], event["job_id"], codec.load_hmac_key()).append(
+    # The invocation's own signing key comes in its event, as an actor's does (nitro.contracts.invocation_key).
+    TrajectoryWriter(_clients[url], event["job_id"], bytes.fromhex(event["key"])).append(
         invocation_id=event["invocation_id"], round=0, policy_version=0, steps=event["steps"],
         batch=_batch(event["steps"]))
     return {"ok": True, "duration_ms": (time.perf_counter() - t0) * 1e3}
