@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import os
 import pickle
 import struct
 
+import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 MAGIC = b"NTR3"
@@ -51,11 +53,24 @@ def body(pickled: bytes, buffers=(), *, lengths=None, n=None, pickle_len=None) -
     return bytes(out)
 
 
+class _Pickler(pickle.Pickler):
+    """Protocol 5 as the layout has it: a dtype as numpy.dtype(<its string>), with no state for BUILD (numpy's
+    own pickle of a dtype BUILDs its byte order, and the receiver refuses BUILD)."""
+
+    def reducer_override(self, obj):
+        return (np.dtype, (obj.str,)) if isinstance(obj, np.dtype) else NotImplemented
+
+
+def oob_pickle(obj) -> tuple[bytes, list[bytes]]:
+    """`obj` pickled as the layout has it, and its out-of-band buffers."""
+    buffers, out = [], io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+    return out.getvalue(), [bytes(b.raw()) for b in buffers]
+
+
 def oob_body(obj) -> bytes:
     """The body of `obj` pickled with out-of-band buffers."""
-    buffers = []
-    pickled = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    return body(pickled, [b.raw() for b in buffers])
+    return body(*oob_pickle(obj))
 
 
 def body_of(blob: bytes) -> bytes:

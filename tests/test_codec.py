@@ -7,12 +7,18 @@ import hashlib
 import hmac
 import os
 import pickle
+import pickletools
 import struct
 import subprocess
+import sys
+import tracemalloc
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nitro.data import codec
 from nitro.data.codec import (
@@ -28,6 +34,7 @@ from nitro.data.codec import (
     load_hmac_key,
 )
 from nitro.errors import ConfigError
+from nitro.tools import codec_fuzz
 from tests import envelopes
 from tests.envelopes import BODY, HEADER, TAG
 from tests.envelopes import body as _body
@@ -271,10 +278,7 @@ def test_wrong_key(hmac_key):
 
 
 def _buffered_pickle() -> tuple[bytes, list[bytes]]:
-    buffers = []
-    pickled = pickle.dumps({"a": np.arange(4.0), "b": np.ones(3, np.int32)}, protocol=5,
-                           buffer_callback=buffers.append)
-    return pickled, [bytes(b.raw()) for b in buffers]
+    return envelopes.oob_pickle({"a": np.arange(4.0), "b": np.ones(3, np.int32)})
 
 
 @pytest.mark.parametrize(
@@ -346,16 +350,19 @@ def test_structured_dtype_is_disallowed(hmac_key):
         decode(encode(np.zeros(2, dtype=[("a", "f4"), ("b", "i4")]), hmac_key), hmac_key)
 
 
-def test_corrupt_zlib(hmac_key):
+@pytest.mark.parametrize("max_size", [None, 1 << 20])  # under a limit, the body is inflated into its own size
+def test_corrupt_zlib(hmac_key, max_size):
     with pytest.raises(MalformedPayloadError) as exc:
-        decode(_sign(b"definitely not zlib", hmac_key, flags=0x01), hmac_key)
+        decode(_sign(b"definitely not zlib", hmac_key, flags=0x01), hmac_key, max_size=max_size)
     assert exc.value.reason == "malformed"
     body = _oob_body([1, 2, 3])
     with pytest.raises(MalformedPayloadError, match="truncated"):
-        decode(_sign(zlib.compress(body)[:-3], hmac_key, flags=0x01), hmac_key)
+        decode(_sign(zlib.compress(body)[:-3], hmac_key, flags=0x01), hmac_key, max_size=max_size)
     with pytest.raises(MalformedPayloadError, match="after the zlib stream"):
-        decode(_sign(zlib.compress(body) + b"junk", hmac_key, flags=0x01), hmac_key)
-    assert decode(_sign(zlib.compress(body), hmac_key, flags=0x01), hmac_key) == [1, 2, 3]
+        decode(_sign(zlib.compress(body) + b"junk", hmac_key, flags=0x01), hmac_key, max_size=max_size)
+    with pytest.raises(MalformedPayloadError, match="beyond its buffer table"):
+        decode(_sign(zlib.compress(body + bytes(100)), hmac_key, flags=0x01), hmac_key, max_size=max_size)
+    assert decode(_sign(zlib.compress(body), hmac_key, flags=0x01), hmac_key, max_size=max_size) == [1, 2, 3]
 
 
 def test_too_large(hmac_key):
@@ -454,6 +461,198 @@ def test_error_hierarchy():
         (PayloadTooLargeError, "too_large"),
     ]:
         assert issubclass(cls, PayloadError) and cls.reason == reason
+
+
+# --- found by the fuzz bench (bench/fuzz_codec.py): signed payloads that harmed the decoder -------------
+# Each was decoded, crashed the process or allocated far more than the payload holds before the fix.
+
+def _peak(fn) -> tuple[int, object]:
+    """tracemalloc's peak while fn runs, and what it returned or the PayloadError it raised."""
+    tracemalloc.start()
+    try:
+        try:
+            result = fn()
+        except PayloadError as exc:
+            result = exc
+        return tracemalloc.get_traced_memory()[1], result
+    finally:
+        tracemalloc.stop()
+
+
+_FRAMES = b"cnumpy._core.numeric\n_frombuffer\n"  # a global both numpy and the codec resolve
+_F8 = b"cnumpy\ndtype\n(Vf8\nI00\nI01\ntR"  # numpy.dtype("f8", False, True), as numpy pickles it
+_FIELDS_PAST_THE_ITEM = b"(I3\nV<\nN(Va\nt(dVa\n(" + _F8 + b"I100000000\ntsI-1\nI-1\nI0\ntb"
+_OBJECT_FLAG = b"(I3\nV<\nNNNI-1\nI-1\nI1\ntb"
+
+
+@pytest.mark.parametrize("pickled, harm", [
+    # an f8 array whose dtype got a field 100 MB past its item: reading it read other memory
+    (b"\x80\x05" + _FRAMES + b"(\x97" + _F8 + _FIELDS_PAST_THE_ITEM + b"(I2\ntVC\ntR.", "fields"),
+    # an array rebuilt with a dtype flagged as holding objects: the allow-list's own invariant, broken
+    (b"\x80\x05cnumpy._core.multiarray\n_reconstruct\n(cnumpy\nndarray\n(I0\ntC\x01btR(I1\n(I2\nt" + _F8
+     + _OBJECT_FLAG + b"I00\nC\x10" + bytes(16) + b"tb.", "hasobject"),
+], ids=["dtype-fields-past-the-item", "array-with-object-flag"])
+def test_a_pickled_dtype_state_never_reaches_numpy(hmac_key, pickled, harm):
+    buffers = [bytes(16)] if b"\x97" in pickled else []
+    with pytest.raises(DisallowedTypeError, match="BUILD"):
+        decode(_sign(_body(pickled, buffers), hmac_key), hmac_key)
+    # Control: numpy applies the state, so the payload did what it says (the dtype alone for the object flag:
+    # numpy cannot even free an array of it).
+    if harm == "fields":
+        assert pickle.loads(pickled, buffers=buffers).dtype.names == ("a",)
+    else:
+        assert pickle.loads(b"\x80\x05" + _F8 + _OBJECT_FLAG + b".").hasobject
+
+
+def test_a_datetime_dtype_state_does_not_crash_the_decoder(hmac_key):
+    # numpy.dtype("M8") given a version-3 state (no datetime metadata) killed the process with SIGSEGV.
+    pickled = b"\x80\x05cnumpy\ndtype\n(VM8\nI00\nI01\ntR(I3\nV|\nNNNI-1\nI-1\nI0\ntb."
+    script = ("import sys; from nitro.data.codec import decode, DisallowedTypeError\n"
+              "try:\n    decode(bytes.fromhex(sys.argv[1]), bytes.fromhex(sys.argv[2]))\n"
+              "except DisallowedTypeError:\n    print('refused')\n")
+    proc = subprocess.run([sys.executable, "-c", script, _sign(_body(pickled), hmac_key).hex(), hmac_key.hex()],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert (proc.returncode, proc.stdout.strip()) == (0, "refused"), proc.stderr[-2000:]
+
+
+_HUGE = b"J\x00\xe1\xf5\x05"  # 100,000,000
+
+
+@pytest.mark.parametrize("pickled", [
+    b"\x80\x05cbuiltins\nbytes\n" + _HUGE + b"\x85R.",
+    b"\x80\x05cbuiltins\nbytearray\n" + _HUGE + b"\x85R.",
+    b"\x80\x05cnumpy._core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + _HUGE + b"\x85C\x01b\x87R.",
+    b"\x80\x05cbuiltins\nlist\n\x94(" + b"N" * 1000 + b"l\x94(" + b"h\x00h\x01\x85R" * 1000 + b"l.",
+], ids=["bytes(n)", "bytearray(n)", "_reconstruct(shape)", "list(list)-copies"])
+def test_no_allowed_call_builds_what_the_pickle_does_not_hold(hmac_key, pickled):
+    peak, result = _peak(lambda: decode(_sign(_body(pickled), hmac_key), hmac_key))
+    assert isinstance(result, DisallowedTypeError)
+    assert peak < 1 << 20  # was 100 MB (8 MB for the copies) from a pickle of a few dozen bytes
+
+
+@pytest.mark.parametrize("opcode, width", [(b"B", 4), (b"\x8e", 8), (b"\x96", 8)],
+                         ids=["BINBYTES", "BINBYTES8", "BYTEARRAY8"])
+def test_a_length_past_the_pickle_is_refused_before_the_unpickler_allocates_it(hmac_key, opcode, width):
+    pickled = b"\x80\x05" + opcode + (10**8).to_bytes(width, "little") + b"abc."
+    peak, result = _peak(lambda: decode(_sign(_body(pickled), hmac_key), hmac_key))
+    assert isinstance(result, MalformedPayloadError) and "declares 100000000 bytes" in str(result)
+    assert peak < 1 << 20  # CPython's unpickler allocates a declared length before it reads it
+
+
+@pytest.mark.parametrize("put", [b"r\x80\x96\x98\x00", b"p10000000\n"], ids=["LONG_BINPUT", "PUT"])
+def test_a_memo_index_past_the_pickle_is_refused(hmac_key, put):
+    peak, result = _peak(lambda: decode(_sign(_body(b"\x80\x05N" + put + b"."), hmac_key), hmac_key))
+    assert isinstance(result, MalformedPayloadError) and "memo index 10000000" in str(result)
+    assert peak < 1 << 20  # the unpickler's memo grows to twice the index: 160 MB, zeroed
+
+
+def test_the_objects_a_pickle_builds_are_bounded_by_the_size_limit(hmac_key):
+    sets = _sign(_body(b"\x80\x05(" + b"\x8f" * 50_000 + b"l."), hmac_key)  # 50 kB: 50,000 empty sets, 11 MB
+    peak, result = _peak(lambda: decode(sets, hmac_key, max_size=1 << 20))
+    assert isinstance(result, PayloadTooLargeError) and peak < 1 << 20
+    assert len(decode(sets, hmac_key)) == 50_000  # no limit, no bound: a valid pickle after all
+
+
+def test_copies_of_one_argument_are_bounded_by_the_size_limit(hmac_key):
+    # numpy.scalar copies its bytes: 100 scalars of the same 60 kB make 6 MB from a 61 kB pickle.
+    pickled = (b"\x80\x05cnumpy._core.multiarray\nscalar\n\x94cnumpy\ndtype\n\x8c\x07|S60000\x85R\x94B"
+               + struct.pack("<I", 60_000) + bytes(60_000) + b"\x94(" + b"h\x00h\x01h\x02\x86R" * 100 + b"l.")
+    blob = _sign(_body(pickled), hmac_key)
+    peak, result = _peak(lambda: decode(blob, hmac_key, max_size=1 << 20))
+    assert isinstance(result, PayloadTooLargeError) and "scalars" in str(result)
+    assert peak < 2 << 20
+    assert len(decode(blob, hmac_key)) == 100
+
+
+def test_the_table_lists_no_more_buffers_than_the_pickle_takes(hmac_key):
+    blob = _sign(_body(b"\x80\x05].", [b""] * 100_000), hmac_key)  # one memoryview each: 18 MB
+    peak, result = _peak(lambda: decode(blob, hmac_key, max_size=1 << 20))
+    assert isinstance(result, MalformedPayloadError) and "n_buffers" in str(result)
+    assert peak < 1 << 20
+
+
+def test_a_compressed_body_is_inflated_once(hmac_key):
+    blob = encode({"frames": np.zeros(1 << 20, np.uint8)}, hmac_key, compress=True)
+    peak, result = _peak(lambda: decode(blob, hmac_key, max_size=2 << 20))
+    assert result["frames"].nbytes == 1 << 20
+    assert peak < (1 << 20) + (512 << 10)  # was 3 MB: zlib's output, a copy of it, and a writable copy
+
+
+def test_every_array_and_dtype_travels_without_build(hmac_key):
+    batch = {**_batch(), "when": np.arange(3).astype("M8[s]"), "big_endian": np.arange(4, dtype=">i4")}
+    pickled, buffers = _unpack(encode(batch, hmac_key))
+    ops = [op.name for op, _, _ in pickletools.genops(pickled)]
+    assert "BUILD" not in ops and b"_reconstruct" not in pickled
+    arrays = [v for v in [*batch.values(), *batch["nested"]["arr"]] if isinstance(v, np.ndarray)]
+    assert len(buffers) == len(arrays)  # strided, datetime and 0-d arrays too
+    _assert_same(batch, decode(encode(batch, hmac_key), hmac_key))
+
+
+def test_numpys_own_pickle_of_an_array_is_refused(hmac_key):
+    # numpy.dtype("f8", False, True) + BUILD: what nitro before this walk sent. Refused, never misread.
+    buffers = []
+    pickled = pickle.dumps(np.arange(3.0), protocol=5, buffer_callback=buffers.append)
+    with pytest.raises(DisallowedTypeError, match="BUILD"):
+        decode(_sign(_body(pickled, [b.raw() for b in buffers]), hmac_key), hmac_key)
+
+
+def test_the_opcode_table_is_pickletools():
+    kinds = {"uint1": 2, "uint2": 3, "int4": 5, "uint4": 5, "float8": 9}
+    for op in pickletools.opcodes:
+        code = op.code.encode("latin-1")[0]
+        kind = codec._OPCODES[code]
+        if op.name in ("BUILD", "STOP", "NEXT_BUFFER", "FRAME", "BINPUT", "LONG_BINPUT", "PUT") or \
+                op.name in ("REDUCE", "OBJ", "NEWOBJ", "NEWOBJ_EX", "INST"):
+            assert kind < 0, op.name  # the walk looks into these
+        elif op.arg is None:
+            assert kind == 1, op.name
+        elif op.arg.n >= 0:
+            assert kind == kinds[op.arg.name] == 1 + op.arg.n, op.name
+        else:
+            assert kind < 0, op.name
+    names = {op.code.encode("latin-1")[0] for op in pickletools.opcodes}
+    assert all(codec._OPCODES[b] == codec._OP_NONE for b in range(256) if b not in names)
+
+
+def _counted(op: bytes, fmt: str):
+    return st.binary(max_size=40).map(lambda data: op + struct.pack(fmt, len(data)) + data)
+
+
+# Opcodes with arguments pickletools reads: what a pickle may hold, whatever it means.
+_WELL_FORMED_OPS = st.one_of(
+    st.sampled_from([bytes((op.code.encode("latin-1")[0],)) for op in pickletools.opcodes if op.arg is None]),
+    st.tuples(st.sampled_from([b"K", b"h", b"q", b"\x82"]), st.binary(min_size=1, max_size=1)).map(b"".join),
+    st.tuples(st.sampled_from([b"M", b"\x83"]), st.binary(min_size=2, max_size=2)).map(b"".join),
+    st.tuples(st.sampled_from([b"J", b"j", b"r", b"\x84"]), st.binary(min_size=4, max_size=4)).map(b"".join),
+    st.binary(min_size=8, max_size=8).map(lambda b: b"G" + b),
+    *[_counted(op, "<B") for op in (b"C", b"\x8c", b"U", b"\x8a")],
+    *[_counted(op, "<I") for op in (b"B", b"X", b"T", b"\x8b")],
+    *[_counted(op, "<Q") for op in (b"\x8e", b"\x96", b"\x8d")],
+    st.integers(0, 64).map(lambda n: b"\x95" + struct.pack("<Q", n)),
+    st.tuples(st.sampled_from([b"I", b"L", b"g", b"p"]), st.integers(0, 10**6)).map(lambda t: t[0] + b"%d\n" % t[1]),
+    st.floats(allow_nan=False).map(lambda x: b"F%r\n" % x),
+    st.text("abc\u00e9", max_size=8).map(lambda t: b"V" + t.encode("raw-unicode-escape") + b"\n"),
+    st.sampled_from([b"S'abc'\n", b"Pid\n", b"cmod\nname\n", b"imod\nname\n"]),
+)
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(ops=st.lists(st.one_of(_WELL_FORMED_OPS, codec_fuzz._soup_op()), min_size=1, max_size=30))
+def test_the_walk_reads_a_pickle_as_pickletools_does(ops):
+    pickled = b"\x80\x05" + b"".join(ops) + b"."
+    try:
+        parsed = list(pickletools.genops(pickled))
+    except Exception:
+        return  # not a pickle pickletools reads through; the fuzz bench has the unpickler's verdict on it
+    body = bytearray(pickled)
+    try:
+        stop, buffers, _ = codec._check_pickle(body, 0, len(body), None)
+    except PayloadError:
+        return  # refused (BUILD, a length past the end, a memo index): never unpickled
+    stops = [pos for op, _, pos in parsed if op.name == "STOP"]
+    assert stop == (stops[0] if stops else None)
+    assert buffers == sum(op.name == "NEXT_BUFFER" for op, _, pos in parsed if pos <= (stop or len(body)))
 
 
 # --- keys ----------------------------------------------------------------------------
