@@ -263,12 +263,13 @@ def _factory_calls(learner, data):
 @pytest.mark.parametrize("algo", ["ppo", "impact"])
 def test_tensors_the_update_creates_name_the_learners_device(algo):
     """Factories inside the update pass the learner's device (no default, no hard-coded cpu); the one
-    exception is the minibatch permutation, drawn on the CPU generator and moved to the device."""
+    exception is the minibatch permutations, drawn on CPU generators and moved to the device (PPO's noise probe
+    draws one more, for its own minibatches)."""
     learner = PPOLearner(BOX, ppo_config("tuned", minibatch_size=48, epochs=2), seed=0) if algo == "ppo" else \
         IMPACTLearner(BOX, impact_config("tuned", minibatch_size=48, epochs=2), seed=0)
     learner.device = torch.device("cpu")
     seen = _factory_calls(learner, batches(BOX, learner.policy))
-    assert seen.count(("randperm", None)) == 2  # one per epoch
+    assert seen.count(("randperm", None)) == 2 + (algo == "ppo")  # one per epoch, and PPO's noise probe's
     others = [s for s in seen if s[0] != "randperm"]
     assert others and all(torch.device(d) == learner.device for _, d in others if d is not None), others
     assert all(d is not None for name, d in others if name == "as_tensor" and algo == "ppo"), others
