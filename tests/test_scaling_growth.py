@@ -14,7 +14,7 @@ from nitro import cost
 from nitro.contracts import GROW_FRACTIONS, NOISE_EMA, NOISE_KAPPA, SCALING_POLICIES
 from nitro.errors import ConfigError
 from nitro.scaling import RoundInputs, make_policy
-from nitro.scaling.noise import adascale_gain, adascale_update, b_simple_of, cost_optimal_batch, ema, ema_terms
+from nitro.scaling.noise import adascale_gain, adascale_update, b_simple_of, cost_optimal_batch, ema_terms
 from nitro.scaling.policies import job_progress, nearest_power_of_two, scales_update
 
 A, C, STEPS = 2.5e-5, 8e-9, 512  # a round's and a sample's cost, steps per actor: an a/c of 3,125 samples
@@ -202,13 +202,6 @@ def test_ema_terms_average_each_term_and_skip_unmeasured_ones():
     assert ema_terms((2.0, 100.0), None, 0.5) == ema_terms((2.0, 100.0), (float("nan"), 1.0), 0.5) == (2.0, 100.0)
     assert b_simple_of((2.0, 100.0)) == 50.0 and b_simple_of((-1.0, 100.0)) is None and b_simple_of(None) is None
     assert b_simple_of((2.0, -4.0)) == 0.0
-
-
-def test_ema_starts_at_the_first_value_and_skips_undefined_ones():
-    assert ema(None, 10.0, 0.2) == 10.0
-    assert ema(10.0, 20.0, 0.2) == pytest.approx(12.0)
-    assert ema(10.0, None, 0.2) == ema(10.0, float("nan"), 0.2) == ema(10.0, 0.0, 0.2) == 10.0
-    assert ema(None, None, 0.2) is None
 
 
 def test_a_round_splits_into_a_per_round_and_a_per_sample_cost_that_add_back_up():

@@ -70,14 +70,6 @@ def b_simple_of(terms: tuple[float, float] | None) -> float | None:
     return None if terms is None else NoiseEstimate(terms[0], terms[1]).b_simple
 
 
-def ema(previous: float | None, value: float | None, weight: float) -> float | None:
-    """Exponential moving average with `weight` on the newest value; the first known value starts it, an
-    unknown one (None, NaN, <= 0: the estimate was undefined) leaves it as it was."""
-    if value is None or not math.isfinite(value) or value <= 0:
-        return previous
-    return float(value) if previous is None else (1.0 - weight) * previous + weight * float(value)
-
-
 def cost_optimal_batch(b_noise: float, round_cost: float, sample_cost: float) -> float:
     """sqrt(B_noise * a / c): the batch that minimises the dollars to a given loss under McCandlish et al.'s
     model, where a step of batch B costs a + c * B and reaching the loss takes S_min * (1 + B_noise / B) steps:
