@@ -14,7 +14,8 @@ import redis
 
 from learner_svc.constants import COST_PATIENCE_S, LAUNCH_TIMEOUT_SLACK_S, WAVE_RECORD_TTL_S
 from learner_svc.resilience import RPC_RETRYABLE, DependencyUnavailable, JobAborted, redis_call, rpc_call
-from nitro.contracts import wave_live_key, waves_key
+from nitro import launches
+from nitro.contracts import launch_owner_key, launches_key, waves_key
 from nitro.rpc.grpc_util import DEADLINES
 from nitro.spec import TrainingSpec, env_kwargs_to_wire
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2
@@ -191,7 +192,17 @@ class Services:
         count, t = self.redis(lambda: self.deps.redis.mget(key, at), "wave record")
         return int(count or 0), float(t) if t is not None else None
 
-    def waves_running(self, round_index: int, waves: int) -> bool:
-        """Whether the scaler still runs any of the round's first `waves` waves (a liveness lease is alive)."""
-        keys = [wave_live_key(self.job_id, round_index, w) for w in range(waves)]
-        return bool(self.redis(lambda: self.deps.redis.exists(*keys), "wave leases"))
+    def launch_status(self, round_index: int, slot_of: dict[str, int]) -> launches.RoundStatus:
+        """Whether a live Launch still runs any of the invocations in `slot_of` (id -> slot), and the slots all of
+        whose recorded invocations failed: from the scaler's invocation records (nitro.launches)."""
+
+        def read():
+            records = launches.decode_all(self.deps.redis.hgetall(launches_key(self.job_id, round_index)))
+            owners = sorted(launches.running_owners({i: r for i, r in records.items() if i in slot_of}))
+            pipe = self.deps.redis.pipeline(transaction=False)
+            for o in owners:
+                pipe.exists(launch_owner_key(self.job_id, o))
+            alive = [o for o, n in zip(owners, pipe.execute() if owners else []) if n]
+            return launches.round_status(records, slot_of, alive)
+
+        return self.redis(read, "launch records")

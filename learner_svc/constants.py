@@ -8,7 +8,7 @@ import os
 # -- rounds -------------------------------------------------------------------------------------------
 MAX_WAVES = 3  # on-policy: the planned launch plus up to two waves of replacements
 LOST_BATCH_GRACE_S = 5.0  # a launched actor whose batch is still missing this long after it returned is lost
-TAKEOVER_POLL_S = 1.0  # a resumed learner asks this often whether the waves it took over still run (their leases)
+TAKEOVER_POLL_S = 1.0  # a resumed learner reads this often whether the waves it took over still run (nitro.launches)
 WAVE_RECORD_TTL_S = 7 * 24 * 3600  # a round's wave records outlive any resume of it
 RECENT_EPISODES = 20  # train_return and mean_episode_length average the latest this many episodes
 EVAL_SEED_TAG = 2  # evaluation seeds: (seed, round, 2, 0), four parts, never an actor launch's (seed, round, wave)

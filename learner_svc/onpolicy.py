@@ -12,8 +12,9 @@ MAX_WAVES waves in all). At the deadline the round proceeds with what arrived
 if that is at least min_sample_fraction of the planned steps. A resumed learner
 takes over the waves its predecessor launched for the round it redoes (their
 invocations outlive it) and waits for them like for its own launch while the
-scaler still runs them (their liveness leases), then LOST_BATCH_GRACE_S more;
-only their shortfall gets replacements. A detector that does not answer in
+scaler still runs them (its invocation records, nitro.launches), then
+LOST_BATCH_GRACE_S more; only their shortfall gets replacements, at once for
+slots whose invocations the records show failed. A detector that does not answer in
 detector_timeout_s gives the configured fallback plan; a scaler or Redis that
 is briefly down is retried. Every such event is a note in the round report.
 
@@ -44,6 +45,7 @@ from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import NOISE_EMA, invocation_id
 from nitro.cost import cloud_detect_wait, cloud_round_seconds
+from nitro.launches import RoundStatus
 from nitro.rpc import metrics
 from nitro.scaling.noise import adascale_update, b_simple_of, ema_terms
 from nitro.scaling.policies import scales_update
@@ -103,29 +105,38 @@ def takeover_wait_end(*, started: float, launched_at: float | None, deadline_s: 
 class TakenOver:
     """The waves an earlier learner launched for the round a resumed learner redoes.
 
-    Their invocations outlive that learner, but not the scaler that runs them: a wave is running while its
-    liveness lease (nitro.contracts.wave_live_key) is alive. After a crash of the whole system none is, and
-    the round goes on after LOST_BATCH_GRACE_S instead of waiting out the round deadline for nothing. On
-    AWS a Lambda may outlive a dead scaler: its lease lapses, the learner replaces the wave after the grace
-    and drops the late batch as stale."""
+    Their invocations outlive that learner, but not the scaler that runs them: the scaler's invocation
+    records (nitro.launches) say which still run under a live Launch and which returned failed. After a
+    crash of the whole system none runs, and the round goes on after LOST_BATCH_GRACE_S instead of waiting
+    out the round deadline for nothing; slots whose every invocation failed are replaced at once. On AWS a
+    Lambda may outlive a dead scaler: the learner replaces it after the grace and drops its late batch as
+    stale."""
 
     count: int
     launched_at: float | None  # wall time of the latest launch
     deadline_s: float
-    running: Callable[[], bool]  # whether any of their leases is alive
+    slot_of: dict[str, int]  # the ids their invocations can have -> slot
+    status: Callable[[], RoundStatus]  # from their records
     started: float = field(default_factory=time.time)
     stopped_at: float | None = None
+    failed: frozenset[int] = frozenset()  # slots whose every invocation returned failed
     checked_at: float = -math.inf
 
     def deadline(self) -> float:
-        """The perf_counter time to stop waiting; asks `running` at most every TAKEOVER_POLL_S."""
+        """The perf_counter time to stop waiting; reads `status` at most every TAKEOVER_POLL_S."""
         now = time.time()
         if now - self.checked_at >= TAKEOVER_POLL_S:
             self.checked_at = now
-            self.stopped_at = None if self.running() else (self.stopped_at or now)
+            st = self.status()
+            self.failed = st.failed
+            self.stopped_at = None if st.running else (self.stopped_at or now)
         end = takeover_wait_end(started=self.started, launched_at=self.launched_at, deadline_s=self.deadline_s,
                                 stopped_at=self.stopped_at)
         return time.perf_counter() + end - now
+
+    def all_failed(self, waiting: set[int]) -> bool:
+        """Nothing runs any more and every slot still waited for failed: replace them now."""
+        return self.stopped_at is not None and waiting <= self.failed
 
 
 class OnPolicyLoop(RoundLoop[SampledRound]):
@@ -160,13 +171,11 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ack_seconds, dispatch = self.reader.processing_seconds, 0.0, 0.0
         slots, failed_total = list(range(actors)), set()
-        inherited = self._inherited_waves(k)
+        inherited = self._inherited_waves(k, slots)
         while True:
             if inherited is not None:  # every slot is out already; no response will come for them
                 taken, inherited, fut = inherited, None, None
-                for w in range(taken.count):  # the ids those waves can have: every slot of each
-                    for s in slots:
-                        slot_of[invocation_id(self.job.job_id, k, s, w)] = s
+                slot_of.update(taken.slot_of)
                 label = f"the {taken.count} wave(s) launched before the learner restarted"
                 out.waves += 1  # as the round's planned launch: its shortfall still gets replacement waves
                 wave_deadline = taken.deadline()
@@ -203,6 +212,9 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                     break
                 if resp is not None and (waiting <= failed or time.perf_counter() - done_at > LOST_BATCH_GRACE_S):
                     break  # the rest failed, or their batches were lost after the invocation said OK
+                if taken is not None and taken.all_failed(waiting):
+                    failed = set(taken.failed)
+                    break  # the waves taken over ended and the rest failed: replace them without waiting
                 entries = self.redis_call(lambda: self.reader.read(*ONPOLICY_READ), "stream read")
                 drop = []
                 for e in entries:
@@ -274,14 +286,18 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         out.completed = sum(1 for inv, seen in parts_seen.items() if len(seen) == parts_total[inv])
         return out
 
-    def _inherited_waves(self, k: int) -> TakenOver | None:
+    def _inherited_waves(self, k: int, slots: list[int]) -> TakenOver | None:
         """The waves an earlier learner launched for round k, when this learner resumed into it; asked once,
         so a retried empty round launches afresh."""
         if self.inherit_round != k:
             return None
         self.inherit_round = None
         n, launched_at = self.launched_waves(k)
-        return TakenOver(n, launched_at, self.spec.round_deadline_s, lambda: self.waves_running(k, n)) if n else None
+        if not n:
+            return None
+        # The ids those waves can have: every slot of each (replacement waves launch some of them).
+        slot_of = {invocation_id(self.job.job_id, k, s, w): s for w in range(n) for s in slots}
+        return TakenOver(n, launched_at, self.spec.round_deadline_s, slot_of, lambda: self.launch_status(k, slot_of))
 
     def _affordable(self, slots: list[int]) -> list[int]:
         """As many of `slots` as the budget left pays for, at this job's mean cost per invocation."""

@@ -298,8 +298,8 @@ class RoundLoop(Generic[R]):
     def launched_waves(self, round_index: int) -> tuple[int, float | None]:
         return self.services.launched_waves(round_index)
 
-    def waves_running(self, round_index: int, waves: int) -> bool:
-        return self.services.waves_running(round_index, waves)
+    def launch_status(self, round_index: int, slot_of: dict[str, int]):
+        return self.services.launch_status(round_index, slot_of)
 
     def fallback_actors(self) -> int:
         return self.spec.scaler.i_min if self.spec.detector_fallback == "i_min" else self.last_actors

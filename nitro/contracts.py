@@ -37,7 +37,8 @@ def check_job_id(job_id: object) -> str:
 # nitro:{job}:seen              invocation ids already consumed (dedup)
 # nitro:{job}:sample:{k}        round k's signed sample subset for the detector
 # nitro:{job}:waves:{k}         round k's replacement waves (on-policy loop)
-# nitro:{job}:waves:{k}:live:{w} wave w of round k is running: the scaler's lease while its invocations run
+# nitro:{job}:launches:{k}     hash: round k's invocations -> running / done with the result (nitro.launches)
+# nitro:{job}:launch-owner:{t} a Launch call is running: the scaler's lease while its invocations run
 # nitro:{job}:detector:ratios   hash round -> convexity ratio R
 # nitro:{job}:scaler            hash: scaling-policy state, cost ledger, per-round plans
 # nitro:{job}:learn:counter     Stellaris learner-function slots
@@ -83,15 +84,25 @@ def waves_key(job_id: str, round_index: int) -> str:
     return _key(check_job_id(job_id), "waves", int(round_index))
 
 
-def wave_live_key(job_id: str, round_index: int, wave: int) -> str:
-    """The liveness lease of round k's wave w: present while the scaler runs the wave's invocations."""
-    return waves_key(job_id, round_index) + f":live:{int(wave)}"
+def launches_key(job_id: str, round_index: int) -> str:
+    """Round k's invocation records: invocation id -> running or done, with its result (nitro.launches)."""
+    return _key(check_job_id(job_id), "launches", int(round_index))
 
 
-# A wave's lease is refreshed this often and lapses this long after the last refresh: a few missed
-# refreshes (a slow Redis call, a GC pause) do not end it; a dead scaler's waves stop looking alive soon.
-WAVE_LEASE_REFRESH_S = 2.0
-WAVE_LEASE_TTL_S = 3 * WAVE_LEASE_REFRESH_S
+def launch_owner_key(job_id: str, owner: str) -> str:
+    """The liveness lease of one Launch call (`owner`: a random token): present while it runs invocations."""
+    if not re.fullmatch(r"[0-9a-f]{16,64}", owner):
+        raise ValueError(f"owner must be 16-64 lowercase hex digits, got {owner!r}")
+    return _key(check_job_id(job_id), "launch-owner", owner)
+
+
+# A Launch's lease is refreshed this often and lapses this long after the last refresh: a few missed
+# refreshes (a slow Redis call, a GC pause) do not end it; a dead scaler's launches stop looking alive soon.
+LAUNCH_LEASE_REFRESH_S = 2.0
+LAUNCH_LEASE_TTL_S = 3 * LAUNCH_LEASE_REFRESH_S
+# Invocation records outlive a retried Launch and the resume of a crashed job by far; a day, not the scaler
+# hash's week: a long job writes one record per invocation.
+LAUNCH_RECORD_TTL_S = 24 * 3600
 
 
 def detector_ratios_key(job_id: str) -> str:

@@ -3,7 +3,7 @@
 Life of a job's user `nitro-actor-{job}`:
   created  at the job's first Launch (`ensure`): a random password, stored in the job's scaler hash (so every
            scaler replica hands out the same one), and ACL SETUSER with the job's rules. Every Launch ensures it
-           again (idempotent), and while a Launch runs its job's user is set again every WAVE_LEASE_REFRESH_S
+           again (idempotent), and while a Launch runs its job's user is set again every LAUNCH_LEASE_REFRESH_S
            (`hold`): ACL users live in Redis's memory only, so a restarted Redis has lost them.
   handed   to that job's invocations only, inside their events (nitro.contracts.FunctionCredentials).
   deleted  when the job ends: the learner calls EndJob (`end`: the password first, then the user; Redis closes
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import redis
 
-from nitro.contracts import SCALER_STATE_TTL_S, WAVE_LEASE_REFRESH_S, scaler_state_key
+from nitro.contracts import SCALER_STATE_TTL_S, LAUNCH_LEASE_REFRESH_S, scaler_state_key
 from nitro.data import redis_acl
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ PASSWORD_FIELD = "actor_password"  # in the job's scaler hash (nitro:{job}:scale
 
 
 class ActorUsers:
-    def __init__(self, redis_client, *, refresh_s: float = WAVE_LEASE_REFRESH_S):
+    def __init__(self, redis_client, *, refresh_s: float = LAUNCH_LEASE_REFRESH_S):
         self.redis, self.refresh_s = redis_client, refresh_s
         self._held: Counter[str] = Counter()
         self._lock = threading.Lock()

@@ -25,7 +25,7 @@ from nitro.aws.lambda_report import parse_report
 log = logging.getLogger(__name__)
 
 # AuthenticationError: a restarted Redis has forgotten the job's user until the scaler sets it again
-# (scaler_svc/actor_users.py, every WAVE_LEASE_REFRESH_S while the launch runs).
+# (scaler_svc/actor_users.py, every LAUNCH_LEASE_REFRESH_S while the launch runs).
 RETRYABLE_ERRORS = {"TooManyRequestsException", "Sandbox.Timedout", "Runtime.ExitError", "ServiceException",
                     "RedisUnavailableError", "EndpointConnectionError", "ReadTimeoutError", "ConnectionError",
                     "AuthenticationError"}

@@ -1,9 +1,10 @@
-"""Liveness leases of the waves a scaler is running (nitro.contracts.wave_live_key).
+"""Liveness leases of the Launch calls a scaler is running (nitro.contracts.launch_owner_key).
 
-A resumed learner takes over the waves its predecessor launched and waits for their batches; the lease
-tells it whether anyone still runs them. One daemon thread refreshes every held lease, and only while
-some are held. A scaler that dies stops refreshing, so its leases lapse within the TTL: the learner then
-stops waiting. (On AWS a Lambda may outlive the scaler: its late batch is dropped as stale.)
+An invocation's record names the Launch running it (nitro.launches); its lease tells a retried Launch and a
+resumed learner whether anyone still runs it. One daemon thread refreshes every held lease, and only while
+some are held. A scaler that dies stops refreshing, so its leases lapse within the TTL: its running
+invocations then count as lost. (On AWS a Lambda may outlive the scaler: a batch it sends still counts for
+its round while the round is open, and is dropped as stale after.)
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from contextlib import contextmanager
 
 import redis
 
-from nitro.contracts import WAVE_LEASE_REFRESH_S, WAVE_LEASE_TTL_S
+from nitro.contracts import LAUNCH_LEASE_REFRESH_S, LAUNCH_LEASE_TTL_S
 
 log = logging.getLogger(__name__)
 
 
-class WaveLeases:
-    def __init__(self, redis_client, *, ttl_s: float = WAVE_LEASE_TTL_S, refresh_s: float = WAVE_LEASE_REFRESH_S):
+class LaunchLeases:
+    def __init__(self, redis_client, *, ttl_s: float = LAUNCH_LEASE_TTL_S, refresh_s: float = LAUNCH_LEASE_REFRESH_S):
         self.redis, self.ttl_ms, self.refresh_s = redis_client, max(1, round(ttl_s * 1000)), refresh_s
-        self._held: Counter[str] = Counter()  # a retried Launch may run the same wave twice at once
+        self._held: Counter[str] = Counter()  # a key may be held twice at once
         self._lock = threading.Lock()  # writes happen under it: a released lease is never written again
         self._refresher: threading.Thread | None = None
 
@@ -71,4 +72,4 @@ class WaveLeases:
         try:
             fn()
         except redis.RedisError as exc:
-            log.warning("wave lease %s failed: %s", what, exc)
+            log.warning("launch lease %s failed: %s", what, exc)

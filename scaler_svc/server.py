@@ -18,13 +18,14 @@ import json
 import logging
 import os
 import re
+import secrets
 import threading
 import time
 
 import grpc
 import redis
 
-from nitro import cost
+from nitro import cost, launches
 from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 from nitro.contracts import (
     CREDENTIALS_FIELD,
@@ -46,9 +47,9 @@ from nitro.contracts import (
     invocation_id,
     is_job_id,
     is_learn_key,
+    launch_owner_key,
     learn_prefix,
     scaler_state_key,
-    wave_live_key,
 )
 from nitro.data import codec
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
@@ -64,7 +65,8 @@ from nitro.spec import MAX_ACTORS, MAX_BUDGET_USD, InvalidSpec, env_kwargs_from_
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.actor_users import ActorUsers
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
-from scaler_svc.leases import WaveLeases
+from scaler_svc.launches import LaunchConflict, LaunchRecords
+from scaler_svc.leases import LaunchLeases
 
 log = logging.getLogger("scaler_svc")
 
@@ -164,16 +166,31 @@ def error_fields(o) -> dict:
     return {"error_type": o.error_type, "error_message": o.error_message[:1000]}
 
 
+def result_fields(o, *, cold: bool) -> dict:
+    """An invocation's outcome as nitro.v1.InvocationResult's fields (the response's and the record's)."""
+    return {"invocation_id": o.invocation_id, "ok": o.ok, **error_fields(o), "duration_ms": o.duration_ms,
+            "billed_ms": o.billed_ms, "init_ms": o.init_ms, "attempts": o.attempts, "modelled_ms": o.modelled_ms,
+            "modelled_init_ms": o.measured_init_ms, "modelled_cold": cold}
+
+
+def still_running(invocation_id: str) -> dict:
+    """The result of an invocation that another Launch call still ran when this one had to answer."""
+    return {"invocation_id": invocation_id, "ok": False, "error_type": "Nitro.StillRunning",
+            "error_message": "run by an earlier Launch call with the same ids that had not returned by this call's "
+                             "deadline; not invoked or billed again"}
+
+
 class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
     def __init__(self, redis_client, invoker: Invoker, prices: cost.Prices, actor_redis_url: str,
-                 wave_leases: WaveLeases | None = None, *, hmac_key: bytes | None = None,
-                 actor_users: ActorUsers | None = None):
+                 leases: LaunchLeases | None = None, *, hmac_key: bytes | None = None,
+                 actor_users: ActorUsers | None = None, records: LaunchRecords | None = None):
         """hmac_key: the deployment's master key, from which each invocation's signing key and its job's read key
         are derived (nitro.contracts.function_credentials); without it Launch refuses (Plan and GetCost work)."""
         self.redis, self.invoker, self.prices = redis_client, invoker, prices
         self.actor_redis_url = strip_password(actor_redis_url)  # the job's user and password go in the events
         self.hmac_key = hmac_key
-        self.wave_leases = wave_leases or WaveLeases(redis_client)  # tests pass short TTLs
+        self.leases = leases or LaunchLeases(redis_client)  # tests pass short TTLs
+        self.records = records or LaunchRecords(redis_client)
         self.actor_users = actor_users or ActorUsers(redis_client)
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -359,10 +376,15 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         warm_field, init_field = launch_fields(kind)
         st = self._state(request.job_id, (warm_field, init_field))
         warm = int(st.get(warm_field, 0))
-        cold_ids = {inv.invocation_id for inv in invocations[:cost.cold_invocations(len(invocations), warm)]}
         init_ms = float(st.get(init_field) or self._init_ms.get(request.function_name)
                         or self.prices.lambda_init_ms)
         cloud: dict[str, float] = {}  # invocation id -> modelled seconds
+        results: dict[str, dict] = {}  # invocation id -> its InvocationResult's fields
+        # What each invocation runs: a retried Launch must ask for the same (nitro.launches).
+        fingerprint = launches.fingerprint({f.name: v for f, v in request.ListFields()
+                                            if f.name not in ("deadline_s", "wait", "slots", "actors")})
+        owner = secrets.token_hex(8)
+        cold_ids: set[str] = set()
 
         def account(o):
             nonlocal usd_total, cloud_usd_total
@@ -374,8 +396,12 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             cloud[o.invocation_id] = charge.cloud_seconds
             usd_total += charge.usd
             cloud_usd_total += charge.cloud_usd
+            results[o.invocation_id] = result_fields(o, cold=o.invocation_id in cold_ids)
             pipe = self.redis.pipeline(transaction=False)
             add_charge(pipe, key, charge)
+            self.records.finished(pipe, request.job_id, request.round, o.invocation_id, launches.InvocationRecord(
+                launches.DONE, fingerprint, owner, results[o.invocation_id], usd=charge.usd,
+                cloud_usd=charge.cloud_usd, cloud_seconds=charge.cloud_seconds))
             if o.measured_init_ms > 0:
                 pipe.hset(key, init_field, o.measured_init_ms)
                 self._init_ms[request.function_name] = o.measured_init_ms
@@ -393,36 +419,47 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                     self._in_flight -= 1
                     metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
 
-        if actors:
-            with self._lock:
-                self._in_flight += len(invocations)
-                metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
         t0 = time.perf_counter()
-        with (metrics.SCALER_LAUNCH_SECONDS.labels(kind).time(), self._running(request, kind),
-              self.actor_users.hold(request.job_id)):
-            outcomes, dispatch = self.invoker.invoke_all(request.function_name, invocations, request.deadline_s,
+        # The lease of this call is held before its invocations are claimed: a running record always has a live
+        # owner until the owner dies, and the owner writes every outcome before it lets go.
+        with (metrics.SCALER_LAUNCH_SECONDS.labels(kind).time(),
+              self.leases.hold(launch_owner_key(request.job_id, owner)), self.actor_users.hold(request.job_id)):
+            try:
+                mine, recorded = self.records.claim(request.job_id, request.round,
+                                                    [inv.invocation_id for inv in invocations], fingerprint, owner)
+            except LaunchConflict as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"slots/wave: {exc}")
+            claimed = set(mine)
+            new = [inv for inv in invocations if inv.invocation_id in claimed]
+            cold_ids = {inv.invocation_id for inv in new[:cost.cold_invocations(len(new), warm)]}
+            if actors:
+                with self._lock:
+                    self._in_flight += len(new)
+                    metrics.ACTORS_IN_FLIGHT.set(self._in_flight)
+            outcomes, dispatch = self.invoker.invoke_all(request.function_name, new, request.deadline_s,
                                                           on_done=account)
-        # Only invocations that ran leave a sandbox behind (a throttled or refused one never started).
-        self.redis.hset(key, warm_field, max(warm, sum(o.requests > 0 for o in outcomes)))
-        cloud_seconds = max(cloud.values(), default=0.0)
+            # A retried Launch: what an earlier call with the same ids ran, once it is done (or lost).
+            remaining = context.time_remaining()  # None: the caller set no deadline
+            wait_s = request.deadline_s if remaining is None else min(request.deadline_s, remaining - 1.0)
+            recorded = self.records.wait(request.job_id, request.round, recorded,
+                                         until=time.monotonic() + max(0.0, wait_s))
+        if recorded:
+            log.info("Launch of job %s round %d: %d of %d invocation(s) answered from the record of an earlier call "
+                     "(not invoked or billed again)", request.job_id, request.round, len(recorded), len(invocations))
+        for inv_id, r in recorded.items():
+            results[inv_id] = r.result if r.done else still_running(inv_id)
+            cloud[inv_id] = r.cloud_seconds
+            usd_total += r.usd
+            cloud_usd_total += r.cloud_usd
+        if new:  # only invocations that ran leave a sandbox behind (a throttled or refused one never started)
+            self.redis.hset(key, warm_field, max(warm, sum(o.requests > 0 for o in outcomes)))
+        ordered = [scaler_pb2.InvocationResult(**results[inv.invocation_id]) for inv in invocations]
         return scaler_pb2.LaunchResponse(
-            launched=len(invocations), succeeded=sum(o.ok for o in outcomes),
-            failed=sum(not o.ok for o in outcomes), cost_usd=usd_total, seconds=time.perf_counter() - t0,
-            retries=sum(o.attempts - 1 for o in outcomes), dispatch_seconds=dispatch,
-            cloud_seconds=cloud_seconds, cloud_cost_usd=cloud_usd_total,
-            invocations=[scaler_pb2.InvocationResult(
-                invocation_id=o.invocation_id, ok=o.ok, **error_fields(o),
-                duration_ms=o.duration_ms, billed_ms=o.billed_ms, init_ms=o.init_ms, attempts=o.attempts,
-                modelled_ms=o.modelled_ms, modelled_init_ms=o.measured_init_ms,
-                modelled_cold=o.invocation_id in cold_ids)
-                for o in outcomes])
-
-    def _running(self, request, kind: str):
-        """An actor wave's liveness lease while its invocations run: a resumed learner that took the wave over
-        waits for its batches only while it is alive. Learner functions have none: nobody takes them over."""
-        if kind != "actor":
-            return contextlib.nullcontext()
-        return self.wave_leases.hold(wave_live_key(request.job_id, request.round, request.wave))
+            launched=len(invocations), succeeded=sum(r.ok for r in ordered),
+            failed=sum(not r.ok for r in ordered), cost_usd=usd_total, seconds=time.perf_counter() - t0,
+            retries=sum(max(0, r.attempts - 1) for r in ordered), dispatch_seconds=dispatch,
+            cloud_seconds=max(cloud.values(), default=0.0), cloud_cost_usd=cloud_usd_total,
+            invocations=ordered, recorded=len(recorded))
 
     def EndJob(self, request, context):
         """The job ended: delete its functions' Redis user and password (a resume's Launch makes new ones)."""

@@ -51,18 +51,22 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
 
 
 def wait_for_wave(r: redis.Redis, job_id: str, round_index: int, timeout_s: float = 120) -> None:
-    """Until the scaler runs round `round_index`'s first wave (its liveness lease): the job is mid-round, which a
-    fixed sleep cannot promise on a machine of unknown speed."""
-    from nitro.contracts import wave_live_key
+    """Until the scaler runs round `round_index`'s actors (an invocation recorded running): the job is mid-round,
+    which a fixed sleep cannot promise on a machine of unknown speed."""
+    from nitro import launches
+    from nitro.contracts import launches_key
 
-    wait_until(lambda: r.exists(wave_live_key(job_id, round_index, 0)), timeout_s,
-               f"round {round_index}'s actors running", poll_s=0.01)
+    def running() -> bool:
+        records = launches.decode_all(r.hgetall(launches_key(job_id, round_index)))
+        return any(not rec.done for rec in records.values())
+
+    wait_until(running, timeout_s, f"round {round_index}'s actors running", poll_s=0.01)
 
 
 def wait_for_launch(r: redis.Redis, job_id: str, round_index: int, timeout_s: float = 120) -> None:
-    """Until the learner has launched (or is launching) round `round_index`: its wave counter exists. Unlike
-    the wave's liveness lease this record stays after the actors return, so a short wave cannot slip by
-    unseen; wait_for_wave is for a test that needs the actors still running."""
+    """Until the learner has launched (or is launching) round `round_index`: its wave counter exists. It is
+    written before the Launch call, so a short wave cannot slip by unseen; wait_for_wave is for a test that needs
+    the actors still running."""
     from nitro.contracts import waves_key
 
     wait_until(lambda: r.exists(waves_key(job_id, round_index)), timeout_s, f"round {round_index}'s launch",

@@ -15,11 +15,12 @@ def echo(event, context):
 
 
 def sleep(event, context):
-    """Sleeps event["seconds"]; with event["started"] (a path) it first creates that file, so a test can
-    act while the invocation is known to be running rather than after a guessed delay."""
+    """Sleeps event["seconds"]; with event["started"] (a path) it first creates that file and writes its pid
+    there, so a test can act while the invocation is known to be running rather than after a guessed delay."""
     seconds = float(event.get("seconds", 0))
     if event.get("started"):
-        open(event["started"], "x").close()
+        with open(event["started"], "x") as f:
+            f.write(str(os.getpid()))
     time.sleep(seconds)
     return {"slept": seconds, "pid": os.getpid()}
 

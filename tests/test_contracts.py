@@ -20,7 +20,8 @@ def test_key_layout():
     assert c.seen_key("j") == "nitro:j:seen"
     assert c.sample_key("j", 3) == "nitro:j:sample:3"
     assert c.waves_key("j", 3) == "nitro:j:waves:3"
-    assert c.wave_live_key("j", 3, 1) == "nitro:j:waves:3:live:1"
+    assert c.launches_key("j", 3) == "nitro:j:launches:3"
+    assert c.launch_owner_key("j", "0123456789abcdef") == "nitro:j:launch-owner:0123456789abcdef"
     assert c.detector_ratios_key("j") == "nitro:j:detector:ratios"
     assert c.scaler_state_key("j") == "nitro:j:scaler"
     assert c.learn_counter_key("j") == "nitro:j:learn:counter"
@@ -36,7 +37,7 @@ def test_a_jobs_acl_patterns_cover_exactly_what_its_functions_touch_of_that_job_
     assert allowed(c.stream_key(job)) and allowed(c.policy_key(job, 1)) and allowed(c.latest_policy_key(job))
     assert allowed(c.parcel_key(job, "i")) and allowed(c.update_stream_key(job)) and allowed(c.staleness_record_key(job))
     for private in (c.seen_key(job), c.scaler_state_key(job), c.sample_key(job, 0), c.detector_ratios_key(job),
-                    c.wave_live_key(job, 0, 0), c.learn_counter_key(job).replace(":learn:", ":other:")):
+                    c.launches_key(job, 0), c.learn_counter_key(job).replace(":learn:", ":other:")):
         assert not allowed(private), private
         assert fnmatch.fnmatchcase(private, c.ALL_KEYS_PATTERN)
     if other != job:  # nothing of another job, whatever the two ids (job ids hold no glob character)

@@ -68,6 +68,9 @@ def service(server):
 
 
 class _Context:
+    def time_remaining(self):  # no deadline, as a call without one
+        return None
+
     def abort(self, code, details):
         raise AssertionError(f"{code}: {details}")
 
@@ -235,6 +238,9 @@ def test_a_scaler_that_may_not_create_users_refuses_to_launch_and_says_why(serve
         pass
 
     class Context:
+        def time_remaining(self):  # no deadline, as a call without one
+            return None
+
         def abort(self, code, details):
             raise Refused(code, details)
 

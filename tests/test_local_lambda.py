@@ -193,6 +193,9 @@ def test_a_launch_whose_invocations_were_all_throttled_bills_nothing_and_warms_n
     from scaler_svc.server import ScalerServicer
 
     class Context:
+        def time_remaining(self):  # no deadline, as a call without one
+            return None
+
         def abort(self, code, details):
             raise AssertionError(details)
 
@@ -205,8 +208,11 @@ def test_a_launch_whose_invocations_were_all_throttled_bills_nothing_and_warms_n
     state = redis_client.hgetall(scaler_state_key("thr"))
     assert int(state.get(b"warm_sandboxes:actor", 0)) == 0  # nothing ran, nothing stays warm
     assert int(state.get(b"invocations", 0)) == 0 and float(state.get(b"cloud_actor_cost_usd", 0)) == 0.0
-    resp = svc.Launch(launch, Context())  # the slots are free again: both run (the handler ignores the event)
-    assert (resp.launched, resp.failed) == (2, 0) and resp.cost_usd > 0
+    again = svc.Launch(launch, Context())  # the same ids again: a retry, answered from the record
+    assert (again.recorded, again.failed, again.cost_usd) == (2, 2, 0.0)
+    launch.wave = 1  # a replacement wave: the slots are free again, both run (the handler ignores the event)
+    resp = svc.Launch(launch, Context())
+    assert (resp.launched, resp.failed, resp.recorded) == (2, 0, 0) and resp.cost_usd > 0
     state = redis_client.hgetall(scaler_state_key("thr"))
     assert int(state[b"warm_sandboxes:actor"]) == 2 and int(state[b"invocations"]) == 2
 
@@ -307,3 +313,38 @@ def test_cli_prints_url_and_stops_on_sigterm():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def process_alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_an_endpoint_that_dies_takes_its_running_workers_with_it(tmp_path):
+    """Issue 41: an orphaned worker would finish its invocation for a caller that saw it fail (and retries or
+    replaces it): its batch would reach a round that no longer waits for it, paid twice."""
+    started = tmp_path / "started"
+    ll = LocalLambda([FunctionConfig("victim", H + "sleep", max_workers=1)]).start()
+    try:
+        c = make_client(ll.endpoint_url)
+        with ThreadPoolExecutor(1) as ex:
+            call = ex.submit(invoke, c, "victim", {"seconds": 60, "started": str(started)})
+            deadline = time.monotonic() + 30
+            while not (started.exists() and started.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            worker = int(started.read_text())
+            assert process_alive(worker)
+            os.kill(ll.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while process_alive(worker) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not process_alive(worker), "the worker ran on after its endpoint died"
+            with pytest.raises(Exception):  # the caller sees the invocation fail (and may retry it)
+                call.result(timeout=30)
+    finally:
+        ll.stop()

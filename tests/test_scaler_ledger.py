@@ -22,6 +22,9 @@ class Aborted(Exception):
 
 
 class Context:
+    def time_remaining(self):  # no deadline, as a call without one
+        return None
+
     def abort(self, code, details):
         raise Aborted(code, details)
 

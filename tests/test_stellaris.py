@@ -714,6 +714,9 @@ class _Abort(Exception):
 
 
 class _Context:
+    def time_remaining(self):  # no deadline, as a call without one
+        return None
+
     def abort(self, code, details):
         raise _Abort(code, details)
 

@@ -140,7 +140,7 @@ class InvocationResult(_message.Message):
     def __init__(self, invocation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., duration_ms: _Optional[float] = ..., billed_ms: _Optional[int] = ..., init_ms: _Optional[float] = ..., attempts: _Optional[int] = ..., modelled_ms: _Optional[float] = ..., modelled_init_ms: _Optional[float] = ..., modelled_cold: _Optional[bool] = ...) -> None: ...
 
 class LaunchResponse(_message.Message):
-    __slots__ = ("launched", "succeeded", "failed", "invocations", "cost_usd", "seconds", "retries", "dispatch_seconds", "cloud_seconds", "cloud_cost_usd")
+    __slots__ = ("launched", "succeeded", "failed", "invocations", "cost_usd", "seconds", "retries", "dispatch_seconds", "cloud_seconds", "cloud_cost_usd", "recorded")
     LAUNCHED_FIELD_NUMBER: _ClassVar[int]
     SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,7 @@ class LaunchResponse(_message.Message):
     DISPATCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CLOUD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CLOUD_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
     launched: int
     succeeded: int
     failed: int
@@ -161,7 +162,8 @@ class LaunchResponse(_message.Message):
     dispatch_seconds: float
     cloud_seconds: float
     cloud_cost_usd: float
-    def __init__(self, launched: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., invocations: _Optional[_Iterable[_Union[InvocationResult, _Mapping]]] = ..., cost_usd: _Optional[float] = ..., seconds: _Optional[float] = ..., retries: _Optional[int] = ..., dispatch_seconds: _Optional[float] = ..., cloud_seconds: _Optional[float] = ..., cloud_cost_usd: _Optional[float] = ...) -> None: ...
+    recorded: int
+    def __init__(self, launched: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., invocations: _Optional[_Iterable[_Union[InvocationResult, _Mapping]]] = ..., cost_usd: _Optional[float] = ..., seconds: _Optional[float] = ..., retries: _Optional[int] = ..., dispatch_seconds: _Optional[float] = ..., cloud_seconds: _Optional[float] = ..., cloud_cost_usd: _Optional[float] = ..., recorded: _Optional[int] = ...) -> None: ...
 
 class GetCostRequest(_message.Message):
     __slots__ = ("job_id",)

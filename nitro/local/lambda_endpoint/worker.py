@@ -6,12 +6,15 @@ Started by the endpoint as `python -m nitro.local.lambda_endpoint.worker IN_FD O
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import io
 import json
 import os
 import resource
+import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -107,6 +110,31 @@ def _invoke(handler, cfg: dict, msg: tuple) -> tuple:
     return (protocol.RESULT, status, body, duration_ms, _max_memory_mb(), output)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_POLL_S = 0.5
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this worker when the endpoint that started it ends.
+
+    An orphaned worker would run its invocation on: its batch would reach a round that no longer waits for it,
+    and the caller, which saw the invocation fail, would retry or replace it, paying twice for one slot. On
+    Linux the kernel kills the worker with its parent (PR_SET_PDEATHSIG); elsewhere a thread polls the parent.
+    A parent that died before this ran is caught by the pid check."""
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):
+        def watch() -> None:
+            while os.getppid() == parent_pid:
+                time.sleep(PARENT_POLL_S)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def _load_handler(spec: str):
     module_name, _, func_name = spec.rpartition(".")
     try:
@@ -121,6 +149,8 @@ def _load_handler(spec: str):
 
 def main(argv: list[str]) -> int:
     in_fd, out_fd, cfg = int(argv[0]), int(argv[1]), json.loads(argv[2])
+    if cfg.get("parent_pid"):
+        die_with_parent(int(cfg["parent_pid"]))
     os.environ.update({
         "AWS_LAMBDA_FUNCTION_NAME": cfg["name"],
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(cfg["memory_mb"]),

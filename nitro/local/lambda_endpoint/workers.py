@@ -70,7 +70,8 @@ class Worker:
         t0 = time.perf_counter()
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        cfg = json.dumps({"name": self.cfg.name, "handler": self.cfg.handler, "memory_mb": self.cfg.memory_mb})
+        cfg = json.dumps({"name": self.cfg.name, "handler": self.cfg.handler, "memory_mb": self.cfg.memory_mb,
+                          "parent_pid": os.getpid()})  # the worker dies with the endpoint (worker.die_with_parent)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "nitro.local.lambda_endpoint.worker", str(to_worker_r), str(from_worker_w), cfg,
