@@ -4,7 +4,8 @@ A spec file holds the dict NitroClient.start_training takes: keys are
 TrainingSpec field names; "scaler" is a dict of scaler settings or a policy
 string ("nitro", "fixed:16"); "stellaris" a dict; "hyperparameters" a dict of
 numeric overrides; "hidden_sizes" a list of widths; "env_kwargs" a dict. An
-unknown key fails at any level, naming the key and the allowed ones. Fields
+unknown key fails at any level, naming the key and the closest allowed ones
+("did you mean 'budget_usd'?"), or all of them when none is close. Fields
 the file leaves out take the server's defaults; flags given with the file
 override it (`merge`). A relative scaler.scheduler path is relative to the file.
 """
@@ -12,6 +13,7 @@ override it (`merge`). A relative scaler.scheduler path is relative to the file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -128,7 +130,20 @@ def check_keys(spec: Mapping, where: str = "") -> None:
 def _known(mapping: Mapping, allowed, prefix: str, where: str) -> None:
     unknown = sorted((k for k in mapping if k not in allowed), key=str)
     if unknown:
+        close = close_keys(unknown[0], allowed)
+        if close:
+            raise InvalidSpec(f"{prefix}{unknown[0]}", f"unknown key{where}; did you mean "
+                                                       f"{' or '.join(repr(k) for k in close)}?")
         raise InvalidSpec(f"{prefix}{unknown[0]}", f"unknown key{where}; allowed: {sorted(allowed)}")
+
+
+def close_keys(key, allowed, n: int = 3) -> list[str]:
+    """The allowed keys closest to a misspelt one (difflib), best first: 'budget' -> budget_usd, budget_clock.
+    A flag's spelling counts as its key's ('steps-per-actor' is steps_per_actor)."""
+    spelled = str(key).strip().lower().replace("-", "_")
+    if spelled in allowed:
+        return [spelled]
+    return difflib.get_close_matches(spelled, [str(a) for a in allowed], n=n, cutoff=0.6)
 
 
 def _algo_of(spec: Mapping) -> str:

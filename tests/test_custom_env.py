@@ -65,6 +65,44 @@ def test_nitro_train_local_trains_the_example_module(tmp_path):
     assert (results / "checkpoint.pt").is_file()
 
 
+def test_a_running_learner_names_its_own_nitro_env_modules_not_the_shells(tmp_path):
+    """The new user's trap: `nitro up` started without NITRO_ENV_MODULES, then the variable set in the shell
+    that submits the job. The learner refuses the id, and must say that its environment (the one `nitro up`
+    started with) is what counts, and how to change it; the shell's value is not the learner's."""
+    nitro = shutil.which("nitro", path=str(Path(sys.executable).parent))
+    cmd = [nitro] if nitro else [sys.executable, "-m", "nitro.client.cli"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NITRO_")}
+    state = str(tmp_path / "state")
+    up = subprocess.run([*cmd, "up", "--state-dir", state, "--concurrency", "1"], env=env, capture_output=True,
+                        text=True, timeout=200)
+    try:
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        shell = {**env, "PYTHONPATH": str(EXAMPLE), "NITRO_ENV_MODULES": "line_walk"}
+        proc = subprocess.run([*cmd, "train", "--local", "--state-dir", state, "--env", LINE_WALK, "--rounds", "1",
+                               "--no-progress"], env=shell, capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run([*cmd, "down", "--state-dir", state], env=env, capture_output=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    err = proc.stderr
+    assert "INVALID_ARGUMENT" in err and "module 'line_walk' is not in the learner's NITRO_ENV_MODULES" in err
+    assert "(it is unset there;" in err  # the learner's value, not the shell's 'line_walk'
+    assert "not the one of the shell that submitted the job" in err
+    assert "`nitro down`" in err and "`NITRO_ENV_MODULES=line_walk nitro up`" in err
+
+
+def test_outside_a_service_the_message_says_where_the_variable_counts(monkeypatch):
+    from nitro.errors import UnknownEnvironmentError
+    from nitro.policy.envs import resolve_env_id
+
+    monkeypatch.setenv("NITRO_ENV_MODULES", "other_pkg, more")
+    with pytest.raises(UnknownEnvironmentError) as exc:
+        resolve_env_id("nitro_never_imported:Env-v0")
+    msg = str(exc.value)
+    assert "module 'nitro_never_imported' is not in NITRO_ENV_MODULES (it is 'other_pkg,more' in this process" in msg
+    assert "set NITRO_ENV_MODULES=nitro_never_imported in this shell" in msg
+    assert "for a job on a running system, in the learner's and the actors' environment" in msg and "nitro up" in msg
+
+
 def test_the_example_renders_and_honours_its_keyword_arguments(allowed):
     from nitro.policy.envs import make_env
 

@@ -167,7 +167,7 @@ def test_mp4_of_real_cartpole_frames_is_h264_through_imageio_ffmpeg(checkpoint, 
     frames, fourcc = read_video(path)
     assert fourcc.lower() in ("avc1", "h264") and len(frames) == result.video_frames
     # The first frame is CartPole's first observation as gymnasium draws it (up to compression and the
-    # encoder's padding of the width to a multiple of 16: 600 -> 608).
+    # writer's padding of the width to a multiple of 16: 600 -> 608, the picture itself in the first 600).
     env = gym.make("CartPole-v1", render_mode="rgb_array")
     env.reset(seed=0)
     drawn = env.render()

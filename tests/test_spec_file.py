@@ -92,7 +92,32 @@ def test_unknown_or_misplaced_keys_are_named_with_the_allowed_ones(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: INVALID_ARGUMENT: {field}: ") and path in err
     if "unknown key" in err:
-        assert "allowed: [" in err
+        assert "did you mean '" in err or "allowed: [" in err
+
+
+@pytest.mark.parametrize("key,suggested", [
+    ("budget", "did you mean 'budget_usd' or 'budget_clock'?"),  # the flag's name, --budget
+    ("roundz", "did you mean 'rounds'?"),
+    ("steps-per-actor", "did you mean 'steps_per_actor'?"),  # a flag's spelling
+    ("env", "did you mean 'env_id'?"),
+])
+def test_a_misspelt_key_gets_the_closest_valid_ones(tmp_path, capsys, key, suggested):
+    path = write(tmp_path, "spec.yaml", f"env_id: CartPole-v1\n{key}: 2\n")
+    assert cli.main(["train", "--config", path, "--target", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: INVALID_ARGUMENT: {key}: unknown key in {path}; {suggested}"
+
+
+def test_nested_misspelt_keys_get_suggestions_and_a_far_one_the_allowed_list(tmp_path):
+    with pytest.raises(InvalidSpec, match=r"unknown key in .*; did you mean 'i_min'\?") as exc:
+        spec_file.load(write(tmp_path, "a.yaml", "env_id: CartPole-v1\nscaler: {policy: nitro, imin: 2}\n"))
+    assert exc.value.field == "scaler.imin"
+    with pytest.raises(InvalidSpec, match=r"did you mean 'entropy_coeff'\?"):
+        spec_file.load(write(tmp_path, "b.yaml", "env_id: CartPole-v1\nhyperparameters: {entropy_coef: 0.1}\n"))
+    with pytest.raises(InvalidSpec) as exc:
+        spec_file.load(write(tmp_path, "c.yaml", "env_id: CartPole-v1\nzzqq: 1\n"))
+    assert "did you mean" not in str(exc.value)
+    assert f"allowed: {sorted(spec_file.SPEC_FIELDS)}" in str(exc.value)
 
 
 def test_unknown_hyperparameter_from_a_flag_is_named_before_anything_is_sent(capsys):

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import importlib
 import os
+import sys
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -48,9 +49,46 @@ def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
+def _allowed_modules() -> list[str]:
+    return [m.strip() for m in os.environ.get("NITRO_ENV_MODULES", "").split(",") if m.strip()]
+
+
 def _module_allowed(module: str) -> bool:
-    allowed = [m.strip() for m in os.environ.get("NITRO_ENV_MODULES", "").split(",") if m.strip()]
-    return bool(module) and any(module == m or module.startswith(m + ".") for m in allowed)
+    return bool(module) and any(module == m or module.startswith(m + ".") for m in _allowed_modules())
+
+
+def _this_service() -> str:
+    """"the learner" or "this actor" in the processes of those services, told by the module they run as
+    (`python -m learner_svc`; the local Lambda endpoint's workers, AWS Lambda's Python runtime), else "" (a
+    command in the user's shell, or the SDK in a program)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", "") or ""
+    if name.split(".")[0] == "learner_svc":
+        return "the learner"
+    if name.startswith("nitro.local.lambda_endpoint") or name.split(".")[0] == "awslambdaric":
+        return "this actor"
+    return ""
+
+
+def not_allowed_hint(module: str) -> str:
+    """Why `module` is refused, naming whose NITRO_ENV_MODULES counts and how to change it. The variable is
+    read by the process that resolves the id: for a job, the learner (and every actor), which took its
+    environment from the shell that ran `nitro up`, not from the shell that submits the job."""
+    allowed = _allowed_modules()
+    value = f"it is {','.join(allowed)!r}" if allowed else "it is unset"
+    service = _this_service()
+    if service:
+        return (f"module {module!r} is not in {service}'s NITRO_ENV_MODULES ({value} there; comma-separated "
+                f"modules allowed for 'module:EnvId' ids). The learner's and the actors' environment counts, not "
+                f"the one of the shell that submitted the job: the local system's services keep the environment "
+                f"they were started with (`nitro up`'s), so stop it with `nitro down` and start it again with "
+                f"`NITRO_ENV_MODULES={module} nitro up` (the module on its PYTHONPATH); deployed, set it in the "
+                f"learner's and the actors' images or environment (docs/custom-envs.md)")
+    return (f"module {module!r} is not in NITRO_ENV_MODULES ({value} in this process; comma-separated modules "
+            f"allowed for 'module:EnvId' ids). It counts where the id is resolved: here for `nitro check-env`, "
+            f"`nitro eval` and a `nitro train --local` that starts its own system (set NITRO_ENV_MODULES={module} "
+            f"in this shell); for a job on a running system, in the learner's and the actors' environment, the "
+            f"one `nitro up` started with (stop it with `nitro down` and start it again with the variable set)")
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -62,8 +100,7 @@ def resolve_env_id(env_id: str) -> str:
         if not _module_allowed(module):
             # Importing runs the module's code on the learner and on every actor: only what the
             # operator allowed. An id from a request must never pick arbitrary installed code.
-            raise UnknownEnvironmentError(env_id, hint=f"module {module!r} is not in NITRO_ENV_MODULES "
-                                                       f"(comma-separated modules allowed for 'module:EnvId' ids)")
+            raise UnknownEnvironmentError(env_id, hint=not_allowed_hint(module))
         try:
             importlib.import_module(module)
         except (ImportError, ValueError, TypeError) as exc:

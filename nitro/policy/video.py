@@ -2,7 +2,9 @@
 
 GIF goes through imageio (Pillow). MP4 goes through imageio when imageio-ffmpeg is installed
 (H.264); without it, through OpenCV's writer, a pinned dependency (MPEG-4 Part 2, "mp4v": plays in
-VLC, ffplay and most desktop players, not in every browser).
+VLC, ffplay and most desktop players, not in every browser). H.264 frames are padded here to a
+multiple of 16 pixels each way (the codec's macro block), repeating the edge pixels at the right and
+the bottom, rather than left for imageio to stretch with a warning (CartPole's 600x400 becomes 608x400).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from nitro.errors import ConfigError
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
 GIF_MAX_FPS = 50  # GIF delays count in 1/100 s, and viewers slow shorter delays down to 1/10 s
+MACRO_BLOCK = 16  # H.264's block size: frames whose sides are multiples of it play everywhere
 
 
 def check_video_path(path: str) -> Path:
@@ -44,6 +47,16 @@ def gif_timing(fps: float) -> tuple[int, float]:
     return step, 100.0 / max(2, round(100.0 * step / fps))
 
 
+def pad_to_block(frame: np.ndarray, block: int = MACRO_BLOCK) -> np.ndarray:
+    """The frame grown to a multiple of `block` in height and width by repeating its bottom row and right
+    column (no new colour at the border, and the picture itself untouched at its top-left)."""
+    height, width = frame.shape[:2]
+    extra = (-height % block, -width % block)
+    if not any(extra):
+        return frame
+    return np.pad(frame, ((0, extra[0]), (0, extra[1]), (0, 0)), mode="edge")
+
+
 class VideoWriter:
     """`append(frame)` per (H, W, 3) uint8 frame, then `close()` (or use it as a context manager)."""
 
@@ -55,6 +68,7 @@ class VideoWriter:
         self.step, self.fps = gif_timing(fps) if self.gif else (1, fps)
         self._imageio = None
         self._opencv = None
+        self._pad = False  # to MACRO_BLOCK (imageio's mp4)
         if self.gif:
             import imageio
 
@@ -62,7 +76,8 @@ class VideoWriter:
         elif importlib.util.find_spec("imageio_ffmpeg"):
             import imageio
 
-            self._imageio = imageio.get_writer(self.path, fps=self.fps)
+            self._imageio = imageio.get_writer(self.path, fps=self.fps, macro_block_size=MACRO_BLOCK)
+            self._pad = True
 
     def append(self, frame: np.ndarray) -> None:
         frame = np.asarray(frame)
@@ -72,7 +87,7 @@ class VideoWriter:
         if (self.frames - 1) % self.step:
             return
         if self._imageio is not None:
-            self._imageio.append_data(frame)
+            self._imageio.append_data(pad_to_block(frame) if self._pad else frame)
             return
         import cv2
 

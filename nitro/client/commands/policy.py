@@ -12,7 +12,8 @@ def add_eval(sub) -> None:
     p = sub.add_parser("eval", help="run deterministic episodes with a trained policy: mean, IQM and a 95%% CI",
                        description="Load a checkpoint (checkpoint.pt, best.pt) or an export directory and run "
                                    "deterministic episodes, episode i on seed S+i, as the learner evaluates. "
-                                   "Prints the mean return and the interquartile mean with a 95% bootstrap CI; "
+                                   "Prints the mean return and the interquartile mean with a 95% bootstrap CI "
+                                   "(none for a single episode); "
                                    "exit code 2 for a missing or unreadable policy, an environment whose spaces "
                                    "do not fit it, or bad flags.")
     p.add_argument("policy", metavar="CHECKPOINT", help="checkpoint.pt, best.pt, or a directory from `nitro export`")
@@ -54,8 +55,11 @@ def cmd_eval(args) -> int:
     print(f"episodes  {len(result.returns)} on {result.env_id}, seeds {last}, deterministic", file=out)
     print(f"return    mean {doc['mean']:.2f} (std {doc['std']:.2f}, min {doc['min']:.2f}, max {doc['max']:.2f})",
           file=out)
-    low, high = result.iqm_ci95
-    print(f"IQM       {result.iqm:.2f}, 95% CI [{low:.2f}, {high:.2f}] ({result.ci_method})", file=out)
+    if result.iqm_ci95 is None:  # one episode: no interval to give
+        print(f"IQM       {result.iqm:.2f} ({result.ci_method})", file=out)
+    else:
+        low, high = result.iqm_ci95
+        print(f"IQM       {result.iqm:.2f}, 95% CI [{low:.2f}, {high:.2f}] ({result.ci_method})", file=out)
     if result.video:
         print(f"video     {result.video}: episode 0 (seed {result.seed}), {result.video_frames} frames", file=out)
     if args.json:
