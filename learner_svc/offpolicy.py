@@ -89,7 +89,7 @@ class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         update_s = 0.0
         while not self.round_closed(rnd) and not self.job.stop_requested.is_set():
-            rnd.poll(self.job.job_id, notes)
+            rnd.poll(notes)
             entries = self.redis_call(lambda: self.reader.read(*PIPELINED_READ), "stream read")
             fresh = []
             for e in entries:
@@ -98,7 +98,7 @@ class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
                 acc.lags.append(lag)
                 fresh.append(e.batch)
                 if e.round == rnd.k:
-                    rnd.covers(e.invocation_id, self.job.job_id)
+                    rnd.covers(e)
                     rnd.steps += e.steps
                 else:  # a straggler of an earlier round, or of a round launched before a resume: still good data
                     acc.late += 1
@@ -117,7 +117,7 @@ class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
                     self._update(replayed, acc, replay=True)
                     update_s += time.perf_counter() - t_u
                     acc.replay_credit -= 1
-        rnd.poll(self.job.job_id, notes)
+        rnd.poll(notes)
         wall = time.perf_counter() - t0
         ingest = self.reader.processing_seconds - processed_before
         metrics.observe_phase("update", update_s, phases)

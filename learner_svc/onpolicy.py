@@ -41,6 +41,7 @@ from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, 
 from learner_svc.learner import GradientLearner
 from learner_svc.reporting import DIAGNOSTICS
 from learner_svc.rounds import End, RoundLoop, succeeded
+from learner_svc.slots import ActorSlots
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import NOISE_EMA, invocation_id
@@ -163,11 +164,9 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         out = Collected(batches=[], launched=actors)
         spec = self.spec
         expected_steps = actors * spec.steps_per_actor
-        slot_of: dict[str, int] = {}
+        round_slots = ActorSlots(self.job.job_id, k, actors, ids={})  # the ids of the waves launched or taken over
+        covered = round_slots.covered  # slots whose whole batch (every part) arrived
         batches: dict[str, dict] = {}  # dedup id -> batch: every in-version batch (or part) of this round is used
-        parts_seen: dict[str, set[int]] = {}
-        parts_total: dict[str, int] = {}
-        covered: set[int] = set()
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ack_seconds, dispatch = self.reader.processing_seconds, 0.0, 0.0
         slots, failed_total = list(range(actors)), set()
@@ -175,15 +174,14 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         while True:
             if inherited is not None:  # every slot is out already; no response will come for them
                 taken, inherited, fut = inherited, None, None
-                slot_of.update(taken.slot_of)
+                round_slots.ids.update(taken.slot_of)
                 label = f"the {taken.count} wave(s) launched before the learner restarted"
                 out.waves += 1  # as the round's planned launch: its shortfall still gets replacement waves
                 wave_deadline = taken.deadline()
             else:
                 taken = None
                 wave = self.new_wave(k)  # ids are never reused within a round, across restarts too
-                for s in slots:
-                    slot_of[invocation_id(self.job.job_id, k, s, wave)] = s
+                round_slots.expect(slots, wave)
                 out.waves += 1
                 fut = self.pool.submit(self.launch, k, slots, wave)
                 label = f"wave {wave}"
@@ -205,7 +203,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                     out.notes += [note for note in map(retry_note, resp.invocations) if note]
                     for r in resp.invocations:
                         if not r.ok:
-                            failed.add(slot_of[r.invocation_id])
+                            if (slot := round_slots.slot(r.invocation_id)) is not None:
+                                failed.add(slot)
                             out.notes.append(failure_note(r))
                 waiting = set(slots) - covered
                 if not waiting:
@@ -219,16 +218,12 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                 drop = []
                 for e in entries:
                     # Only this round's launched invocations count (the reader verified the batch with its key).
-                    slot = slot_of.get(e.invocation_id)
-                    if e.round == k and e.policy_version == self.version and slot is not None \
-                            and e.dedup_id not in batches:
+                    if e.round == k and e.policy_version == self.version \
+                            and round_slots.slot(e.invocation_id) is not None and e.dedup_id not in batches:
                         # Kept entries stay unacked until the round's commit (RoundLoop.commit).
                         batches[e.dedup_id] = e.batch
                         out.entries.append(e)
-                        parts_seen.setdefault(e.invocation_id, set()).add(e.part)
-                        parts_total[e.invocation_id] = e.parts
-                        if len(parts_seen[e.invocation_id]) == e.parts:  # a split batch covers its slot whole
-                            covered.add(slot)
+                        round_slots.arrived(e.invocation_id, e.part, e.parts)  # whole once every part is in
                     elif e.dedup_id in batches:
                         out.duplicates += 1
                         drop.append(e)
@@ -283,7 +278,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         cloud["sample"] = cloud.get("sample", 0.0) + out.cloud_seconds
         cloud["ingest"] = cloud.get("ingest", 0.0) + max(0.0, critical_path_cpu_seconds() - cpu0)
         out.batches = [batches[i] for i in sorted(batches)]
-        out.completed = sum(1 for inv, seen in parts_seen.items() if len(seen) == parts_total[inv])
+        out.completed = round_slots.completed
         return out
 
     def _inherited_waves(self, k: int, slots: list[int]) -> TakenOver | None:

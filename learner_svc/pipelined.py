@@ -144,7 +144,7 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
         metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
         version, start = self.version, time.perf_counter()
         future = self.pool.submit(self.launch, k, list(range(actors)), wave)
-        return LaunchedRound(k=k, actors=actors, version=version, future=future, start=start)
+        return LaunchedRound(job_id=self.job.job_id, k=k, actors=actors, version=version, future=future, start=start)
 
     def round_closed(self, launched: LaunchedRound) -> bool:
         return launched.closed(self.spec.round_deadline_s)

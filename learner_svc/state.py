@@ -18,7 +18,7 @@ import grpc
 
 from learner_svc.clients import failure_note, retry_note
 from learner_svc.constants import LOST_BATCH_GRACE_S
-from nitro.contracts import actor_slot
+from learner_svc.slots import ActorSlots
 from nitro.v1 import scaler_pb2
 
 
@@ -26,6 +26,7 @@ from nitro.v1 import scaler_pb2
 class LaunchedRound:
     """An asynchronous round's actor launch, from its Launch RPC to the round's close."""
 
+    job_id: str
     k: int
     actors: int
     version: int  # the policy version the round's actors were launched with
@@ -33,12 +34,22 @@ class LaunchedRound:
     start: float = field(default_factory=time.perf_counter)
     resp: scaler_pb2.LaunchResponse | None = None
     done_at: float | None = None  # when the Launch returned
-    covered: set[int] = field(default_factory=set)  # actor slots whose batch arrived
-    failed: set[int] = field(default_factory=set)  # actor slots whose invocation failed
-    batches: int = 0  # of this round arrived
+    slots: ActorSlots = field(init=False)  # which slots' batches are whole, which failed
+    batches: int = 0  # entries (parts) of this round arrived
     steps: int = 0
 
-    def poll(self, job_id: str, notes: list[str]) -> None:
+    def __post_init__(self) -> None:
+        self.slots = ActorSlots(self.job_id, self.k, self.actors)
+
+    @property
+    def covered(self) -> set[int]:
+        return self.slots.covered
+
+    @property
+    def failed(self) -> set[int]:
+        return self.slots.failed
+
+    def poll(self, notes: list[str]) -> None:
         """Take the Launch's response once it returned: failed slots, and notes on retries and failures."""
         if self.resp is not None or not self.future.done():
             return
@@ -48,30 +59,28 @@ class LaunchedRound:
         except grpc.RpcError as exc:
             notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
             self.resp = scaler_pb2.LaunchResponse()
-            self.failed = set(range(self.actors))
+            self.failed.update(range(self.actors))
         notes.extend(note for note in map(retry_note, self.resp.invocations) if note)
         for r in self.resp.invocations:
             if not r.ok:
-                slot = actor_slot(r.invocation_id, job_id, self.k)
+                slot = self.slots.slot(r.invocation_id)
                 if slot is not None:
                     self.failed.add(slot)
                 notes.append(failure_note(r))
 
     def closed(self, deadline_s: float) -> bool:
-        """Every slot's batch is in, or failed, or lost (LOST_BATCH_GRACE_S after the Launch returned); or the
-        Launch has not returned within the round deadline."""
+        """Every slot's whole batch is in, or failed, or lost (LOST_BATCH_GRACE_S after the Launch returned); or
+        the Launch has not returned within the round deadline."""
         if self.resp is None:
             return time.perf_counter() - self.start > deadline_s
-        waiting = set(range(self.actors)) - self.covered
+        waiting = self.slots.waiting()
         return not waiting or waiting <= self.failed or time.perf_counter() - self.done_at > LOST_BATCH_GRACE_S
 
-    def covers(self, inv_id: str, job_id: str) -> bool:
-        """Count an arriving batch of this round's invocation `inv_id` toward the round."""
-        slot = actor_slot(inv_id, job_id, self.k)
-        if slot is not None:
-            self.covered.add(slot)
+    def covers(self, entry) -> bool:
+        """Count an arriving entry (a TrajectoryEntry: a batch or one part of a split one) of this round toward
+        it; whether it is one of this round's actor invocations. Its slot is covered once every part is in."""
         self.batches += 1
-        return slot is not None
+        return self.slots.arrived(entry.invocation_id, entry.part, entry.parts) is not None
 
     def summary(self) -> LaunchSummary:
         return LaunchSummary(actors=self.actors, version=self.version, covered=set(self.covered),

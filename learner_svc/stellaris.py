@@ -248,7 +248,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
         processed_before, ingest_extra, update_s = self.reader.processing_seconds, 0.0, 0.0
         while not self.job.stop_requested.is_set():
             if rnd is not None:
-                rnd.poll(self.job.job_id, acc.notes)
+                rnd.poll(acc.notes)
             if done():
                 break
             entries = self.redis_call(lambda: self.reader.read(*PIPELINED_READ), "stream read")
@@ -305,7 +305,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             self.waiting.append((acc.k, e))
             return
         if rnd is not None and e.round == rnd.k:
-            rnd.covers(e.invocation_id, self.job.job_id)
+            rnd.covers(e)
         else:
             acc.late += 1  # a straggler of an earlier round: still good data, IS truncation handles it
         acc.steps += e.steps

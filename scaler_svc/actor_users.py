@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import redis
 
-from nitro.contracts import SCALER_STATE_TTL_S, LAUNCH_LEASE_REFRESH_S, scaler_state_key
+from nitro.contracts import LAUNCH_LEASE_REFRESH_S, SCALER_STATE_TTL_S, scaler_state_key
 from nitro.data import redis_acl
 
 log = logging.getLogger(__name__)

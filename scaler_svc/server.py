@@ -12,7 +12,6 @@ the servicer validates, loads the state, calls them and stores the result.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import logging

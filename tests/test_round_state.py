@@ -8,7 +8,12 @@ from concurrent.futures import Future
 
 from learner_svc.state import LaunchedRound, LaunchSummary, PendingRound
 from learner_svc.stellaris import StellarisStats
+from nitro.data.store import TrajectoryEntry
 from nitro.v1 import scaler_pb2
+
+
+def entry(inv: str, part: int = 0, parts: int = 1) -> TrajectoryEntry:
+    return TrajectoryEntry("1-0", inv, 3, 7, 4, {}, part, parts)
 
 
 def _done(resp) -> Future:
@@ -22,16 +27,16 @@ def test_a_launch_names_its_failed_slots_and_closes_when_the_rest_arrived():
         scaler_pb2.InvocationResult(invocation_id="j-r3-a0", ok=True, attempts=2, error_message="throttled"),
         scaler_pb2.InvocationResult(invocation_id="j-r3-a1-x1", ok=False, attempts=3, error_type="Timeout",
                                     error_message="took too long")])
-    rnd = LaunchedRound(k=3, actors=3, version=7, future=_done(resp))
+    rnd = LaunchedRound(job_id="j", k=3, actors=3, version=7, future=_done(resp))
     assert not rnd.closed(deadline_s=60.0)  # the Launch's response is not taken yet
     notes: list[str] = []
-    rnd.poll("j", notes)
+    rnd.poll(notes)
     assert rnd.failed == {1} and rnd.resp is resp
     assert notes == ["actor j-r3-a0 succeeded on attempt 2, throttled",
                      "actor j-r3-a1-x1 failed after 3 attempt(s): Timeout: took too long"]
-    assert rnd.covers("j-r3-a0", "j") and not rnd.covers("other-r3-a2", "j") and rnd.batches == 2
+    assert rnd.covers(entry("j-r3-a0")) and not rnd.covers(entry("other-r3-a2")) and rnd.batches == 2
     assert not rnd.closed(deadline_s=60.0)  # slot 2 may still arrive
-    rnd.covers("j-r3-a2", "j")
+    rnd.covers(entry("j-r3-a2"))
     assert rnd.closed(deadline_s=60.0)  # every slot's batch is in or failed
     summary = rnd.summary()
     assert summary.report_fields(3) == dict(round=3, policy_version=7, actors_launched=3, actors_completed=2,
@@ -39,8 +44,22 @@ def test_a_launch_names_its_failed_slots_and_closes_when_the_rest_arrived():
     assert LaunchSummary.from_dict(summary.to_dict()) == summary
 
 
+def test_a_split_batch_covers_its_slot_only_when_every_part_arrived():
+    """Issue 43: the asynchronous loops (IMPACT, Stellaris) closed a round, and counted an actor completed, on
+    the first part of a split batch."""
+    rnd = LaunchedRound(job_id="j", k=3, actors=2, version=7, future=_done(scaler_pb2.LaunchResponse()))
+    rnd.poll([])
+    assert rnd.covers(entry("j-r3-a0")) and rnd.covers(entry("j-r3-a1", 0, 3))
+    assert rnd.covers(entry("j-r3-a1", 2, 3)) and rnd.batches == 3
+    assert rnd.covered == {0} and not rnd.closed(deadline_s=60.0), "slot 1 has 2 of its 3 parts"
+    assert rnd.summary().report_fields(3)["actors_completed"] == 1
+    rnd.covers(entry("j-r3-a1", 1, 3))
+    assert rnd.covered == {0, 1} and rnd.closed(deadline_s=60.0)
+    assert rnd.summary().report_fields(3)["actors_completed"] == 2
+
+
 def test_a_launch_that_never_returns_closes_at_the_round_deadline():
-    rnd = LaunchedRound(k=0, actors=2, version=0, future=Future(), start=time.perf_counter() - 5.0)
+    rnd = LaunchedRound(job_id="j", k=0, actors=2, version=0, future=Future(), start=time.perf_counter() - 5.0)
     assert not rnd.closed(deadline_s=10.0) and rnd.closed(deadline_s=4.0)
 
 
