@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from learner_svc.clients import LastRound, failure_note, retry_note
+from learner_svc.clients import failure_note, retry_note
 from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
 from learner_svc.learner import GradientLearner
 from learner_svc.reporting import DIAGNOSTICS
-from learner_svc.rounds import End, RoundLoop, succeeded
+from learner_svc.rounds import End, RoundLoop
 from learner_svc.slots import ActorSlots
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
@@ -326,10 +326,9 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         return None
 
     def end_before_round(self, k: int) -> End | None:
-        if k >= self.spec.rounds:
-            return succeeded(f"completed {self.spec.rounds} rounds")
-        if self.next_plan.budget_exhausted:
-            return succeeded(f"budget exhausted: {self.next_plan.reason}")
+        end = self.end_after(k, math.nan, self.next_plan)  # rounds and budget (a resumed job may be at its end)
+        if end is not None:
+            return end
         if self.job.stop_requested.is_set():
             return End(training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}")
         return None
@@ -352,10 +351,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
     def close_round(self, k: int, rnd: SampledRound) -> End | None:
         report, self.next_plan = self._finish_round(k, self._learn(k, rnd), to_ack=rnd.got.entries)
         self.append_report(report)
-        spec = self.spec
-        if spec.target_return and report.eval_return >= spec.target_return:
-            return succeeded(f"target return {spec.target_return:g} reached")
-        return None
+        return self.end_after(k + 1, report.eval_return, self.next_plan)
 
     def _learn(self, k: int, rnd: SampledRound) -> dict:
         """Update on the round's batches; the round's pending report (what the checkpoint keeps of it)."""
@@ -429,20 +425,16 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                     raise TimeoutError("no sample subset (round finished after a resume)")
             except (grpc.RpcError, TimeoutError) as exc:
                 detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
-                fallback = self.fallback_actors()
-                notes.append(f"detector unavailable ({detail}); fallback for a policy that reads the score: "
-                             f"{fallback} actors ({self.spec.detector_fallback})")
+                fallback = self.detector_fallback(detail, notes)
         # On the cloud the detector scores on the learner server while the learner evaluates.
         cloud["detect"] = cloud_detect_wait(score_resp.cpu_seconds, cloud.get("evaluate", 0.0))
         with metrics.timed("plan", phases):
             # A learned scheduler reads times on the cloud clock: they do not move with this machine's load.
-            last = LastRound(loss=pending["policy_loss"] + pending["value_loss"],
-                             eval_return=self.last_eval(eval_return), kl=pending["kl"],
-                             update_seconds=cloud.get("update", 0.0), actor_seconds=cloud.get("sample", 0.0),
-                             round_seconds=cloud_round_seconds(cloud), env_steps=pending["env_steps"],
-                             policy_noise_scale=pending.get("policy_noise_scale", 0.0),
-                             policy_grad_sq=pending.get("policy_grad_sq", 0.0),
-                             policy_trace_sigma=pending.get("policy_trace_sigma", 0.0))
+            last = self.plan_inputs(cloud, loss=pending["policy_loss"] + pending["value_loss"], kl=pending["kl"],
+                                    eval_return=eval_return, env_steps=pending["env_steps"],
+                                    policy_noise_scale=pending.get("policy_noise_scale", 0.0),
+                                    policy_grad_sq=pending.get("policy_grad_sq", 0.0),
+                                    policy_trace_sigma=pending.get("policy_trace_sigma", 0.0))
             next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last,
                                   cloud_seconds=cloud_round_seconds(cloud))
         if next_plan.budget_exhausted and math.isnan(eval_return):  # the job's last round: always evaluated

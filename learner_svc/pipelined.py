@@ -23,8 +23,7 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from learner_svc.clients import LastRound
-from learner_svc.rounds import End, RoundLoop, succeeded
+from learner_svc.rounds import End, RoundLoop
 from learner_svc.state import LaunchedRound, PendingRound, RoundStats
 from nitro import cost as nitro_cost
 from nitro.rpc import metrics
@@ -65,13 +64,14 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
                     return end
             elif self.job.reports:  # killed after the job's last report, before its end state was saved
                 last = self.job.reports[-1]
-                end = self.async_end(last.round, last.eval_return, scaler_pb2.PlanResponse())
+                end = self.end_after(last.round + 1, last.eval_return, scaler_pb2.PlanResponse())
                 if end is not None:
                     return end
         self.publish()
         plan = self.plan(self.next_round, self.last_score(), 0.0)
-        if plan.budget_exhausted:
-            return succeeded(f"budget exhausted: {plan.reason}")
+        end = self.end_after(self.next_round, math.nan, plan)  # the budget may not pay for a first round
+        if end is not None:
+            return end
         self.launched = self.launch_round(self.next_round, plan.actors)
         return None
 
@@ -92,7 +92,8 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
             score_resp, fallback = self.score_or_fallback(k, ref, spec.algo, rnd.stats.notes)
         cloud["detect"] = score_resp.cpu_seconds
         means = rnd.stats.means()  # for the plan; the report's fields may count more (before_next_launch)
-        last = self.async_plan_inputs(means, cloud)
+        last = self.plan_inputs(cloud, loss=means.get("policy_loss", 0.0) + means.get("value_loss", 0.0),
+                                kl=means.get("kl", 0.0), eval_return=math.nan, env_steps=rnd.stats.steps)
         with metrics.timed("plan", phases):
             next_plan = self.plan(k + 1, score_resp.score, means.get("gradient_noise_scale", 0.0), fallback, last,
                                   cloud_seconds=nitro_cost.cloud_round_seconds(cloud))
@@ -159,11 +160,11 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
         if "report" in pending.extra:  # committed with its finished report (settle_at_end): only write it
             report = training_pb2.RoundReport.FromString(pending.extra["report"])
             self.write_report(report)
-            return self.async_end(k, report.eval_return, next_plan)
+            return self.end_after(k + 1, report.eval_return, next_plan)
         with metrics.timed("evaluate", phases, carried):
             eval_return = self.evaluate_policy(k, last=pending.ending)
         self.keep_best(eval_return)
-        end = self.async_end(k, eval_return, next_plan)
+        end = self.end_after(k + 1, eval_return, next_plan)
         settled = None
         if end is not None and not pending.ending:  # the target is reached: the job ends before its rounds
             pending, settled = self.settle_at_end(pending, phases)
@@ -180,17 +181,6 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
         self.write_report(report)
         return end
 
-    def async_end(self, k: int, eval_return: float, next_plan) -> End | None:
-        """How the job ends after round k, or None when it goes on."""
-        spec = self.spec
-        if next_plan.budget_exhausted:
-            return succeeded(f"budget exhausted: {next_plan.reason}")
-        if k + 1 >= spec.rounds:
-            return succeeded(f"completed {spec.rounds} rounds")
-        if spec.target_return and eval_return >= spec.target_return:
-            return succeeded(f"target return {spec.target_return:g} reached")
-        return None
-
     def score_or_fallback(self, k: int, ref: str, algo: str, notes: list[str]):
         """(ScoreResponse, fallback actors): the score, or the configured fallback when the detector fails."""
         if not ref:
@@ -198,14 +188,4 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
         try:
             return self.score(k, ref, algo=algo), 0
         except grpc.RpcError as exc:
-            fallback = self.fallback_actors()
-            notes.append(f"detector unavailable ({exc.code().name}); fallback for a policy that reads the score: "
-                         f"{fallback} actors")
-            return detector_pb2.ScoreResponse(), fallback
-
-    def async_plan_inputs(self, means: dict, cloud: dict) -> LastRound:
-        """The last round's inputs for a learned scheduler, from an asynchronous round's accumulators;
-        times on the cloud clock, so they do not move with this machine's load."""
-        return LastRound(loss=means.get("policy_loss", 0.0) + means.get("value_loss", 0.0), kl=means.get("kl", 0.0),
-                         update_seconds=cloud.get("update", 0.0), actor_seconds=cloud.get("sample", 0.0),
-                         round_seconds=nitro_cost.cloud_round_seconds(cloud), eval_return=self.last_eval(math.nan))
+            return detector_pb2.ScoreResponse(), self.detector_fallback(exc.code().name, notes)

@@ -55,6 +55,7 @@ from learner_svc.resilience import (
     resume_advice,
 )
 from nitro.contracts import MAX_EMPTY_ROUNDS, job_read_key
+from nitro.cost import cloud_round_seconds
 from nitro.data.store import TrajectoryReader
 from nitro.detector.core import REQUIRED_FIELDS
 from nitro.policy.envs import env_spaces
@@ -78,6 +79,19 @@ class End(NamedTuple):
 
 def succeeded(message: str) -> End:
     return End(training_pb2.JOB_STATE_SUCCEEDED, message)
+
+
+def job_end(*, rounds_done: int, rounds: int, budget_exhausted: bool = False, budget_reason: str = "",
+            eval_return: float = math.nan, target_return: float = 0.0) -> End | None:
+    """How a job ends once `rounds_done` rounds are reported, or None when it goes on: the one ending rule of every
+    loop. The target first (what the job was for), then its rounds, then its budget (the plan of the next round)."""
+    if target_return and eval_return >= target_return:
+        return succeeded(f"target return {target_return:g} reached")
+    if rounds_done >= rounds:
+        return succeeded(f"completed {rounds} rounds")
+    if budget_exhausted:
+        return succeeded(f"budget exhausted: {budget_reason}")
+    return None
 
 
 R = TypeVar("R")  # a loop's round while it is open: what sample_round hands to close_round
@@ -303,6 +317,31 @@ class RoundLoop(Generic[R]):
 
     def fallback_actors(self) -> int:
         return self.spec.scaler.i_min if self.spec.detector_fallback == "i_min" else self.last_actors
+
+    def detector_fallback(self, detail: str, notes: list[str]) -> int:
+        """The detector gave no score (`detail`: why): the fallback actors for a policy that reads the score, said
+        in the round's notes. The one fallback rule of every loop."""
+        fallback = self.fallback_actors()
+        notes.append(f"detector unavailable ({detail}); fallback for a policy that reads the score: {fallback} actors "
+                     f"({self.spec.detector_fallback})")
+        return fallback
+
+    def end_after(self, rounds_done: int, eval_return: float, next_plan) -> End | None:
+        """How the job ends after its round `rounds_done - 1` (job_end with the spec and the next round's plan)."""
+        return job_end(rounds_done=rounds_done, rounds=self.spec.rounds, budget_exhausted=next_plan.budget_exhausted,
+                       budget_reason=next_plan.reason, eval_return=eval_return,
+                       target_return=self.spec.target_return)
+
+    def plan_inputs(self, cloud: dict[str, float], *, loss: float, kl: float, eval_return: float, env_steps: int,
+                    policy_noise_scale: float = 0.0, policy_grad_sq: float = 0.0,
+                    policy_trace_sigma: float = 0.0) -> LastRound:
+        """What the scaler plans the next round from, of the round just finished: the one plan-input builder of
+        every loop. Times on the cloud clock, so a learned scheduler's inputs do not move with this machine's load."""
+        return LastRound(loss=loss, kl=kl, eval_return=self.last_eval(eval_return),
+                         update_seconds=cloud.get("update", 0.0), actor_seconds=cloud.get("sample", 0.0),
+                         round_seconds=cloud_round_seconds(cloud), env_steps=int(env_steps),
+                         policy_noise_scale=policy_noise_scale, policy_grad_sq=policy_grad_sq,
+                         policy_trace_sigma=policy_trace_sigma)
 
     def last_eval(self, eval_return: float) -> float:
         """This round's eval return, or the latest one measured (rounds between evaluations have none)."""

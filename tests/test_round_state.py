@@ -78,3 +78,17 @@ def test_pending_round_reads_and_writes_the_checkpoint_dicts_of_earlier_learners
     assert stats.means() == {"kl": 0.25} and LaunchSummary.from_dict(rnd).report_fields(4)["actors_failed"] == 1
     stats.batches.append({"obs": None})
     assert stats.to_dict() == acc, "the checkpoint keeps the counters, not the round's batches"
+
+
+def test_one_ending_rule_for_every_loop_target_then_rounds_then_budget():
+    from learner_svc.rounds import job_end
+
+    assert job_end(rounds_done=3, rounds=10) is None
+    assert job_end(rounds_done=10, rounds=10).message == "completed 10 rounds"
+    assert job_end(rounds_done=3, rounds=10, budget_exhausted=True, budget_reason="$0.01 left").message == \
+        "budget exhausted: $0.01 left"
+    # A target reached on the last round, with the budget spent too, says what the job was for.
+    end = job_end(rounds_done=10, rounds=10, budget_exhausted=True, eval_return=510.0, target_return=500.0)
+    assert end.message == "target return 500 reached"
+    assert job_end(rounds_done=3, rounds=10, eval_return=float("nan"), target_return=500.0) is None
+    assert job_end(rounds_done=3, rounds=10, eval_return=499.0, target_return=500.0) is None
