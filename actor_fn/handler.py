@@ -22,7 +22,7 @@ Event (JSON):
                         environment's episode, so the batch depends on the event only (reproducible runs)
   envs_per_actor  int   optional (default 1); environments stepped in lockstep with one batched inference
                         per step, in [1, min(256, num_steps)]; num_steps stays the total over all of them
-                        (nitro.rollout.VecSampler: env i's steps are one contiguous segment of the batch;
+                        (nitro.policy.rollout.VecSampler: env i's steps are one contiguous segment of the batch;
                         Atari ids on ALE's C++ vector env, nitro.policy.ale_vector)
 
 The batch is signed with the invocation's own key, so it verifies only as this

@@ -66,7 +66,7 @@ class JobFiles:
     def keep_best(self, eval_return: float, reports: list[training_pb2.RoundReport]) -> None:
         """Copy checkpoint.pt to best.pt when `eval_return` beats every evaluated round of `reports`.
 
-        Ties keep the earlier round, as nitro.results.summarize's best_round does."""
+        Ties keep the earlier round, as nitro.client.results.summarize's best_round does."""
         if math.isnan(eval_return):  # not evaluated
             return
         best = max((r.eval_return for r in reports if r.evaluated), default=-math.inf)

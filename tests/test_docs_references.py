@@ -5,6 +5,7 @@ is the living design); a rename that leaves a doc behind fails here, naming the 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 from pathlib import Path
@@ -23,12 +24,38 @@ PATH = re.compile(r"`((?:%s)/[\w./-]+)" % "|".join(TOP_DIRS))
 PATH_NAMES = re.compile(r"`((?:%s)/[\w./-]+\.py): ([^`]+)`" % "|".join(PACKAGES + ("tests", "bench")))
 
 
-def _refs(pattern: re.Pattern) -> list[tuple[str, re.Match]]:
+def _docstrings() -> list[tuple[str, str]]:
+    """(where, text) of every module, class and function docstring of the project's packages (the generated
+    nitro/v1 aside): a docstring that names code is documentation too."""
+    out = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "v1" in path.relative_to(ROOT).parts[:2]:
+                continue
+            tree = ast.parse(path.read_text())
+            for node in (tree, *ast.walk(tree)):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node, clean=False)
+                    if doc:
+                        line = node.body[0].lineno if node.body else 1
+                        out.append((f"{path.relative_to(ROOT)}:{line}", doc))
+    return out
+
+
+DOCSTRINGS = _docstrings()
+# In docstrings code is often named bare, without backticks: a package-rooted dotted name, a repository path.
+BARE_DOTTED = re.compile(r"(?<![\w./`-])((?:%s)(?:\.[A-Za-z_]\w*)+)" % "|".join(PACKAGES))
+BARE_PATH = re.compile(r"(?<![\w./`-])((?:%s)/[\w./-]*\w\.(?:py|md|sh|ya?ml|json|proto|txt))" % "|".join(TOP_DIRS))
+
+
+def _refs(pattern: re.Pattern, docstrings: bool = True) -> list[tuple[str, re.Match]]:
     out = []
     for doc in DOCS:
         text = doc.read_text()
         for m in pattern.finditer(text):
             out.append((f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}", m))
+    if docstrings:
+        out += [(where, m) for where, text in DOCSTRINGS for m in pattern.finditer(text)]
     return out
 
 
@@ -78,6 +105,16 @@ def test_dotted_name_resolves(where, match):
     assert resolves(match.group(1)), f"{where}: `{match.group(1)}` does not resolve to a module or attribute"
 
 
+def test_bare_names_and_paths_in_docstrings_exist():
+    wrong = []
+    for where, text in DOCSTRINGS:
+        wrong += [f"{where}: {name}" for m in BARE_DOTTED.finditer(text) for name in [m.group(1).rstrip(".")]
+                  if not name.endswith((".py", ".md")) and not resolves(name)]
+        wrong += [f"{where}: {m.group(1)}" for m in BARE_PATH.finditer(text)
+                  if not any(c in m.group(1) for c in "*{<") and not (ROOT / m.group(1)).exists()]
+    assert not wrong, "docstrings that name code or paths that do not exist:\n" + "\n".join(wrong)
+
+
 def test_cited_paths_exist():
     missing = []
     for where, m in _refs(PATH):
@@ -103,6 +140,6 @@ def test_path_colon_names_are_defined_there():
 def test_environment_variables_the_docs_name_are_read_somewhere():
     code = "\n".join(p.read_text(errors="replace") for d in (*PACKAGES, "bench", "deploy") for p in (ROOT / d).rglob("*")
                      if p.is_file() and (p.suffix in (".py", ".sh", ".yaml", ".yml") or "Dockerfile" in p.name))
-    unused = sorted({f"{v} ({where})" for where, m in _refs(re.compile(r"\b(NITRO_[A-Z0-9_]*[A-Z0-9])\b"))
+    unused = sorted({f"{v} ({where})" for where, m in _refs(re.compile(r"\b(NITRO_[A-Z0-9_]*[A-Z0-9])\b"), docstrings=False)
                      for v in [m.group(1)] if not re.search(rf"\b{v}\b", code)})
     assert not unused, "environment variables the docs name but no code, script or manifest reads:\n" + "\n".join(unused)

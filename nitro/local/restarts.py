@@ -13,7 +13,7 @@ class RestartPolicy:
     """When the supervisor restarts a component that exited on its own (like Kubernetes' crash-loop
     backoff or compose's `restart: on-failure`): after first_delay_s, doubling with every restart in
     the last window_s seconds up to max_delay_s; the (max_restarts + 1)-th exit within window_s stops
-    everything. The first delays stay well inside the learner's Redis patience (rounds.REDIS_PATIENCE_S)."""
+    everything. The first delays stay well inside the learner's Redis patience (learner_svc.constants.REDIS_PATIENCE_S)."""
 
     max_restarts: int = 5
     window_s: float = 600.0

@@ -31,7 +31,7 @@ ends mid-episode (all but the last) is cut exactly like a time limit: `truncated
 set and `final_values` holds V(the env's next observation), which is the
 `bootstrap_value` that env would have had alone. Such steps are also marked in
   cut            bool (T,): a segment cut, not an episode end (only in batches of N > 1 envs)
-so nitro.batching can tell cuts from finished episodes. Episode lists are ordered by
+so nitro.data.batching can tell cuts from finished episodes. Episode lists are ordered by
 the position in the batch of the step that ended them. A batch that also lists episodes
 ended by a step left out of it (nitro.policy.ale_vector: an uneven last lockstep step) carries
   episode_rows   list[int]: the row each listed episode ended at, for those the env's last row

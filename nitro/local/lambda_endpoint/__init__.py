@@ -1,6 +1,6 @@
 """A local AWS Lambda-compatible invoke endpoint: boto3's lambda client works against it unchanged.
 
-    with LocalLambda([FunctionConfig("actor", "actor_fn.handler.handle")]) as ll:
+    with LocalLambda([FunctionConfig("actor", "actor_fn.handler.handler")]) as ll:
         boto3.client("lambda", endpoint_url=ll.endpoint_url, ...).invoke(FunctionName="actor")
 
 Each function runs in a pool of warm worker processes and honours AWS's concurrency (429),
