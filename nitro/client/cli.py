@@ -37,8 +37,11 @@ COMMANDS = (add_up, add_down, add_status, add_train, add_watch, add_stop, add_li
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import nitro
+
     p = argparse.ArgumentParser(prog="nitro", description="Distributed deep RL with serverless actors and "
                                                           "Nitro boosting.")
+    p.add_argument("--version", action="version", version=f"nitro {nitro.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
@@ -51,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except NitroRpcError as exc:
         target = exc.target
-        hint = "" if exc.code != grpc.StatusCode.UNAVAILABLE else \
-            f" (is a learner up at {target}? `nitro status`)" if target else " (is the system up? `nitro status`)"
+        if exc.code == grpc.StatusCode.UNAVAILABLE:
+            hint = f" (is a learner up at {target}? `nitro status`)" if target else " (is the system up? `nitro status`)"
+        else:
+            hint = f" ({exc.hint})" if exc.hint else ""  # UNAUTHENTICATED: where the token is
         print(f"error: {exc.code.name}: {exc.details}{hint}", file=sys.stderr)
         return 2 if exc.code in BAD_INPUT else 1
     except InvalidSpec as exc:

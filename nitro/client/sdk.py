@@ -1,7 +1,7 @@
 """Python client for the learner's TrainingService.
 
     from nitro.client.sdk import NitroClient
-    with NitroClient("127.0.0.1:50051") as client:
+    with NitroClient() as client:  # the local system `nitro up` started; or NitroClient("host:port", token_file=...)
         status = client.start_training({"env_id": "CartPole-v1", "rounds": 3})
         for report in client.watch(status.job_id):
             print(report.round, report.eval_return, report.phases)
@@ -11,8 +11,14 @@ read-only wrappers around the proto messages. Attribute access falls through to
 the message (`report.eval_return`), `phases` is a dict {phase: seconds} and
 `to_dict()` gives plain Python values. `.proto` is the message itself.
 
+With no target, the client calls $NITRO_TARGET, else the learner of the local
+system running in the state dir ($NITRO_STATE_DIR, else .nitro), else
+127.0.0.1:50051; `find_target` and `find_token` are that rule, which the
+`nitro` command follows too.
+
 Server errors raise `NitroRpcError` subclasses carrying the gRPC status
-(`.code`) and the server's message (`.details`). A spec the client can already
+(`.code`) and the server's message (`.details`); an UNAUTHENTICATED one also
+says where the local system keeps its token (`.hint`). A spec the client can already
 tell is malformed raises `nitro.spec.InvalidSpec` before anything is sent; all
 other validation (env ids, ranges) is the server's, so the client does not
 need the user's environments installed.
@@ -24,14 +30,18 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 import grpc
 
+from nitro.local import system_state
 from nitro.rpc import auth, grpc_util
 from nitro.spec import InvalidSpec, TrainingSpec, env_kwargs_to_wire, to_proto
 from nitro.v1 import common_pb2, training_pb2, training_pb2_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+TARGET_ENV = "NITRO_TARGET"
 WATCH_PATIENCE_S = 60.0  # how long `watch` waits for a learner that went away (a restart) to come back
 
 # --- errors ---------------------------------------------------------------------------
@@ -40,12 +50,13 @@ WATCH_PATIENCE_S = 60.0  # how long `watch` waits for a learner that went away (
 class NitroRpcError(Exception):
     """A failed call: `.code` is the grpc.StatusCode, `.details` the server's message."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, method: str = "", target: str = ""):
+    def __init__(self, code: grpc.StatusCode, details: str, method: str = "", target: str = "", hint: str = ""):
         self.code = code
         self.details = details or ""
         self.method = method
         self.target = target  # the learner address called, when known
-        super().__init__(f"{code.name}: {self.details}")
+        self.hint = hint  # what to do about it, when the client knows (UNAUTHENTICATED: where the token is)
+        super().__init__(f"{code.name}: {self.details}" + (f" ({hint})" if hint else ""))
 
 
 class InvalidArgumentError(NitroRpcError):
@@ -82,12 +93,12 @@ _ERROR_BY_CODE = {
 }
 
 
-def map_rpc_error(err: grpc.RpcError, method: str = "", target: str = "") -> NitroRpcError:
+def map_rpc_error(err: grpc.RpcError, method: str = "", target: str = "", hint: str = "") -> NitroRpcError:
     """The typed exception for a grpc.RpcError (a call error exposes code() and details())."""
     code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
     details = err.details() if callable(getattr(err, "details", None)) else str(err)
     code = code or grpc.StatusCode.UNKNOWN
-    return _ERROR_BY_CODE.get(code, NitroRpcError)(code, details or "", method, target)
+    return _ERROR_BY_CODE.get(code, NitroRpcError)(code, details or "", method, target, hint)
 
 
 # --- results ----------------------------------------------------------------------------
@@ -96,22 +107,22 @@ def map_rpc_error(err: grpc.RpcError, method: str = "", target: str = "") -> Nit
 class _Wrapper:
     __slots__ = ("proto",)  # not "message": TrainingStatus has a field of that name
 
-    def __init__(self, proto):
+    def __init__(self, proto: Any) -> None:
         object.__setattr__(self, "proto", proto)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.proto, name)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is read-only")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.to_dict()!r})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.proto == self.proto
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return message_to_dict(self.proto)
 
 
@@ -160,9 +171,9 @@ def _state_name(value: int) -> str:
     return training_pb2.JobState.Name(value).removeprefix("JOB_STATE_")
 
 
-def message_to_dict(msg) -> dict:
+def message_to_dict(msg: Any) -> dict[str, Any]:
     """Proto message -> plain dict; phases become {phase: seconds}, enums their names, every field present."""
-    out = {}
+    out: dict[str, Any] = {}
     for f in msg.DESCRIPTOR.fields:
         value = getattr(msg, f.name)
         if f.name in ("phases", "cloud_phases"):
@@ -187,7 +198,7 @@ _SCALER_FIELDS = set(common_pb2.ScalerSpec.DESCRIPTOR.fields_by_name)
 _STELLARIS_FIELDS = set(training_pb2.StellarisSpec.DESCRIPTOR.fields_by_name)
 
 
-def spec_to_proto(spec) -> training_pb2.TrainingSpec:
+def spec_to_proto(spec: TrainingSpec | Mapping[str, Any] | training_pb2.TrainingSpec) -> training_pb2.TrainingSpec:
     """TrainingSpec dataclass, partial dict or proto -> proto.
 
     A dict sets only the fields it names, so the server's defaults apply to the
@@ -232,7 +243,7 @@ def spec_to_proto(spec) -> training_pb2.TrainingSpec:
     return msg
 
 
-def _set_hidden_sizes(msg, value) -> None:
+def _set_hidden_sizes(msg: Any, value: object) -> None:
     if not isinstance(value, list | tuple) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
         raise InvalidSpec("hidden_sizes", f"must be a list of layer widths, e.g. [64, 64], got {value!r}")
     try:
@@ -241,18 +252,18 @@ def _set_hidden_sizes(msg, value) -> None:
         raise InvalidSpec("hidden_sizes", f"bad value {value!r}: {exc}") from None
 
 
-def _set_scaler(msg, value) -> None:
+def _set_scaler(msg: Any, value: object) -> None:
     _set_nested(msg, {"policy": value} if isinstance(value, str) else value, "scaler", _SCALER_FIELDS,
                 "must be a policy name or a dict of scaler settings")
 
 
-def _set_stellaris(msg, value) -> None:
+def _set_stellaris(msg: Any, value: object) -> None:
     _set_nested(msg, value, "stellaris", _STELLARIS_FIELDS, "must be a dict of stellaris settings")
 
 
-def _set_nested(msg, value, group: str, fields: set[str], what: str) -> None:
+def _set_nested(msg: Any, value: object, group: str, fields: set[str], what: str) -> None:
     """Fill a nested message (ScalerSpec, StellarisSpec) from a dict or dataclass, naming bad fields."""
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
     if not isinstance(value, Mapping):
         raise InvalidSpec(group, what)
@@ -265,7 +276,7 @@ def _set_nested(msg, value, group: str, fields: set[str], what: str) -> None:
     msg.SetInParent()  # an empty dict still marks the field as given
 
 
-def _set(target, name: str, value, label: str) -> None:
+def _set(target: Any, name: str, value: object, label: str) -> None:
     try:
         if isinstance(target, training_pb2.TrainingSpec | common_pb2.ScalerSpec | training_pb2.StellarisSpec):
             setattr(target, name, value)
@@ -273,6 +284,80 @@ def _set(target, name: str, value, label: str) -> None:
             target[name] = value
     except (TypeError, ValueError) as exc:
         raise InvalidSpec(label, f"bad value {value!r}: {exc}") from None
+
+
+# --- where the learner is, and its token --------------------------------------------------
+
+
+def find_target(target: str | None = None, state_dir: str | os.PathLike | None = None) -> str | None:
+    """The learner to call: `target`, else $NITRO_TARGET, else the learner of the local system running in
+    `state_dir` (default: $NITRO_STATE_DIR, else .nitro); None when there is none of them."""
+    if target:
+        return target
+    if os.environ.get(TARGET_ENV):
+        return os.environ[TARGET_ENV]
+    state = system_state.running_state(_state_dir(state_dir))
+    return (state or {}).get("learner") or None
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundToken:
+    """The access token a client sends (None: no header) and where it came from, for error messages."""
+
+    token: str | None
+    source: str  # e.g. "the local system's token file /x/.nitro/token"; "" when there is no token
+
+
+def find_token(target: str, *, token: str | None = None, token_file: str | os.PathLike | None = None,
+               state_dir: str | os.PathLike | None = None, environ: Mapping[str, str] = os.environ) -> FoundToken:
+    """The token for `target`: `token`; else the first of `token_file`; else the token of the local system
+    running in `state_dir` (default: $NITRO_STATE_DIR, else .nitro) when `target` is its learner (a local
+    system's token goes to its own learner only); else $NITRO_TOKEN or $NITRO_TOKEN_FILE's; else that of a
+    LocalSystem this process started at `target`. A bad token file raises nitro.errors.ConfigError."""
+    if token:
+        return FoundToken(token, "the token given")
+    if token_file:
+        path = os.fspath(token_file)
+        return FoundToken(auth.read_token_file(path, f"token_file {path!r}")[0], f"token_file {path}")
+    state_dir = _state_dir(state_dir)
+    state = system_state.running_state(state_dir)
+    if state and state.get("learner") == target:
+        local = system_state.local_token(state_dir)
+        if local:
+            return FoundToken(local, f"the local system's token file {_token_path(state_dir, state)}")
+    env = auth.load_token(environ)
+    if env:
+        where = auth.TOKEN_ENV if environ.get(auth.TOKEN_ENV) else \
+            f"{auth.TOKEN_FILE_ENV}={environ[auth.TOKEN_FILE_ENV]}"
+        return FoundToken(env, f"${where}")
+    in_process = auth.client_token(target, None, environ={})
+    return FoundToken(in_process, "the local system this process started" if in_process else "")
+
+
+def _state_dir(state_dir: str | os.PathLike | None) -> str | os.PathLike:
+    return state_dir if state_dir is not None else system_state.default_state_dir()
+
+
+def _token_path(state_dir: str | os.PathLike, state: dict | None) -> str:
+    """The token file of the local system in `state_dir`: the one state.json names, else where it would be."""
+    return str((state or {}).get("token_file") or system_state.token_file(Path(state_dir).resolve()))
+
+
+def unauthenticated_hint(target: str, sent: FoundToken, state_dir: str | os.PathLike | None = None) -> str:
+    """What an UNAUTHENTICATED answer from `target` calls for: what this client sent, where a local system
+    keeps its access token and how to pass it."""
+    state_dir = _state_dir(state_dir)
+    state = system_state.running_state(state_dir)
+    path = _token_path(state_dir, state)
+    sent_line = f"this client sent the token from {sent.source}" if sent.token else "this client sent no access token"
+    if state and state.get("learner") and state["learner"] != target:
+        where = f"the local system up in {state_dir} (its learner is {state['learner']}) keeps its token in {path}"
+    elif state:
+        where = f"the local system up in {state_dir} keeps its token in {path}"
+    else:
+        where = f"a local system started by `nitro up` keeps its token in {path} (with --state-dir DIR: DIR/token)"
+    return (f"{sent_line}; {where}: pass NitroClient(token_file={path!r}) (nitro: --token-file {path}), "
+            f"or set {auth.TOKEN_FILE_ENV}={path}")
 
 
 # --- client -----------------------------------------------------------------------------
@@ -287,39 +372,55 @@ class NitroClient:
     """A TrainingService client. Every call carries a deadline (per method, or `timeout` seconds
     for all unary calls when given) and an "authorization: Bearer <token>" header.
 
-    The token is `token`, else $NITRO_TOKEN or the first line of $NITRO_TOKEN_FILE,
-    else that of a LocalSystem this process started at `target`; with none, no
-    header is sent. `tls_ca` (default $NITRO_TLS_CA): a PEM CA certificate, and
-    the channel uses TLS.
+    `target` (host:port): default $NITRO_TARGET, else the learner of the local system running in
+    `state_dir` (default $NITRO_STATE_DIR, else .nitro), else 127.0.0.1:50051 (`find_target`). The token:
+    `token`, else the first line of `token_file`, else the local system's when `target` is its learner,
+    else $NITRO_TOKEN or the first line of $NITRO_TOKEN_FILE, else that of a LocalSystem this process
+    started at `target` (`find_token`); with none, no header is sent. `tls_ca` (default $NITRO_TLS_CA):
+    a PEM CA certificate, and the channel uses TLS.
     """
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None, timeout: float | None = None,
-                 tls_ca: str | None = None):
-        self.target = target
+    def __init__(self, target: str | None = None, *, token: str | None = None,
+                 token_file: str | os.PathLike | None = None, state_dir: str | os.PathLike | None = None,
+                 timeout: float | None = None, tls_ca: str | None = None) -> None:
+        self._state_dir = state_dir
+        self.target: str = find_target(target, state_dir) or DEFAULT_TARGET
         self._timeout = timeout
-        token = auth.client_token(target, token)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._token = find_token(self.target, token=token, token_file=token_file, state_dir=state_dir)
+        self._metadata = (("authorization", f"Bearer {self._token.token}"),) if self._token.token else None
         tls_ca = tls_ca if tls_ca is not None else os.environ.get(auth.TLS_CA_ENV)
-        self._channel = grpc_util.make_channel(target, auth.channel_credentials(tls_ca))
+        self._channel = grpc_util.make_channel(self.target, auth.channel_credentials(tls_ca))
         self._stub = training_pb2_grpc.TrainingServiceStub(self._channel)
+
+    @property
+    def token_source(self) -> str:
+        """Where the token this client sends came from ("" when it sends none); never the token itself."""
+        return self._token.source
+
+    def _error(self, err: grpc.RpcError, method: str) -> NitroRpcError:
+        exc = map_rpc_error(err, method, self.target)
+        if isinstance(exc, UnauthenticatedError):  # say where the token is
+            hint = unauthenticated_hint(self.target, self._token, self._state_dir)
+            return UnauthenticatedError(exc.code, exc.details, method, self.target, hint)
+        return exc
 
     def __enter__(self) -> NitroClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: str, request):
+    def _call(self, method: str, request: Any) -> Any:
         timeout = self._timeout if self._timeout is not None else grpc_util.DEADLINES[method]
         try:
             return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as err:
-            raise map_rpc_error(err, method, self.target) from None
+            raise self._error(err, method) from None
 
-    def start_training(self, spec: TrainingSpec | Mapping | training_pb2.TrainingSpec) -> TrainingStatus:
+    def start_training(self, spec: TrainingSpec | Mapping[str, Any] | training_pb2.TrainingSpec) -> TrainingStatus:
         request = training_pb2.StartTrainingRequest(spec=spec_to_proto(spec))
         return TrainingStatus(self._call("StartTraining", request))
 
@@ -361,7 +462,8 @@ class NitroClient:
         `on_wait(error, seconds waited)` is called (a progress line; raising in it gives
         up). Closing the iterator cancels the stream.
         """
-        next_round, lost_since, tries = from_round, None, 0
+        next_round, tries = from_round, 0
+        lost_since: float | None = None  # when the learner went away (monotonic), while it is away
         while True:
             call = self._stub.WatchTraining(
                 training_pb2.WatchTrainingRequest(job_id=job_id, from_round=next_round),
@@ -379,13 +481,15 @@ class NitroClient:
                 return
             except grpc.RpcError as err:
                 code, now = err.code(), time.monotonic()
-                away = code in LEARNER_AWAY or (code == grpc.StatusCode.NOT_FOUND and lost_since)
-                lost_since = lost_since or (now if away else None)
-                if not away or now - lost_since >= patience_s:
-                    raise map_rpc_error(err, "WatchTraining", self.target) from None
+                away = code in LEARNER_AWAY or (code == grpc.StatusCode.NOT_FOUND and lost_since is not None)
+                if not away:
+                    raise self._error(err, "WatchTraining") from None
+                lost_since = lost_since if lost_since is not None else now
+                if now - lost_since >= patience_s:
+                    raise self._error(err, "WatchTraining") from None
                 tries += 1
                 if on_wait is not None:
-                    on_wait(map_rpc_error(err, "WatchTraining", self.target), now - lost_since)
+                    on_wait(self._error(err, "WatchTraining"), now - lost_since)
                 time.sleep(min(0.5 * 2 ** tries, 5.0))
             finally:
                 call.cancel()

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from nitro.errors import LocalSystemError
@@ -17,6 +18,12 @@ from nitro.local.processes import pid_alive
 from nitro.local.secret_files import SECRET_FILES, TOKEN_FILE
 
 STATE_FILE = "state.json"
+
+
+STATE_DIR_ENV = "NITRO_STATE_DIR"  # where `nitro up` and the SDK look for the local system when told nothing
+
+
+DEFAULT_STATE_DIR = ".nitro"
 
 
 SUPERVISOR_LOG = "supervisor.log"
@@ -47,6 +54,16 @@ def lock_held(state_dir: str | os.PathLike) -> bool:
         os.close(fd)
 
 
+def default_state_dir(environ: Mapping[str, str] = os.environ) -> str:
+    """The state dir of the local system when none is named: $NITRO_STATE_DIR, else .nitro."""
+    return environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+
+
+def token_file(state_dir: str | os.PathLike) -> Path:
+    """Where the local system of `state_dir` keeps its access token (whether or not it is up)."""
+    return Path(state_dir) / TOKEN_FILE
+
+
 def local_target(state_dir: str | os.PathLike = ".nitro") -> str:
     """The learner address of the local system running in `state_dir` (for NitroClient)."""
     state = running_state(state_dir)
@@ -60,7 +77,7 @@ def local_token(state_dir: str | os.PathLike = ".nitro") -> str | None:
     if running_state(state_dir) is None:
         return None
     try:
-        return (Path(state_dir) / TOKEN_FILE).read_text().strip() or None
+        return token_file(state_dir).read_text().strip() or None
     except OSError:
         return None
 

@@ -19,9 +19,13 @@ import dataclasses
 import json
 import os
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
+from numpy.typing import ArrayLike
 
 from nitro.errors import ConfigError, PolicyError
 from nitro.policy.inference import PolicyRunner
@@ -46,7 +50,7 @@ class TrainedPolicy:
         self.spec, self.state, self.info = spec, state, dict(info or {})
         self.runner = PolicyRunner(spec, state, int(self.info.get("version") or 0))
         self.rng = np.random.default_rng(seed)  # only stochastic predictions draw from it
-        self._module = None
+        self._module: Any = None
 
     @property
     def env_id(self) -> str:
@@ -54,7 +58,32 @@ class TrainedPolicy:
         return self.info.get("env_id") or ""
 
     @property
-    def module(self):
+    def observation_space(self) -> gym.spaces.Box:
+        """The observations the policy takes, as a gymnasium space: uint8 frames in [0, 255] for a CNN
+        policy, else float32 of the policy's shape (unbounded: the environment's bounds are not recorded)."""
+        shape = tuple(self.spec.obs_shape)
+        if self.spec.arch == "cnn":
+            return gym.spaces.Box(0, 255, shape, np.uint8)
+        return gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
+
+    @property
+    def action_space(self) -> gym.spaces.Box | gym.spaces.Discrete:
+        """The actions it returns: Discrete(n), or Box with the action bounds it was trained with (float32)."""
+        spec = self.spec
+        if spec.action_kind == "discrete":
+            return gym.spaces.Discrete(spec.action_dim)
+        low = np.asarray(spec.action_low if spec.action_low is not None else [-np.inf] * spec.action_dim, np.float32)
+        high = np.asarray(spec.action_high if spec.action_high is not None else [np.inf] * spec.action_dim,
+                          np.float32)
+        return gym.spaces.Box(low, high, (spec.action_dim,), np.float32)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the policy as `nitro export` does: policy.json and the weights in directory `path`, which
+        `load_policy(path)` reads back (no nitro service needed). Returns the path of policy.json."""
+        return export_policy(self, path)
+
+    @property
+    def module(self) -> Any:
         """The torch model (nitro.policy.models.Policy: actor, critic, observation statistics), built on first use."""
         if self._module is None:
             from nitro.policy.models import Policy
@@ -64,7 +93,8 @@ class TrainedPolicy:
             self._module = module.eval()
         return self._module
 
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
+    def predict(self, observation: ArrayLike, state: object = None, episode_start: object = None,
+                deterministic: bool = False) -> tuple[np.ndarray, None]:
         """(actions, None) for one observation or a batch of them, as Stable-Baselines3's `predict`.
 
         `observation` is raw, as the environment returns it: this policy normalises it itself. One
@@ -90,7 +120,8 @@ class TrainedPolicy:
         action = self.runner.env_action(action)
         return np.asarray(action, dtype=np.float32 if self.spec.action_kind == "box" else np.int64)
 
-    def check_spaces(self, observation_space, action_space, env_id: str = "the environment") -> None:
+    def check_spaces(self, observation_space: gym.Space[Any], action_space: gym.Space[Any],
+                     env_id: str = "the environment") -> None:
         """Raise PolicyError unless the spaces are the ones the policy was trained on."""
         try:
             theirs = spec_for_spaces(observation_space, action_space)
@@ -149,7 +180,7 @@ def _read_checkpoint(path: Path) -> tuple[ModelSpec, dict, dict]:
     return _model_spec(ck["model_spec"], path), state, info
 
 
-def _model_spec(d, where: Path) -> ModelSpec:
+def _model_spec(d: Any, where: Path) -> ModelSpec:
     allowed = [f.name for f in dataclasses.fields(ModelSpec)]
     try:
         spec = ModelSpec.from_dict(d)
@@ -201,19 +232,27 @@ def export_policy(source: TrainedPolicy | str | os.PathLike, out_dir: str | os.P
 
 def _write_weights(out: Path, state: dict[str, np.ndarray]) -> str:
     """Write the weights as safetensors when the package is installed, else as numpy .npz; returns the name."""
-    try:
-        from safetensors.numpy import save_file
-    except ImportError:
-        save_file = None
+    save_file = _safetensors_writer()
     name = "weights.safetensors" if save_file else "weights.npz"
     tmp = out / (name + ".tmp")
     if save_file:
-        save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, str(tmp))
+        # np.ascontiguousarray makes a scalar (obs_count) 1-d: reshape it back, so that the export keeps shapes.
+        save_file({k: np.ascontiguousarray(v).reshape(np.shape(v)) for k, v in state.items()}, str(tmp))
     else:
         with open(tmp, "wb") as f:
-            np.savez(f, **state)
+            arrays: dict[str, Any] = dict(state)  # Any: numpy's stub would take a key for its allow_pickle flag
+            np.savez(f, **arrays)
     os.replace(tmp, out / name)
     return name
+
+
+def _safetensors_writer() -> Callable[[dict[str, np.ndarray], str], None] | None:
+    """safetensors' numpy writer, or None without the package."""
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:
+        return None
+    return save_file
 
 
 def _read_export(path: Path) -> tuple[ModelSpec, dict, dict]:

@@ -10,7 +10,7 @@ import signal
 
 import grpc
 
-from nitro.client.sdk import DEFAULT_TARGET, NitroClient
+from nitro.client.sdk import DEFAULT_TARGET, TARGET_ENV, NitroClient, find_target
 from nitro.cmdline import RefusedSecretFlag
 from nitro.errors import ConfigError
 from nitro.local import system_state
@@ -26,16 +26,16 @@ class CliError(Exception):
         super().__init__(message)
 
 
-STATE_DIR_DEFAULT = os.environ.get("NITRO_STATE_DIR", ".nitro")
+STATE_DIR_DEFAULT = system_state.default_state_dir()
 
 
-def add_state_dir(p: argparse.ArgumentParser) -> None:
+def add_state_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--state-dir", default=STATE_DIR_DEFAULT,
                    help="where the local system keeps state.json, logs, keys and data (default: %(default)s)")
 
 
-def add_target(p: argparse.ArgumentParser, help_text: str) -> None:
-    p.add_argument("--target", default=os.environ.get("NITRO_TARGET"), metavar="HOST:PORT",
+def add_target(p: argparse.ArgumentParser | argparse._ArgumentGroup, help_text: str) -> None:
+    p.add_argument("--target", default=os.environ.get(TARGET_ENV), metavar="HOST:PORT",
                    help=f"{help_text} (default: $NITRO_TARGET, else the learner in --state-dir's state.json)")
     p.add_argument("--token-file", default=None, metavar="FILE",
                    help="a file holding the access token (its first line; default: the local system's when the "
@@ -47,26 +47,22 @@ def add_target(p: argparse.ArgumentParser, help_text: str) -> None:
 
 
 def learner_client(args, target: str) -> NitroClient:
-    """A client for `target`; the local system's token goes only to the local system's learner."""
+    """A client for `target` with the token of --token-file, else the one the SDK finds (`sdk.find_token`: the
+    local system's goes only to the local system's learner)."""
     token = None
-    if args.token_file:
-        try:
+    try:
+        if args.token_file:
             token = auth.read_token_file(args.token_file, f"--token-file {args.token_file!r}")[0]
-        except ConfigError as exc:
-            raise CliError(str(exc), exit_code=2) from None
-    if not token:
-        state = system_state.running_state(args.state_dir)
-        if state and state.get("learner") == target:
-            token = system_state.local_token(args.state_dir)
-    return NitroClient(target, token=token, tls_ca=args.tls_ca)  # token None: the SDK tries $NITRO_TOKEN(_FILE)
+        return NitroClient(target, token=token, state_dir=args.state_dir, tls_ca=args.tls_ca)
+    except ConfigError as exc:  # a token file or $NITRO_TOKEN(_FILE) that cannot be used
+        raise CliError(str(exc), exit_code=2) from None
 
 
 def resolve_target(args) -> str:
-    if args.target:
-        return args.target
-    state = system_state.running_state(args.state_dir)
-    if state:
-        return state["learner"]
+    """--target, else $NITRO_TARGET, else the learner of the local system up in --state-dir (`sdk.find_target`)."""
+    target = find_target(args.target, args.state_dir)
+    if target:
+        return target
     raise CliError(f"nitro is not up (no running system in {args.state_dir}): run `nitro up`, "
                    f"or pass --local, or --target HOST:PORT (e.g. {DEFAULT_TARGET})")
 

@@ -11,13 +11,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from nitro.client.commands.common import STATE_DIR_DEFAULT, CliError
-from nitro.client.sdk import LEARNER_AWAY, FailedPreconditionError, NitroClient, NitroRpcError
+from nitro.client.sdk import (
+    LEARNER_AWAY,
+    FailedPreconditionError,
+    NitroClient,
+    NitroRpcError,
+    RoundReport,
+    TrainingStatus,
+)
 from nitro.local import system_state
 from nitro.local.processes import pid_alive
+from nitro.spec import TrainingSpec
 from nitro.v1 import training_pb2
 
 
@@ -114,7 +123,7 @@ class Reattacher:
         self.job, self.write = job, write
         self.state_dir = None if opts.target else opts.state_dir
         self.timeout_s = opts.reattach_timeout_s
-        self.shown_at = None  # seconds waited when the last line was shown; None: not waiting
+        self.shown_at: float | None = None  # seconds waited when the last line was shown; None: not waiting
         self.went_away = False  # the learner was unreachable since the job was last seen running
 
     def check_system(self) -> None:
@@ -200,9 +209,28 @@ class Reattacher:
                 return result
 
 
+@dataclass(frozen=True)
+class FollowedJob:
+    """What following a job gave (`nitro train` and `watch`, `nitro.train`): its last known status, the rounds
+    received, the directory its results were written to, and the command's exit code."""
+
+    status: TrainingStatus
+    reports: list[RoundReport]
+    results_dir: Path
+    exit_code: int
+    interrupted: bool = False  # Ctrl-C (or SIGTERM under the CLI) ended the following
+    unfinished: str = ""  # why following stopped before the job's end, and how to go on with it; "" if it ended
+
+
 def run_job(client: NitroClient, spec: dict, opts: FollowOptions, trackers, resume: str | None = None) -> int:
-    """Start the job of `spec`, or resume job `resume`, and follow it to its end."""
-    t0 = time.monotonic()
+    """Start the job of `spec`, or resume job `resume`, and follow it to its end; the exit code."""
+    return start_and_follow(client, spec, opts, trackers, resume).exit_code
+
+
+def start_and_follow(client: NitroClient, spec: dict[str, Any] | TrainingSpec, opts: FollowOptions, trackers,
+                     resume: str | None = None) -> FollowedJob:
+    """Start the job of `spec`, or resume job `resume`, and follow it to its end (`follow`)."""
+    t0: float | None = time.monotonic()
     if resume:  # attaches to the job when the learner runs it already: safe to retry
         try:
             status = Reattacher(opts, resume, print).patiently(lambda: client.resume(resume))
@@ -217,13 +245,19 @@ def run_job(client: NitroClient, spec: dict, opts: FollowOptions, trackers, resu
             t0 = None
     else:
         status = client.start_training(spec)
-    return follow_job(client, status, opts, trackers, t0)
+    return follow(client, status, opts, trackers, t0)
 
 
 def follow_job(client: NitroClient, status, opts: FollowOptions, trackers, t0: float | None = None,
                leave_running: bool = False) -> int:
+    """`follow`'s exit code: the job's state's (JOB_EXIT_CODES), 130 interrupted, 4 or 1 unfinished."""
+    return follow(client, status, opts, trackers, t0, leave_running).exit_code
+
+
+def follow(client: NitroClient, status, opts: FollowOptions, trackers, t0: float | None = None,
+           leave_running: bool = False) -> FollowedJob:
     """Show a job's rounds from round 0 on as they arrive, append each to rounds.csv and the trackers, and
-    write the results once the job has ended; the exit code is its state's (JOB_EXIT_CODES).
+    write the results once the job has ended.
 
     Ctrl-C stops the job, or with `leave_running` (watch) leaves it running. t0 None: the wall time is the
     job's own (created to finished), for a job followed from elsewhere."""
@@ -237,7 +271,9 @@ def follow_job(client: NitroClient, status, opts: FollowOptions, trackers, t0: f
     out = Path(opts.results_dir) / job
     plain = opts.no_progress or not sys.stderr.isatty()
     bar = tqdm(total=s.rounds or None, unit="round", desc=job, disable=plain, dynamic_ncols=True)
-    reports, interrupted, failure = [], False, None
+    reports: list[RoundReport] = []
+    interrupted = False
+    failure: NitroRpcError | _LearnerGone | None = None  # what ended the following before the job's end
     waiting = Reattacher(opts, job, lambda line: tqdm.write(line, file=sys.stdout))
     trackers.start(job, status.to_dict()["spec"] or {})
     with results.RoundsCsvWriter(out / "rounds.csv") as rounds_csv:
@@ -302,11 +338,13 @@ def follow_job(client: NitroClient, status, opts: FollowOptions, trackers, t0: f
     wall_s = time.monotonic() - t0 if t0 is not None else _job_seconds(status)
     out = write_results(out, status, reports, wall_s, trackers)
     if interrupted:
-        return 130
+        return FollowedJob(status, reports, out, 130, interrupted=True)
     if not _ended(status):
-        print(_unfinished(opts, status, failure), file=sys.stderr)
-        return INTERRUPTED_EXIT if _learner_went_away(failure) or status.interrupted else 1
-    return JOB_EXIT_CODES.get(status.state_name, 1)
+        why = _unfinished(opts, status, failure)
+        print(why, file=sys.stderr)
+        code = INTERRUPTED_EXIT if _learner_went_away(failure) or status.interrupted else 1
+        return FollowedJob(status, reports, out, code, unfinished=why)
+    return FollowedJob(status, reports, out, JOB_EXIT_CODES.get(status.state_name, 1))
 
 
 STATUS_REFRESH_S = 2.0  # while reports arrive, the job's status is asked for at most this often

@@ -191,7 +191,8 @@ def add_train(sub) -> None:
     for flag, field, typ, text in TRAIN_FIELDS:
         default = _default_of(field)
         shown = f" [{default}]" if default not in ("", None, [], {}) else ""
-        metavar = {int: "N", float: "X", str: field.upper()}.get(typ, "W,W")
+        metavars: dict[object, str] = {int: "N", float: "X", str: field.upper()}
+        metavar = metavars.get(typ, "W,W")
         spec.add_argument(flag, dest=_dest(field), type=typ, default=None, metavar=metavar, help=text + shown)
     spec.add_argument("--scaler", type=parse_scaler, default=None, metavar="POLICY",
                       help=f"scaling policy: {SCALER_POLICIES} [{default_scaler()}]")
