@@ -114,7 +114,7 @@ class Services:
         learner_seconds, self.last_plan_time = now - self.last_plan_time, now
         try:
             return self.rpc(self.deps.scaler.Plan, scaler_pb2.PlanRequest(
-                job_id=self.job_id, round=round_index, score=min(max(score, 0.0), 1.0),
+                job_id=self.job_id, round=round_index, score=min(max(score, 0.0), 1.0), algo=spec.algo,
                 scaler=scaler_spec(spec), budget_usd=spec.budget_usd,
                 steps_per_actor=spec.steps_per_actor, actor_memory_mb=spec.actor_memory_mb,
                 learner_seconds=learner_seconds, gradient_noise_scale=gns, fallback_actors=fallback_actors,

@@ -31,7 +31,6 @@ from nitro.contracts import (
     DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_I_MAX,
     DEFAULT_SCALING_POLICY,
-    FIXED_ACTORS,
     FLOOR_ACTORS,
     FLOOR_DECAY,
     FUNCTION_KINDS,
@@ -42,6 +41,7 @@ from nitro.contracts import (
     SCALER_STATE_TTL_S,
     SCALING_POLICIES,
     SCORE_DECAY,
+    default_fixed_actors,
     function_credentials,
     invocation_id,
     is_job_id,
@@ -109,10 +109,12 @@ def actor_memory(memory_mb: int, context) -> int:
 _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
 
 
-def policy_params(sc) -> tuple[str, dict]:
+def policy_params(sc, algo: str = "") -> tuple[str, dict]:
+    """The scaling policy's name and parameters of a ScalerSpec; unset fields get their defaults, "fixed" with no
+    count the count of the job's algorithm (`algo`), as the spec gives it (nitro.contracts.default_fixed_actors)."""
     name = sc.policy or DEFAULT_SCALING_POLICY
     if name == "fixed":
-        return name, {"actors": sc.fixed_actors or FIXED_ACTORS}
+        return name, {"actors": sc.fixed_actors or default_fixed_actors(algo)}
     if name == "hydrozoa":
         return name, {"every": sc.period or HYDROZOA_PERIOD}
     if name == "minions":
@@ -205,7 +207,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
     def _check_plan(self, request, context) -> tuple[str, object, RoundInputs, str, int]:
         """(policy base name, policy, round inputs, budget clock, actor memory MB) of a valid PlanRequest."""
         sc = request.scaler
-        name, params = policy_params(sc)
+        name, params = policy_params(sc, request.algo)
         base = name.partition(":")[0]
         if base not in SCALING_POLICIES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,

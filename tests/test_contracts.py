@@ -183,6 +183,8 @@ def test_default_scaler_is_the_algorithms_fixed_count_everywhere():
     # sends the validated count, so only a direct caller gets this).
     assert policy_params(common_pb2.ScalerSpec()) == (c.DEFAULT_SCALING_POLICY, {"actors": c.FIXED_ACTORS})
     assert actors(*policy_params(common_pb2.ScalerSpec())) == c.FIXED_ACTORS
+    for algo, count in c.FIXED_ACTORS_BY_ALGO.items():  # with the job's algorithm, as the learner sends it
+        assert policy_params(common_pb2.ScalerSpec(), algo) == (c.DEFAULT_SCALING_POLICY, {"actors": count})
     assert actors(c.DEFAULT_SCALING_POLICY, {}) == c.FIXED_ACTORS  # "fixed" with no count
     # The CLI's --help names the default per algorithm.
     expected = ", ".join(f"{c.DEFAULT_SCALING_POLICY}:{n} for {a}" for a, n in c.FIXED_ACTORS_BY_ALGO.items())

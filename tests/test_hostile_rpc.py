@@ -28,7 +28,7 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nitro.contracts import DEFAULT_SCALING_POLICY, FIXED_ACTORS
+from nitro.contracts import DEFAULT_SCALING_POLICY, FIXED_ACTORS, default_fixed_actors
 from nitro.rpc import grpc_util
 from nitro.rpc.grpc_util import check_health, make_channel
 from nitro.spec import from_proto, validate
@@ -584,10 +584,14 @@ def test_fallback_plan_only_for_policies_that_read_the_score(stubs, auth_md, pol
     assert ("fallback" in resp.reason) == (policy == "nitro"), resp.reason
 
 
-def test_a_plan_naming_no_policy_gets_the_default(stubs, auth_md):
-    """An empty ScalerSpec.policy means nitro.contracts.DEFAULT_SCALING_POLICY with FIXED_ACTORS actors, whatever
-    I_max, the score or a fallback say (fixed reads none of them)."""
+@pytest.mark.parametrize("algo", ["", "ppo", "impact"])
+def test_a_plan_naming_no_policy_gets_the_default_of_its_algorithm(stubs, auth_md, algo):
+    """An empty ScalerSpec.policy means nitro.contracts.DEFAULT_SCALING_POLICY with the algorithm's count
+    (default_fixed_actors: 8 for PPO, 16 for IMPACT; FIXED_ACTORS when the request names none), whatever I_max,
+    the score or a fallback say (fixed reads none of them). Issue 43: an IMPACT job used to get 8."""
     resp = stubs["scaler"].Plan(scaler_pb2.PlanRequest(
-        job_id="default-policy", round=0, score=1.0, budget_usd=10.0, steps_per_actor=32, fallback_actors=2,
-        scaler=common_pb2.ScalerSpec(i_min=1, i_max=4)), timeout=10, metadata=auth_md)
-    assert resp.actors == FIXED_ACTORS and resp.reason.startswith(f"{DEFAULT_SCALING_POLICY}:"), resp.reason
+        job_id=f"default-policy-{algo or 'none'}", round=0, score=1.0, budget_usd=10.0, steps_per_actor=32,
+        fallback_actors=2, algo=algo, scaler=common_pb2.ScalerSpec(i_min=1, i_max=64)), timeout=10, metadata=auth_md)
+    expected = default_fixed_actors(algo) if algo else FIXED_ACTORS
+    assert expected == {"": 8, "ppo": 8, "impact": 16}[algo]
+    assert resp.actors == expected and resp.reason.startswith(f"{DEFAULT_SCALING_POLICY}:"), resp.reason
