@@ -163,6 +163,35 @@ def test_the_local_token_goes_to_the_local_learner_only(system, monkeypatch):
         assert client.token_source == ""
 
 
+def test_the_rule_for_target_and_token(tmp_path, monkeypatch):
+    """find_target and find_token, the one rule of the SDK and the CLI, against a state dir whose supervisor
+    is this process: explicit wins, then a token file, then the local system's token for its own learner
+    only, then the environment."""
+    from nitro.client.sdk import FoundToken, find_target, find_token
+    from nitro.local.processes import process_start_time
+
+    for var in ("NITRO_TARGET", "NITRO_TOKEN", "NITRO_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "token").write_text("local-token-0123456789\n")
+    (tmp_path / "state.json").write_text(json.dumps({
+        "supervisor_pid": os.getpid(), "supervisor_start_time": process_start_time(os.getpid()),
+        "learner": "127.0.0.1:7", "token_file": str(tmp_path / "token")}))
+    given = tmp_path / "given-token"
+    given.write_text("# a comment\nfile-token-0123456789\n")
+    assert find_target(None, tmp_path) == "127.0.0.1:7" and find_target("h:1", tmp_path) == "h:1"
+    assert find_target(None, tmp_path / "nothing") is None
+    assert find_token("127.0.0.1:7", state_dir=tmp_path).token == "local-token-0123456789"
+    assert find_token("127.0.0.1:8", state_dir=tmp_path) == FoundToken(None, "")
+    assert find_token("127.0.0.1:7", token_file=given, state_dir=tmp_path).token == "file-token-0123456789"
+    assert find_token("127.0.0.1:7", token="explicit-token-0123", token_file=given).token == "explicit-token-0123"
+    monkeypatch.setenv("NITRO_TARGET", "h:2")
+    monkeypatch.setenv("NITRO_TOKEN", "env-token-0123456789")
+    assert find_target(None, tmp_path) == "h:2"
+    assert find_token("127.0.0.1:7", state_dir=tmp_path).token == "local-token-0123456789"
+    assert find_token("127.0.0.1:8", state_dir=tmp_path) == FoundToken("env-token-0123456789",
+                                                                                       "$NITRO_TOKEN")
+
+
 # --- nitro.train ------------------------------------------------------------------------------------------
 
 
