@@ -188,8 +188,7 @@ def test_the_rule_for_target_and_token(tmp_path, monkeypatch):
     monkeypatch.setenv("NITRO_TOKEN", "env-token-0123456789")
     assert find_target(None, tmp_path) == "h:2"
     assert find_token("127.0.0.1:7", state_dir=tmp_path).token == "local-token-0123456789"
-    assert find_token("127.0.0.1:8", state_dir=tmp_path) == FoundToken("env-token-0123456789",
-                                                                                       "$NITRO_TOKEN")
+    assert find_token("127.0.0.1:8", state_dir=tmp_path) == FoundToken("env-token-0123456789", "$NITRO_TOKEN")
 
 
 # --- nitro.train ------------------------------------------------------------------------------------------
