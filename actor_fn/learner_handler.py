@@ -135,11 +135,10 @@ def handler(event: dict, context=None) -> dict:
         certainly_dropped,
         check_parcel,
         compute_update,
-        decode_staleness_record,
-        encode_update,
         skip_record,
     )
     from nitro.config import make_config
+    from nitro.stellaris_records import decode_staleness_record, encode_update
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # a function gets about one vCPU per 1.8 GB; more threads only contend

@@ -65,7 +65,8 @@ from nitro.contracts import (  # noqa: E402
     stream_key,
 )
 from nitro.local import system_state  # noqa: E402
-from tests.faultkit import (  # noqa: E402
+from nitro.rpc.metrics import sample_value, scrape  # noqa: E402
+from nitro.tools.faultkit import (  # noqa: E402
     all_serving,
     busy_worker,
     client_of,
@@ -75,7 +76,6 @@ from tests.faultkit import (  # noqa: E402
     supervised,
     wait_until,
 )
-from tests.system import sample_value, scrape  # noqa: E402
 
 LOOPS = {
     "ppo": {},

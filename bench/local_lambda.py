@@ -25,10 +25,10 @@ import boto3
 import urllib3
 from botocore.config import Config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.lambda_handlers, here and in the workers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's nitro, here and in the workers
 
 from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda  # noqa: E402
-from tests import lambda_handlers  # noqa: E402
+from nitro.tools import lambda_handlers  # noqa: E402
 
 N = 1000
 CONCURRENCY = 64
@@ -86,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: the endpoint's)")
     args = parser.parse_args()
-    fn = FunctionConfig("noop", "tests.lambda_handlers.noop", concurrency=CONCURRENCY,
+    fn = FunctionConfig("noop", "nitro.tools.lambda_handlers.noop", concurrency=CONCURRENCY,
                         max_workers=args.workers)
     with LocalLambda([fn]) as ll:
         client = boto3.client(

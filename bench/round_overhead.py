@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nitro.client.sdk import NitroClient  # noqa: E402
 from nitro.local.system import LocalSystem  # noqa: E402
-from tests.system import sample_value, scrape  # noqa: E402
+from nitro.rpc.metrics import sample_value, scrape  # noqa: E402
 
 # The demo's settings (Makefile `demo`) for a few rounds. The detector scores while the learner evaluates, so
 # fewer episodes leave more of the detection on the critical path (NITRO_BENCH_EVAL_EPISODES).

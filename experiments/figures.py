@@ -171,7 +171,7 @@ def _minions_checkpoint() -> dict | None:
         if info.get("env_id") == ENV:
             return info
     from nitro.scaling.minions import format_distribution
-    from nitro.scaling.minions_pretrain import PretrainSettings, pretrain
+    from nitro.training.minions_pretrain import PretrainSettings, pretrain
 
     settings = PretrainSettings(env_id=ENV, episodes=32, rounds_per_episode=5, i_max=I_MAX, steps_per_actor=STEPS,
                                 out=str(out), seed=0)

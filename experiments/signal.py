@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from learner_svc.clients import derived_seed
 from nitro.algos.ppo import PPOLearner
 from nitro.config import make_config
 from nitro.detector.core import detect
@@ -47,6 +46,7 @@ from nitro.policy.envs import env_spaces
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import spec_for_spaces
 from nitro.policy.rollout import Sampler, evaluate
+from nitro.seeds import derived_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "experiments" / "signal"

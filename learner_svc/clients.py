@@ -17,6 +17,7 @@ from learner_svc.resilience import RPC_RETRYABLE, DependencyUnavailable, JobAbor
 from nitro import launches
 from nitro.contracts import launch_owner_key, launches_key, waves_key
 from nitro.rpc.grpc_util import DEADLINES
+from nitro.seeds import derived_seed
 from nitro.spec import TrainingSpec, env_kwargs_to_wire
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2
 
@@ -72,10 +73,6 @@ def retry_note(r: scaler_pb2.InvocationResult) -> str | None:
 
 def failure_note(r: scaler_pb2.InvocationResult) -> str:
     return f"actor {r.invocation_id} failed after {r.attempts} attempt(s): {r.error_type}: {r.error_message[:200]}"
-
-
-def derived_seed(seed: int, *parts: int) -> int:
-    return int(np.random.SeedSequence([seed, *parts]).generate_state(1)[0])
 
 
 def _finite(x: float) -> float:

@@ -78,8 +78,6 @@ from nitro.algos.ppo import collate, standardize_batch
 from nitro.algos.stellaris import (
     ParameterServer,
     StalenessLedger,
-    decode_update,
-    encode_staleness_record,
     make_parcel,
     prepare,
     staleness_bound,
@@ -96,6 +94,7 @@ from nitro.contracts import (
 )
 from nitro.data import codec
 from nitro.rpc import metrics
+from nitro.stellaris_records import decode_update, encode_staleness_record
 from nitro.v1 import scaler_pb2
 
 log = logging.getLogger(__name__)

@@ -103,6 +103,10 @@ class PPOConfig(_Overridable):
 ACTIVATIONS = {"tanh", "relu"}
 VALUE_CLIP_MODES = {"ppo2", "rllib"}
 VTRACE_CRITICS = ("online", "target")  # IMPACTConfig.vtrace_critic; the first is the default
+# Stellaris's aggregation (the spec's `stellaris` settings validate against these, nitro.spec): the staleness
+# weight w(s) (nitro.algos.stellaris.staleness_weight) and the staleness bound's schedule (staleness_bound).
+STALENESS_WEIGHTS = ("inverse", "exp", "none")
+BOUND_SCHEDULES = ("linear", "geometric", "constant")
 
 
 def _check(ok: bool, name: str, allowed: str) -> None:

@@ -13,6 +13,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from nitro.config import BOUND_SCHEDULES, STALENESS_WEIGHTS
 from nitro.contracts import (
     DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_ENVS_PER_ACTOR,
@@ -46,8 +47,6 @@ ASYNCHRONOUS_ALGOS = ("impact",)  # the learner trains while the actors sample (
 BEHAVIOUR_VALUE_ALGOS = ("ppo",)
 DETECTOR_FALLBACKS = ("i_min", "last")
 LEARNER_MODES = ("central", "stellaris")
-STALENESS_WEIGHTS = ("inverse", "exp", "none")  # nitro.algos.stellaris.staleness_weight
-BOUND_SCHEDULES = ("linear", "geometric", "constant")  # nitro.algos.stellaris.staleness_bound
 MAX_ACTORS = 1000
 MAX_ROUNDS = 100_000
 MAX_STEPS_PER_ACTOR = 1_000_000

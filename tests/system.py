@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import urllib.request
-
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from nitro.local.system import LocalSystem
 
@@ -25,17 +22,3 @@ def module_system(name: str, concurrency: int = 8):
         sysm.stop()
 
     return system
-
-
-def scrape(port: int) -> dict[str, list]:
-    """Parse a /metrics exposition into {family name: samples}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {f.name: f.samples for f in text_string_to_metric_families(text)}
-
-
-def sample_value(samples, name: str, **labels) -> float:
-    total = 0.0
-    for s in samples:
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-            total += s.value
-    return total

@@ -25,7 +25,7 @@ import pytest
 from learner_svc.constants import LOST_BATCH_GRACE_S
 from nitro.client.commands.follow import INTERRUPTED_EXIT
 from nitro.local import system_state
-from tests.faultkit import (
+from nitro.tools.faultkit import (
     client_of,
     component,
     kill,

@@ -155,7 +155,7 @@ def test_local_lambda_passes_function_env_outside_the_command_line():
     import boto3
     from botocore.config import Config
 
-    fn = FunctionConfig("env", "tests.lambda_handlers.env_reader", env={"NITRO_HMAC_KEY": SECRET}, max_workers=1)
+    fn = FunctionConfig("env", "nitro.tools.lambda_handlers.env_reader", env={"NITRO_HMAC_KEY": SECRET}, max_workers=1)
     with LocalLambda([fn]) as ll:
         client = boto3.client("lambda", endpoint_url=ll.endpoint_url, region_name="us-east-1",
                               aws_access_key_id="test", aws_secret_access_key="test",

@@ -38,10 +38,11 @@ from nitro.client.sdk import NitroClient
 from nitro.contracts import scaler_state_key, seen_key, stream_key
 from nitro.data.redis_client import connect
 from nitro.data.store import TrajectoryWriter
+from nitro.rpc.metrics import sample_value, scrape
 from nitro.spec import TrainingSpec, validate
 from nitro.v1 import training_pb2
 from tests.credentials import signer
-from tests.system import module_system, sample_value, scrape
+from tests.system import module_system
 
 pytestmark = pytest.mark.timeout(400)
 

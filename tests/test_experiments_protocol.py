@@ -464,7 +464,7 @@ def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory) -> str:
     """A real `nitro pretrain-minions` checkpoint, as small as it gets: 2 CartPole jobs of 2 rounds, I_max 3."""
-    from nitro.scaling.minions_pretrain import PretrainSettings, pretrain
+    from nitro.training.minions_pretrain import PretrainSettings, pretrain
 
     out = tmp_path_factory.mktemp("sched") / "cartpole-i3.npz"
     settings = PretrainSettings("CartPole-v1", episodes=2, episodes_per_update=2, rounds_per_episode=2, i_max=3,

@@ -20,7 +20,7 @@ import pytest
 from nitro.client.sdk import NitroClient
 from nitro.contracts import stream_key
 from nitro.data.redis_client import connect
-from tests.faultkit import busy_worker, wait_for_launch, wait_for_round
+from nitro.tools.faultkit import busy_worker, wait_for_launch, wait_for_round
 from tests.system import start_system
 
 pytestmark = pytest.mark.timeout(600)

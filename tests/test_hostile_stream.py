@@ -26,10 +26,11 @@ from nitro.client.sdk import NitroClient
 from nitro.contracts import invocation_key, stream_key
 from nitro.data import codec
 from nitro.data.redis_client import connect
+from nitro.rpc.metrics import scrape
 from tests.envelopes import body as _body
 from tests.envelopes import sign as _sign
 from tests.envelopes import sign_ntr2
-from tests.system import scrape, start_system
+from tests.system import start_system
 
 pytestmark = pytest.mark.timeout(420)
 

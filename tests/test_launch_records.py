@@ -133,8 +133,8 @@ def test_a_lease_held_twice_lives_until_its_last_holder_leaves(redis_client):
 
 @pytest.fixture(scope="module")
 def endpoint():
-    with LocalLambda([FunctionConfig("slow-actor", "tests.lambda_handlers.slow_actor"),
-                      FunctionConfig("crashing-actor", "tests.lambda_handlers.crash")]) as ll:
+    with LocalLambda([FunctionConfig("slow-actor", "nitro.tools.lambda_handlers.slow_actor"),
+                      FunctionConfig("crashing-actor", "nitro.tools.lambda_handlers.crash")]) as ll:
         yield ll
 
 

@@ -22,7 +22,7 @@ from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 from nitro.local.lambda_endpoint import FunctionConfig, LocalLambda
 from nitro.local.lambda_endpoint.api import split_function_name
 
-H = "tests.lambda_handlers."
+H = "nitro.tools.lambda_handlers."
 
 FUNCTIONS = [
     FunctionConfig("noop", H + "noop"),

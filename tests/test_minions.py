@@ -252,7 +252,7 @@ def test_inputs_are_standardised_with_the_stored_statistics(tmp_path):
     import torch
 
     from nitro.policy.models import Policy
-    from nitro.scaling.minions_pretrain import scheduler_model_spec
+    from nitro.training.minions_pretrain import scheduler_model_spec
 
     policy = Policy(scheduler_model_spec(4))
     policy.load_numpy_state({**state, "obs_count": np.array(10.0)})
@@ -309,7 +309,7 @@ def test_decision_distribution_counts_greedy_decisions(tmp_path):
 def test_short_pretraining_in_process_does_not_collapse_to_one_count(tmp_path):
     """A few seconds of pre-training on a cheap setting: the scheduler's greedy decisions over the
     inputs its jobs produced are not all one count (a scheduler that always returns I_min fails)."""
-    from nitro.scaling.minions_pretrain import PretrainSettings, pretrain
+    from nitro.training.minions_pretrain import PretrainSettings, pretrain
 
     settings = PretrainSettings("CartPole-v1", episodes=16, episodes_per_update=4, rounds_per_episode=4, i_max=4,
                                 steps_per_actor=32, preset="fast", eval_episodes=1, holdout_jobs=1, seed=3,
@@ -348,7 +348,7 @@ def test_short_pretraining_in_process_does_not_collapse_to_one_count(tmp_path):
 
 
 def test_pretraining_settings_are_validated():
-    from nitro.scaling.minions_pretrain import PretrainSettings
+    from nitro.training.minions_pretrain import PretrainSettings
 
     assert PretrainSettings().validate().env_id == "Hopper-v5"
     for change, message in ((dict(episodes=0), "episodes"), (dict(eval_episodes=0), "needs the evaluation return"),
@@ -368,7 +368,7 @@ def test_pretraining_settings_are_validated():
 
 
 def test_jobs_whose_budget_pays_for_no_round_are_skipped(tmp_path):
-    from nitro.scaling.minions_pretrain import PretrainError, PretrainSettings, pretrain
+    from nitro.training.minions_pretrain import PretrainError, PretrainSettings, pretrain
 
     settings = PretrainSettings("CartPole-v1", episodes=2, rounds_per_episode=2, i_max=2, steps_per_actor=8,
                                 preset="fast", eval_episodes=1, budget_usd=1e-9, budget_min_usd=0.0,
@@ -381,7 +381,7 @@ def test_jobs_whose_budget_pays_for_no_round_are_skipped(tmp_path):
 
 
 def test_trajectory_is_read_from_the_scalers_job_state():
-    from nitro.scaling.minions_pretrain import read_trajectory
+    from nitro.training.minions_pretrain import read_trajectory
 
     class Hash:
         def hget(self, key, field):
@@ -458,7 +458,7 @@ system = module_system("minions-state", concurrency=4)
 @pytest.fixture(scope="module")
 def pretrained(system, client, tmp_path_factory):
     from nitro.data.redis_client import connect
-    from nitro.scaling.minions_pretrain import PretrainSettings, pretrain
+    from nitro.training.minions_pretrain import PretrainSettings, pretrain
 
     out = tmp_path_factory.mktemp("minions") / "scheduler.npz"
     settings = PretrainSettings("CartPole-v1", episodes=2, rounds_per_episode=3, i_max=I_MAX, steps_per_actor=64,
@@ -490,7 +490,7 @@ def test_pretraining_through_the_system_writes_a_loadable_checkpoint(pretrained)
     assert info["jobs"] == [ep.job_id for ep in result.episodes] and info["episodes_trained"] == 2
     # PPO really updated it: the weights moved away from the initialisation of the same seed.
     from nitro.algos.ppo import PPOLearner
-    from nitro.scaling.minions_pretrain import PretrainSettings, scheduler_model_spec, scheduler_ppo_config
+    from nitro.training.minions_pretrain import PretrainSettings, scheduler_model_spec, scheduler_ppo_config
 
     init = PPOLearner(scheduler_model_spec(I_MAX), scheduler_ppo_config(PretrainSettings("CartPole-v1", 1)), seed=1)
     moved = np.abs(init.policy.numpy_state()["actor.layers.0.weight"] - m.read_checkpoint(result.path)[1][
@@ -506,7 +506,7 @@ def test_pretraining_through_the_system_writes_a_loadable_checkpoint(pretrained)
 
 @pytest.mark.timeout(180)
 def test_minions_end_to_end_for_three_rounds(system, client, pretrained):
-    from tests.system import sample_value, scrape
+    from nitro.rpc.metrics import sample_value, scrape
 
     path = pretrained[0].path
     status = client.start_training({**JOB, "seed": 5, "scaler": {"policy": "minions", "scheduler": path,

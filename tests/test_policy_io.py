@@ -16,7 +16,6 @@ import pytest
 import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from learner_svc.clients import derived_seed
 from learner_svc.constants import EVAL_SEED_TAG
 from nitro import load_policy
 from nitro.client import cli, results
@@ -24,6 +23,7 @@ from nitro.client.commands import follow
 from nitro.errors import ConfigError, PolicyError
 from nitro.policy.evaluation import evaluate_policy, iqm_interval
 from nitro.policy.trained import export_policy
+from nitro.seeds import derived_seed
 from tests.system import module_system
 
 pytestmark = pytest.mark.timeout(300)

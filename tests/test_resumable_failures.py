@@ -18,7 +18,7 @@ import redis
 from learner_svc.resilience import DependencyUnavailable, dependency_failure, resume_advice
 from nitro.client import cli
 from nitro.client.sdk import FailedPreconditionError, NitroClient
-from tests.faultkit import wait_for_round, wait_until
+from nitro.tools.faultkit import wait_for_round, wait_until
 from tests.system import start_system
 from tests.test_faults import check_accounting
 from tests.test_supervisor_restarts import SPEC

@@ -16,8 +16,8 @@ import pytest
 from nitro.client import results
 from nitro.client.sdk import InvalidArgumentError, NitroClient, NotFoundError, UnavailableError
 from nitro.rpc.grpc_util import check_health
-from nitro.rpc.metrics import PHASES
-from tests.system import module_system, sample_value, scrape
+from nitro.rpc.metrics import PHASES, sample_value, scrape
+from tests.system import module_system
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -30,10 +30,6 @@ from nitro.algos.stellaris import (
     certainly_dropped,
     combined_update,
     compute_update,
-    decode_staleness_record,
-    decode_update,
-    encode_staleness_record,
-    encode_update,
     flat_parameters,
     global_truncated_ratio,
     make_parcel,
@@ -52,6 +48,7 @@ from nitro.policy.inference import PolicyRunner
 from nitro.policy.models import Policy, policy_to_blob, spec_for_spaces
 from nitro.policy.rollout import Sampler
 from nitro.spec import InvalidSpec, TrainingSpec, from_proto, to_proto, validate
+from nitro.stellaris_records import decode_staleness_record, decode_update, encode_staleness_record, encode_update
 from nitro.v1 import scaler_pb2
 from scaler_svc.invoker import InvocationOutcome
 from scaler_svc.server import ScalerServicer

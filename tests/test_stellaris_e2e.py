@@ -17,8 +17,9 @@ import pytest
 from nitro.algos.stellaris import staleness_bound
 from nitro.client.sdk import InvalidArgumentError
 from nitro.data.redis_client import connect
+from nitro.rpc.metrics import sample_value, scrape
 from nitro.v1 import scaler_pb2
-from tests.system import module_system, sample_value, scrape
+from tests.system import module_system
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -20,7 +20,7 @@ from nitro.client.sdk import NitroClient
 from nitro.contracts import stream_key
 from nitro.errors import LocalSystemError
 from nitro.local import processes, restarts, secret_files, system_state
-from tests.faultkit import (
+from nitro.tools.faultkit import (
     busy_worker,
     client_of,
     component,

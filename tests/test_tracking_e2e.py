@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import pytest
 
 from nitro.client import cli
-from tests.system import module_system, sample_value, scrape
+from nitro.rpc.metrics import sample_value, scrape
+from tests.system import module_system
 from tests.test_tracking import event_scalars
 
 pytestmark = pytest.mark.timeout(300)

@@ -103,12 +103,11 @@ from nitro.algos.impact import impact_surrogate, reference_logp
 from nitro.algos.ppo import collate, normalize, standardize_batch, value_loss
 from nitro.algos.sgd import adam, kl_per_sample, kl_term, minibatch_sgd
 from nitro.algos.vtrace import vtrace_batches
+from nitro.config import BOUND_SCHEDULES
+from nitro.config import STALENESS_WEIGHTS as WEIGHT_FUNCTIONS
 from nitro.errors import ConfigError
 from nitro.policy.models import Policy
-from nitro.spec import BOUND_SCHEDULES
-from nitro.spec import STALENESS_WEIGHTS as WEIGHT_FUNCTIONS
 
-UPDATE_FORMAT = 1
 PARCEL_FORMAT = 1
 STALENESS_FORMAT = 1
 
@@ -509,6 +508,7 @@ class ParameterServer:
 
 
 # -- wire format shared by the parameter service and the learner function --------------------------
+# (signed and verified in nitro.stellaris_records: the codec stays out of the algorithm)
 
 def make_parcel(*, job_id: str, round_index: int, base_version: int, algo: str, config: dict, kl_coeff: float,
                 rho_bar: float, recent_versions: int, seed: int, batches: list[dict],
@@ -560,56 +560,9 @@ class UpdateRecord:
         return self.update is None
 
 
-def encode_update(rec: UpdateRecord, key: bytes) -> bytes:
-    from nitro.data import codec
-
-    g = None if rec.update is None else np.ascontiguousarray(rec.update, dtype=np.float32)
-    return codec.encode((UPDATE_FORMAT, rec.invocation_id, int(rec.round), int(rec.base_version), int(rec.steps),
-                         g, dict(rec.stats)), key)
-
-
 def skip_record(invocation_id: str, round_index: int, base: int, latest: int, bound: int,
                 staleness: int) -> UpdateRecord:
     """What a learner pushes instead of an update certain to be dropped (`staleness` > `bound`)."""
     return UpdateRecord(invocation_id, int(round_index), int(base), 0, None,
                         {"skipped": "stale_base", "latest": int(latest), "bound": int(bound),
                          "staleness": int(staleness)})
-
-
-def encode_staleness_record(record: dict, key: bytes) -> bytes:
-    from nitro.data import codec
-
-    return codec.encode(record, key)
-
-
-def decode_staleness_record(blob: bytes | None, key: bytes) -> dict | None:
-    """The verified record, or None when there is none or it does not verify (a learner then computes:
-    it skips only when it is certain)."""
-    from nitro.data import codec
-
-    if blob is None:
-        return None
-    try:
-        record = codec.decode(blob, key, max_size=16 << 20)
-    except codec.PayloadError:
-        return None
-    return record if base_staleness(record, 0) is not None else None
-
-
-def decode_update(payload: bytes, key: bytes, n_params: int, max_size: int = 256 << 20) -> UpdateRecord:
-    """Verify and decode an update or a skip record; codec.PayloadError: bad MAC, bad shape, non-finite values."""
-    from nitro.data import codec
-
-    obj = codec.decode(payload, key, max_size=max_size)
-    if not (isinstance(obj, tuple) and len(obj) == 7 and obj[0] == UPDATE_FORMAT):
-        raise codec.MalformedPayloadError("payload is not a learner update")
-    _, inv, rnd, base, steps, g, stats = obj
-    if not (isinstance(inv, str) and all(type(v) is int for v in (rnd, base, steps)) and isinstance(stats, dict)):
-        raise codec.MalformedPayloadError("payload is not a learner update")
-    if g is None and stats.get("skipped"):
-        return UpdateRecord(inv, rnd, base, steps, None, stats)
-    if not isinstance(g, np.ndarray) or g.dtype != np.float32 or g.shape != (n_params,):
-        raise codec.MalformedPayloadError(f"update must be float32 of shape ({n_params},)")
-    if not np.isfinite(g).all():
-        raise codec.MalformedPayloadError("update has non-finite values")
-    return UpdateRecord(inv, rnd, base, steps, g, stats)

@@ -116,6 +116,25 @@ def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
     return server.server_address[1]
 
 
+def scrape(port: int, host: str = "127.0.0.1") -> dict[str, list]:
+    """Read a /metrics exposition (`serve_metrics`) back: {family name: samples}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def sample_value(samples, name: str, **labels) -> float:
+    """The sum of the samples called `name` whose labels include `labels` (of one family `scrape` read)."""
+    total = 0.0
+    for s in samples:
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            total += s.value
+    return total
+
+
 # -- per-job series --------------------------------------------------------------------------------------
 # Every per-job gauge is set through set_job, which remembers the series, so that the learner can drop a
 # job's series when it ends (forget_job) and the scaler and detector can drop those of jobs they have not

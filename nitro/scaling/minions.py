@@ -2,7 +2,7 @@
 
 A small actor-critic agent (2x64 tanh MLP, categorical over 1..I_max actors) looks
 at how the last round went and picks the next round's actor count. It is trained by
-`nitro pretrain-minions` (nitro.scaling.minions_pretrain) with this project's PPO across short
+`nitro pretrain-minions` (nitro.training.minions_pretrain) with this project's PPO across short
 training jobs run through the real system; at serving time it acts greedily (argmax).
 This module is numpy only, so the scaler process never imports torch.
 

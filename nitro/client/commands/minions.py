@@ -21,7 +21,7 @@ from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 
 def add_pretrain_minions(sub) -> None:
     from nitro.data.redis_client import url_from_env
-    from nitro.scaling.minions_pretrain import PretrainSettings
+    from nitro.training.minions_pretrain import PretrainSettings
 
     d = PretrainSettings()
     p = sub.add_parser("pretrain-minions", help="pre-train the MinionsRL actor scheduler for --scaler minions",
@@ -95,7 +95,7 @@ def cmd_pretrain_minions(args) -> int:
     from nitro.errors import ConfigError, UnknownEnvironmentError
     from nitro.local.system_state import redis_for_state_dir
     from nitro.policy.envs import resolve_env_id
-    from nitro.scaling.minions_pretrain import PretrainError, PretrainSettings, pretrain
+    from nitro.training.minions_pretrain import PretrainError, PretrainSettings, pretrain
 
     try:
         settings = PretrainSettings(

@@ -1,5 +1,5 @@
-"""Lambda handlers for the local endpoint's tests and benchmark, loaded by dotted name
-(FunctionConfig(..., "tests.lambda_handlers.echo")) from the repository root."""
+"""Lambda handlers that exercise the local endpoint (nitro.local.lambda_endpoint) rather than train: its tests
+and bench/local_lambda.py load them by dotted name (FunctionConfig(..., "nitro.tools.lambda_handlers.echo"))."""
 
 import os
 import signal
@@ -35,7 +35,7 @@ def raise_error(event, context):
     raise ValueError("boom")
 
 
-globals()["raise"] = raise_error  # so the handler string "tests.lambda_handlers.raise" works too
+globals()["raise"] = raise_error  # so the handler string "nitro.tools.lambda_handlers.raise" works too
 
 
 def crash(event, context):
