@@ -18,7 +18,7 @@ from nitro import launches
 from nitro.contracts import launch_owner_key, launches_key, waves_key
 from nitro.rpc.grpc_util import DEADLINES
 from nitro.seeds import derived_seed
-from nitro.spec import TrainingSpec, env_kwargs_to_wire
+from nitro.spec import TrainingSpec, env_kwargs_to_wire, scaler_to_proto
 from nitro.v1 import common_pb2, detector_pb2, scaler_pb2
 
 log = logging.getLogger(__name__)
@@ -80,11 +80,8 @@ def _finite(x: float) -> float:
 
 
 def scaler_spec(spec: TrainingSpec) -> common_pb2.ScalerSpec:
-    sc = spec.scaler
-    return common_pb2.ScalerSpec(policy=sc.policy, i_min=sc.i_min, i_max=sc.i_max, fixed_actors=sc.fixed_actors,
-                                 decay=sc.decay, window=sc.window, period=sc.period, scheduler=sc.scheduler,
-                                 actors_by_round=sc.actors_by_round, floor_actors=sc.floor_actors,
-                                 floor_decay=sc.floor_decay, kappa=sc.kappa, grow_f1=sc.grow_f1, grow_f2=sc.grow_f2)
+    """What the scaler plans by: the validated spec's scaler settings, through the spec's one conversion."""
+    return scaler_to_proto(spec.scaler)
 
 
 class Services:

@@ -63,6 +63,22 @@ class InvalidSpec(ConfigError):
         super().__init__(f"{field_name}: {message}")
 
 
+def parse_policy(text: str, field_name: str = "scaler.policy") -> tuple[str, int | None]:
+    """A scaling policy as written ("nitro", "fixed", "fixed:16"): its name and the actor count written after ':'
+    (None without one). Only "fixed" takes a count. The one parser of the shorthand: the CLI's --scaler, spec
+    files and the wire all read it here. InvalidSpec naming `field_name` otherwise (names are checked by
+    validate)."""
+    policy, sep, count = str(text).strip().partition(":")
+    if not sep:
+        return policy, None
+    if policy != "fixed":
+        raise InvalidSpec(field_name, f"{text!r}: only 'fixed' takes an actor count, e.g. 'fixed:16'")
+    try:
+        return policy, int(count)
+    except ValueError:
+        raise InvalidSpec(field_name, f"{text!r}: the count after ':' must be an integer, e.g. 'fixed:16'") from None
+
+
 @dataclass
 class ScalerSettings:
     policy: str = DEFAULT_SCALING_POLICY
@@ -555,14 +571,9 @@ def from_proto(msg) -> TrainingSpec:
     if msg.HasField("scaler"):
         explicit |= {f"scaler.{n}" for n in ("i_min", "i_max") if msg.scaler.HasField(n)}
         if msg.scaler.policy:
-            policy, _, n = msg.scaler.policy.partition(":")
-            spec.scaler.policy = policy
-            if n:  # "fixed:16" shorthand
-                try:
-                    spec.scaler.fixed_actors = int(n)
-                except ValueError:
-                    raise InvalidSpec("scaler.policy", f"'{msg.scaler.policy}': the count after ':' must be an "
-                                      "integer, e.g. 'fixed:16'") from None
+            spec.scaler.policy, count = parse_policy(msg.scaler.policy)
+            if count is not None:  # "fixed:16" shorthand
+                spec.scaler.fixed_actors = count
         if msg.scaler.scheduler:
             spec.scaler.scheduler = msg.scaler.scheduler
         if msg.scaler.actors_by_round:
@@ -593,17 +604,24 @@ def env_kwargs_to_wire(kwargs) -> str:
         raise InvalidSpec("env_kwargs", exc.detail) from None
 
 
-def to_proto(spec: TrainingSpec):
-    from nitro.v1 import common_pb2, training_pb2
+def scaler_to_proto(sc: ScalerSettings):
+    """The ScalerSpec message of the settings: what a job's spec carries and what the learner sends the scaler
+    with every Plan (one conversion for both)."""
+    from nitro.v1 import common_pb2
 
-    sc, st = spec.scaler, spec.stellaris
+    return common_pb2.ScalerSpec(policy=sc.policy, scheduler=sc.scheduler, actors_by_round=sc.actors_by_round,
+                                 # fixed_actors 0 (the algorithm's count) stays unset: a learner older than the
+                                 # per-algorithm default would refuse 0, and one with it reads unset as 0
+                                 **{n: getattr(sc, n) for n in _SCALER_FIELDS if n != "fixed_actors" or sc.fixed_actors})
+
+
+def to_proto(spec: TrainingSpec):
+    from nitro.v1 import training_pb2
+
+    st = spec.stellaris
     return training_pb2.TrainingSpec(
         env_id=spec.env_id, algo=spec.algo, preset=spec.preset, hyperparameters=spec.hyperparameters,
-        scaler=common_pb2.ScalerSpec(policy=sc.policy, scheduler=sc.scheduler, actors_by_round=sc.actors_by_round,
-                                     # fixed_actors 0 (the algorithm's count) stays unset: a learner older than the
-                                     # per-algorithm default would refuse 0, and one with it reads unset as 0
-                                     **{n: getattr(sc, n) for n in _SCALER_FIELDS
-                                        if n != "fixed_actors" or sc.fixed_actors}),
+        scaler=scaler_to_proto(spec.scaler),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
         learner_mode=spec.learner_mode, budget_clock=spec.budget_clock,
         hidden_sizes=spec.hidden_sizes, activation=spec.activation, vtrace_critic=spec.vtrace_critic,

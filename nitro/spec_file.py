@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
+from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec, parse_policy
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
 NESTED_FIELDS = {"scaler": tuple(f.name for f in dataclasses.fields(ScalerSettings)),
@@ -91,14 +91,8 @@ def normalise(spec: dict) -> dict:
     """A "scaler" policy string ("fixed:16") as the dict it stands for, so flags can merge into it."""
     scaler = spec.get("scaler")
     if isinstance(scaler, str):
-        policy, sep, count = scaler.partition(":")
-        spec["scaler"] = {"policy": policy}
-        if sep:
-            try:
-                spec["scaler"]["fixed_actors"] = int(count)
-            except ValueError:
-                raise InvalidSpec("scaler", f"{scaler!r}: the count after ':' must be an integer, e.g. "
-                                            "'fixed:16'") from None
+        policy, count = parse_policy(scaler, "scaler")
+        spec["scaler"] = {"policy": policy} if count is None else {"policy": policy, "fixed_actors": count}
     return spec
 
 

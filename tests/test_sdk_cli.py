@@ -476,3 +476,32 @@ def test_secret_files_are_private(tmp_path):
     path = tmp_path / "hmac.key"
     secret_files.write_secret(path, "abc")
     assert path.stat().st_mode & 0o777 == 0o600 and path.read_text() == "abc\n"
+
+
+@pytest.mark.parametrize("written,parsed", [("nitro", ("nitro", None)), ("fixed", ("fixed", None)),
+                                            ("fixed:16", ("fixed", 16)), (" fixed:4 ", ("fixed", 4))])
+def test_the_one_parser_of_the_policy_shorthand(written, parsed):
+    """CLI flag, spec file and wire read "fixed:N" through nitro.spec.parse_policy, and refuse alike."""
+    from nitro.spec import from_proto, parse_policy
+    from nitro.spec_file import normalise
+    from nitro.v1 import common_pb2, training_pb2
+
+    assert parse_policy(written) == parsed
+    assert normalise({"scaler": written})["scaler"] == {"policy": parsed[0], **(
+        {"fixed_actors": parsed[1]} if parsed[1] is not None else {})}
+    wire = from_proto(training_pb2.TrainingSpec(env_id="CartPole-v1", scaler=common_pb2.ScalerSpec(policy=written)))
+    assert wire.scaler.policy == parsed[0] and (parsed[1] is None or wire.scaler.fixed_actors == parsed[1])
+
+
+@pytest.mark.parametrize("bad", ["fixed:x", "nitro:4", "max:"])
+def test_a_count_on_another_policy_or_no_number_is_refused_everywhere(bad):
+    from nitro.spec import from_proto, parse_policy
+    from nitro.spec_file import normalise
+    from nitro.v1 import common_pb2, training_pb2
+
+    for read, field in ((lambda: parse_policy(bad), "scaler.policy"), (lambda: normalise({"scaler": bad}), "scaler"),
+                        (lambda: from_proto(training_pb2.TrainingSpec(
+                            env_id="CartPole-v1", scaler=common_pb2.ScalerSpec(policy=bad))), "scaler.policy")):
+        with pytest.raises(InvalidSpec) as err:
+            read()
+        assert err.value.field == field and "'fixed:16'" in err.value.detail

@@ -213,3 +213,22 @@ def test_model_and_env_fields_reach_the_model_the_actors_and_the_evaluation(clie
     assert policy.spec.hidden_sizes == (16,) and policy.spec.activation == "relu"
     assert policy.state["actor.layers.0.weight"].shape == (16, 4)
     assert policy.info["env_kwargs"] == kwargs  # so `nitro eval` builds the same environment
+
+
+def test_the_spec_and_the_scalers_plan_carry_every_scaler_setting_through_one_conversion():
+    """learner_svc.clients.scaler_spec (what every Plan carries) is nitro.spec.scaler_to_proto, as the job's own
+    wire spec is: a setting added to ScalerSettings reaches the scaler without a second hand-written copy."""
+    import dataclasses
+
+    from learner_svc.clients import scaler_spec
+    from nitro.spec import ScalerSettings, TrainingSpec, from_proto, scaler_to_proto, to_proto, validate
+
+    settings = ScalerSettings(policy="noise-replay", i_min=2, i_max=32, fixed_actors=5, decay=0.9, window=7, period=3,
+                              actors_by_round="1,2", floor_actors=9, floor_decay=0.5, kappa=2.5, grow_f1=0.3,
+                              grow_f2=0.6)
+    spec = validate(TrainingSpec(env_id="CartPole-v1", scaler=settings))
+    sent = scaler_spec(spec)
+    assert sent == scaler_to_proto(spec.scaler) == to_proto(spec).scaler
+    for f in dataclasses.fields(ScalerSettings):
+        assert getattr(sent, f.name) == getattr(settings, f.name), f.name
+    assert from_proto(to_proto(spec)).scaler == spec.scaler

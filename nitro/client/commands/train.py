@@ -25,7 +25,7 @@ from nitro.client.commands.follow import FollowOptions, add_outputs, open_job_tr
 from nitro.client.commands.system import LocalSystemOptions, aws_backend, local_system_for_job
 from nitro.contracts import FIXED_ACTORS_BY_ALGO, SCALING_POLICIES
 from nitro.local import system_state
-from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec
+from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec, parse_policy
 
 SCALER_POLICIES = "|".join(SCALING_POLICIES) + "|fixed:N"
 
@@ -168,18 +168,13 @@ def parse_env_kwarg(text: str) -> tuple[str, object]:
 
 def parse_scaler(text: str) -> tuple[str, int | None]:
     """--scaler POLICY or fixed:N. Policy names are checked by the server, which knows them all."""
-    policy, sep, count = text.strip().partition(":")
+    try:
+        policy, count = parse_policy(text, "--scaler")
+    except InvalidSpec as exc:
+        raise argparse.ArgumentTypeError(exc.detail) from None
     if not policy:
         raise argparse.ArgumentTypeError(f"expected one of {SCALER_POLICIES}, got {text!r}")
-    if not sep:
-        return policy, None
-    if policy != "fixed":
-        raise argparse.ArgumentTypeError(f"only 'fixed' takes an actor count (fixed:N), got {text!r}")
-    try:
-        n = int(count)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"the count in {text!r} must be an integer, e.g. fixed:16") from None
-    return policy, n
+    return policy, count
 
 
 def add_train(sub) -> None:
