@@ -1,4 +1,5 @@
-"""The modelled cloud bill of `make demo`'s job, phase by phase, under the old and the corrected cost model.
+"""The modelled cloud bill of the boosting job `make demo` ran until 2026-12-03, phase by phase, under the old and the
+corrected cost model.
 
 Runs the demo's settings (Hopper-v5 PPO `tuned`, the nitro scaler with I_min 4 and I_max 16, 512 steps per
 actor, 3 evaluation episodes, seed 1) through the real local system for NITRO_BENCH_ROUNDS rounds (default 20;

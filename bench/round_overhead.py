@@ -1,4 +1,4 @@
-"""Round overhead of the full system at `make demo`'s settings: Hopper-v5 PPO `tuned`, the nitro scaler
+"""Round overhead of the full system at the settings `make demo` ran until 2026-12-03: Hopper-v5 PPO `tuned`, the nitro scaler
 with I_min 4 and I_max 16, 512 steps per actor, 3 evaluation episodes, budget $5, seed 1, 80 rounds.
 
 Runs the real local system (Redis, Lambda endpoint, three services), then reads
