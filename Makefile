@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-nitro test setup protos check-protos bench clean
+.PHONY: demo demo-nitro test test-fast setup protos check-protos bench clean
 
 # The exact tested versions come from constraints.txt; pyproject.toml holds the compatible ranges.
 $(STAMP): pyproject.toml constraints.txt
@@ -28,6 +28,11 @@ demo-nitro: demo
 
 test: setup
 	$(BIN)/python -m pytest
+
+# While developing: the suite less its `system` and `slow` tests (the rule: tests/conftest.py), in under two
+# minutes on two cores; `make test` (CI: .ci/run) runs every test.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not system and not slow"
 
 protos: setup
 	$(BIN)/python -m nitro.tools.gen_protos

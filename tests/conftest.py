@@ -1,4 +1,4 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite, and the rule of its two tiers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,30 @@ import pytest
 from nitro.client.sdk import NitroClient
 from nitro.data.redis_client import connect
 from nitro.local.redis_server import LocalRedis
+
+# --- the two tiers ----------------------------------------------------------------------------------------
+# `make test` runs every test; `make test-fast` leaves out the tests marked `system` or `slow` (pyproject.toml
+# registers both markers):
+#   system: the test starts processes that make up a system or a part of one, and often kills them: a local
+#           system (tests.system.module_system or start_system, LocalSystem(...).start()), a supervised one
+#           (faultkit's `supervised`), a LocalLambda endpoint, or `nitro up`, `nitro train --local` or a
+#           benchmark as a subprocess.
+#   slow:   the test starts none of these but takes a second or more (training, Atari emulators, grids of
+#           fake runs, long property runs, waits for a timeout): 1.5 s or more in a run of the fast tier on
+#           the 2-core machine beside an experiment (pytest --durations=0).
+# The marker sits on the test, or on the module (`pytestmark`) where every test in it qualifies. One case
+# needs no marker: a test whose fixtures (however indirectly) include `system` (a module's local system, the
+# `client` fixture below included), `system_dir` (a supervised system) or `endpoint` (a LocalLambda endpoint)
+# is marked `system` here.
+# tests/test_test_tiers.py reads the test files and fails when a test that starts a system is not `system`.
+SYSTEM_FIXTURES = frozenset({"system", "system_dir", "endpoint"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` picks the tests
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SYSTEM_FIXTURES.intersection(item.fixturenames) and item.get_closest_marker("system") is None:
+            item.add_marker(pytest.mark.system)
 
 
 @pytest.fixture(scope="session")

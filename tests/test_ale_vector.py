@@ -88,6 +88,7 @@ def test_settings_the_vector_env_cannot_reproduce_keep_the_python_envs(env_id, k
             gym.registry.pop(env_id)
 
 
+@pytest.mark.slow
 def test_make_sampler_takes_the_vector_env_for_atari_and_can_be_switched_off(monkeypatch):
     one, many = make_sampler("ALE/Qbert-v5", 0, None, 1), make_sampler("ALE/Qbert-v5", 0, None, 4)
     assert type(one) is Sampler and type(many) is ALEVecSampler and many.num_envs == 4
@@ -102,6 +103,7 @@ def test_make_sampler_takes_the_vector_env_for_atari_and_can_be_switched_off(mon
         ALEVecSampler("ALE/Qbert-v5", 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_envs,steps,runner_kw", [
     (4, 800, {}),  # below FUSED_MIN_BATCH: the critic over the rollout afterwards
     (8, 1600, {}),  # the fused per-step actor-critic pass
@@ -164,6 +166,7 @@ def assert_batch_close(got: dict, want: dict) -> None:
             assert got[k] == v, k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_envs,runner_kw", [(4, {}), (8, {}), (4, {"behaviour_values": False})])
 def test_uneven_steps_record_the_same_rows_and_leave_the_extra_step_out(n_envs, runner_kw, redis_client, hmac_key):
     """8 n - 2 steps over n envs: the last two envs take the last lockstep step unrecorded. The Python envs
@@ -211,6 +214,7 @@ def test_uneven_steps_record_the_same_rows_and_leave_the_extra_step_out(n_envs, 
     python.close()
 
 
+@pytest.mark.slow
 def test_seeds_reproduce_the_run_and_reseed_restarts_it():
     runner = runner_for("ALE/Qbert-v5")
     batches = []
@@ -231,6 +235,7 @@ def test_seeds_reproduce_the_run_and_reseed_restarts_it():
         s.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [
     {"frame_skip": 2, "frame_stack": 4, "screen_size": 64},
     {"full_action_space": True, "obs_type": "rgb", "frame_stack": 1},
@@ -247,6 +252,7 @@ def test_other_preprocessing_settings_give_the_python_envs_batches(kw):
         assert (got["truncated"] & ~got["cut"]).sum() == 2
 
 
+@pytest.mark.slow
 def test_env_i_is_seeded_as_the_python_envs_seed_it():
     kw = ale_vector_kwargs("ALE/Qbert-v5")  # no-op starts on: the seed decides them
     sampler = ALEVecSampler("ALE/Qbert-v5", 3, seed=2**40 + 7)
@@ -261,6 +267,7 @@ def test_env_i_is_seeded_as_the_python_envs_seed_it():
     sampler.close()
 
 
+@pytest.mark.slow
 def test_a_box_policy_is_refused_with_a_clear_error():
     spec = spec_for_spaces(*env_spaces("Pendulum-v1"))
     runner = PolicyRunner(spec, Policy(spec).numpy_state(), 0)
@@ -270,6 +277,7 @@ def test_a_box_policy_is_refused_with_a_clear_error():
     sampler.close()
 
 
+@pytest.mark.slow
 def test_make_env_stacks_zeros_before_the_first_frame():
     obs, _ = make_env("ALE/Qbert-v5", noop_max=0).reset(seed=0)
     assert obs.shape == (3, 84, 84) and not obs[:2].any() and obs[2].any()
@@ -278,6 +286,7 @@ def test_make_env_stacks_zeros_before_the_first_frame():
     vec.close()
 
 
+@pytest.mark.slow
 def test_the_actor_handler_samples_atari_on_the_vector_env(fresh_handler, redis_server, redis_client, hmac_key):
     spec = spec_for_spaces(*env_spaces("ALE/Qbert-v5"))
     PolicyStore(redis_client, "alev").put(1, policy_to_blob(Policy(spec), 1, read_key(hmac_key, "alev")))

@@ -55,6 +55,7 @@ def test_preprocessing_grayscale_84_frame_skip_and_configurable_stack():
     env4.close()
 
 
+@pytest.mark.slow
 def test_the_emulator_observation_fetched_as_grayscale_changes_nothing():
     # The default fetches grayscale, which the wrapper ignores; ending episodes on a lost life resets often.
     envs = [make_env(ENV, terminal_on_life_loss=True), make_env(ENV, terminal_on_life_loss=True, obs_type="rgb")]
@@ -97,6 +98,7 @@ def test_cnn_forward_backward_shapes(spec, policy):
     assert last == (11, 11) and cnn(torch.zeros(2, 3, 84, 84, dtype=torch.uint8)).shape == (2, 6)
 
 
+@pytest.mark.slow
 def test_numpy_actor_matches_torch(spec, policy):
     runner = PolicyRunner(spec, policy.numpy_state(), 0)
     sampler = Sampler(ENV, seed=1)
@@ -229,6 +231,7 @@ def event(redis_client, redis_server, hmac_key, **kw):
     return {**e, **grant(redis_client, hmac_key, JOB, e["invocation_id"])}
 
 
+@pytest.mark.slow
 def test_handler_samples_an_ale_env_into_a_compressed_signed_batch(fresh_handler, redis_server, redis_client,
                                                                     hmac_key, policy):
     PolicyStore(redis_client, JOB).put(1, policy_to_blob(policy, 1, read_key(hmac_key, JOB)))
@@ -248,6 +251,7 @@ def test_handler_samples_an_ale_env_into_a_compressed_signed_batch(fresh_handler
     reader.ack([entry])
 
 
+@pytest.mark.slow
 def test_handler_splits_a_batch_above_the_entry_cap(fresh_handler, redis_server, redis_client, hmac_key, policy):
     PolicyStore(redis_client, JOB).put(1, policy_to_blob(policy, 1, read_key(hmac_key, JOB)))
     summary = fresh_handler(event(redis_client, redis_server, hmac_key, num_steps=48, compress=False, max_entry_bytes=400_000), None)

@@ -373,6 +373,7 @@ def test_plaintext_client_cannot_talk_to_tls_server(tls):
     assert not grpc_util.check_health(svc.address)
 
 
+@pytest.mark.slow
 def test_tls_client_refuses_an_untrusted_server(tls, tmp_path):
     svc, _ = tls
     other_ca, _ = make_cert(tmp_path)

@@ -41,6 +41,7 @@ def non_loopback_ipv4() -> str | None:
     return None if ip.startswith("127.") else ip
 
 
+@pytest.mark.system
 def test_aws_backend_trains_through_boto3_default_endpoint_without_a_local_endpoint(tmp_path, monkeypatch):
     fn = FunctionConfig("nitro-actor", "actor_fn.handler.handler", concurrency=8, max_workers=2)
     for var in ("NITRO_HMAC_KEY", "NITRO_REDIS_PASSWORD", "NITRO_REDIS_USERNAME", "NITRO_LAMBDA_ENDPOINT"):
@@ -86,6 +87,7 @@ def test_aws_backend_needs_where_the_functions_reach_redis(tmp_path):
         LocalSystem(tmp_path, lambda_backend="gcp")
 
 
+@pytest.mark.system
 def test_a_bind_address_redis_cannot_take_is_a_clear_error(tmp_path):
     system = LocalSystem(tmp_path / "s", lambda_backend="aws", actor_redis_url="redis://10.0.0.5:6379/0",
                          redis_bind="not an address")

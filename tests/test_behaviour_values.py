@@ -52,9 +52,11 @@ def critic_calls(runner: PolicyRunner) -> tuple[list[int], list[bool]]:
     (ENV, 4, 300, KW, {"obs_norm": True}),
     ("Pendulum-v1", 1, 90, {"max_episode_steps": 30}, {}),  # Box actions
     ("Pendulum-v1", 3, 90, {"max_episode_steps": 20}, {}),
-    ("ALE/Qbert-v5", 8, 48, {"max_episode_steps": 10}, {}),  # the CNN: fused actor-critic pass when recording
+    # the CNN: fused actor-critic pass when recording
+    pytest.param("ALE/Qbert-v5", 8, 48, {"max_episode_steps": 10}, {}, marks=pytest.mark.slow),
     # The Python envs (terminal_on_life_loss keeps them) rather than ALE's vector env
-    ("ALE/Qbert-v5", 8, 48, {"max_episode_steps": 10, "terminal_on_life_loss": True}, {}),
+    pytest.param("ALE/Qbert-v5", 8, 48, {"max_episode_steps": 10, "terminal_on_life_loss": True}, {},
+                 marks=pytest.mark.slow),
 ])
 def test_without_behaviour_values_the_batch_is_the_same_less_values(env_id, n_envs, steps, kw, spec_kw):
     full, lean = runners(env_id, kw, **spec_kw)
@@ -145,6 +147,7 @@ def _event(redis_client, hmac_key, redis_server, **kw):
     return {**e, **grant(redis_client, hmac_key, "bv", e["invocation_id"])}
 
 
+@pytest.mark.slow
 def test_an_impact_policy_gets_batches_without_values_that_impact_learns_from_and_ppo_refuses(
         fresh_handler, redis_server, redis_client, hmac_key):
     spec = spec_for_spaces(*env_spaces(ENV))

@@ -38,7 +38,7 @@ from nitro.tools.faultkit import (
 )
 from tests.test_supervisor_restarts import SPEC, check_job
 
-pytestmark = pytest.mark.timeout(480)
+pytestmark = [pytest.mark.timeout(480), pytest.mark.system]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -150,6 +150,7 @@ def test_pretrain_minions_refuses_a_redis_url_with_a_password():
     assert rc == 2 and "--redis-url: the URL carries a password" in out and SECRET not in out, out
 
 
+@pytest.mark.system
 def test_local_lambda_passes_function_env_outside_the_command_line():
     """FunctionConfig.env (it may hold a key) reaches the workers through the environment only."""
     import boto3
@@ -170,6 +171,7 @@ def test_local_lambda_passes_function_env_outside_the_command_line():
 # --- a real local system and a real `nitro train` ------------------------------------------------------
 
 
+@pytest.mark.system
 def test_no_secret_on_any_command_line_of_a_local_system_and_nitro_train(tmp_path):
     from tests.system import start_system
 

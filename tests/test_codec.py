@@ -636,6 +636,7 @@ _WELL_FORMED_OPS = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(ops=st.lists(st.one_of(_WELL_FORMED_OPS, codec_fuzz._soup_op()), min_size=1, max_size=30))

@@ -34,6 +34,7 @@ def test_the_harness_signs_as_the_decoder_reads():
     fuzz.check_signer()  # else every hostile case below would stop at the tag
 
 
+@pytest.mark.slow
 @settings(max_examples=120, **FUZZ)
 @given(case=fuzz.unsigned_cases())
 def test_unsigned_envelopes_never_decode(case):
@@ -41,6 +42,7 @@ def test_unsigned_envelopes_never_decode(case):
     _holds(case)
 
 
+@pytest.mark.slow
 @settings(max_examples=240, **FUZZ)
 @given(case=fuzz.hostile_cases())
 def test_signed_hostile_envelopes_are_refused_or_plain(case):
@@ -48,6 +50,7 @@ def test_signed_hostile_envelopes_are_refused_or_plain(case):
     _holds(case)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, **FUZZ)
 @given(case=fuzz.valid())
 def test_valid_envelopes_round_trip(case):

@@ -150,6 +150,7 @@ def test_disabled_keeps_torchs_own_ops(monkeypatch):
     assert type(cpu_ops.tanh(x).grad_fn).__name__ == "TanhBackward0"
 
 
+@pytest.mark.slow
 def test_the_environment_variable_turns_them_off():
     code = "from nitro.policy import cpu_ops; print(cpu_ops.ENABLED)"
     for value, expected in (("0", "False"), ("1", "True")):
@@ -194,6 +195,7 @@ print(counts[1] - counts[0])
 """
 
 
+@pytest.mark.slow
 @needs_onednn
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2,
                     reason="counts OS threads in /proc; needs 2 CPUs for an OpenMP team")

@@ -40,6 +40,7 @@ def check(capsys, *argv: str) -> tuple[int, dict | None, str]:
 # --- the example environment through the whole local system ---------------------------------------
 
 
+@pytest.mark.system
 def test_nitro_train_local_trains_the_example_module(tmp_path):
     """As in the guide: the module sits in the working directory, PYTHONPATH=. and NITRO_ENV_MODULES name it;
     the learner (spaces, evaluation) and every actor import it."""
@@ -65,6 +66,7 @@ def test_nitro_train_local_trains_the_example_module(tmp_path):
     assert (results / "checkpoint.pt").is_file()
 
 
+@pytest.mark.system
 def test_a_running_learner_names_its_own_nitro_env_modules_not_the_shells(tmp_path):
     """The new user's trap: `nitro up` started without NITRO_ENV_MODULES, then the variable set in the shell
     that submits the job. The learner refuses the id, and must say that its environment (the one `nitro up`

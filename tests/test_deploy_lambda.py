@@ -121,6 +121,7 @@ def deploy(*flags: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_create_then_update_converges_function_version_alias_and_concurrency(aws, tmp_path, monkeypatch):
     key_file = tmp_path / "hmac.key"
     key_file.write_text(SECRET + "\n")
@@ -175,6 +176,7 @@ def test_create_then_update_converges_function_version_alias_and_concurrency(aws
     assert "ReservedConcurrentExecutions" not in aws.lam.get_function_concurrency(FunctionName="nitro-actor")
 
 
+@pytest.mark.slow
 def test_provisioned_concurrency_on_a_custom_alias_and_wait_until_ready(aws):
     rc, out, err = deploy("--image-uri", f"{IMAGE}:0.1.0", "--alias", "canary", "--provisioned-concurrency", "2",
                           "--wait-provisioned", "30")

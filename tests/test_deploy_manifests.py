@@ -545,6 +545,7 @@ def test_compose_commands_are_the_services_own_flags(compose):
     assert required <= written, required - written
 
 
+@pytest.mark.slow
 def test_gen_secrets_writes_every_secret_once_and_adds_what_an_older_env_lacks(tmp_path):
     import shutil
     import subprocess
@@ -720,6 +721,7 @@ def live_scrape(tmp_path_factory):
         system.stop()
 
 
+@pytest.mark.system
 @pytest.mark.timeout(180)
 def test_every_metric_the_dashboard_and_alerts_use_is_in_a_live_scrape(live_scrape):
     scraped = {}

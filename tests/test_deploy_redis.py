@@ -71,6 +71,7 @@ def deployed_redis(tmp_path):
     proc.wait(10)
 
 
+@pytest.mark.slow
 def test_users_and_their_rights(deployed_redis):
     port, proc, acl = deployed_redis
     service = redis.Redis(port=port, username=SERVICE_USER, password=SERVICE_PW)

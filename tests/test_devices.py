@@ -35,6 +35,7 @@ def test_unknown_names_list_what_is_allowed(bad):
         resolve_device(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_learner_service_refuses_cuda_without_a_gpu_at_startup():
     out = subprocess.run([sys.executable, "-m", "learner_svc", "--device", "cuda", "--port", "0",

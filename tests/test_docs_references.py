@@ -137,6 +137,7 @@ def test_path_colon_names_are_defined_there():
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_environment_variables_the_docs_name_are_read_somewhere():
     code = "\n".join(p.read_text(errors="replace") for d in (*PACKAGES, "bench", "deploy") for p in (ROOT / d).rglob("*")
                      if p.is_file() and (p.suffix in (".py", ".sh", ".yaml", ".yml") or "Dockerfile" in p.name))

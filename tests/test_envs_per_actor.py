@@ -255,6 +255,7 @@ def _perturbed_policy(spec, seed: int):
     return policy
 
 
+@pytest.mark.slow
 def test_atari_vec_sampler_batches_the_cnn():
     import torch
 
@@ -303,6 +304,7 @@ class RecordFinal(gym.Wrapper):
         return ob, r, term, trunc, info
 
 
+@pytest.mark.slow
 def test_atari_vec_sampler_step_values_equal_the_separate_critic_pass():
     import torch
 

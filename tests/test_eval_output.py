@@ -55,6 +55,7 @@ def recorded(policy_dir, tmp_path_factory):
 # --- a) one episode: no interval ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_episode_prints_no_confidence_interval(recorded):
     rc, output, _ = recorded
     assert rc == 0, output
@@ -62,6 +63,7 @@ def test_one_episode_prints_no_confidence_interval(recorded):
     assert "95% CI" not in output  # never an interval of zero width
 
 
+@pytest.mark.slow
 def test_one_episode_has_no_interval_in_the_json_and_the_sdk(policy_dir, capsys):
     assert cli.main(["eval", policy_dir, "--episodes", "1", "--json"]) == 0
     captured = capsys.readouterr()
@@ -76,6 +78,7 @@ def test_one_episode_has_no_interval_in_the_json_and_the_sdk(policy_dir, capsys)
 # --- b) SDL's complaint about XDG_RUNTIME_DIR ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_recording_prints_no_xdg_runtime_dir_error(recorded):
     rc, output, video = recorded
     assert rc == 0, output
@@ -83,6 +86,7 @@ def test_recording_prints_no_xdg_runtime_dir_error(recorded):
     assert video.is_file() and "video     " in output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [None, "relative/run", "/nonexistent/run"])
 def test_recording_in_process_is_quiet_and_leaves_the_environment_as_it_was(policy_dir, tmp_path, capfd,
                                                                             monkeypatch, value):
@@ -104,6 +108,7 @@ def test_recording_in_process_is_quiet_and_leaves_the_environment_as_it_was(poli
 # --- c) imageio's resizing warning ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_recording_prints_no_resizing_warning_and_keeps_the_picture(recorded):
     rc, output, video = recorded
     assert rc == 0, output

@@ -27,6 +27,7 @@ def test_run_ids_are_file_names_and_specs_carry_the_scheme():
     assert (spec["env_id"], spec["algo"], spec["rounds"], spec["seed"]) == ("ALE/Qbert-v5", "impact", 5, 3)
 
 
+@pytest.mark.system
 def test_grid_records_every_round_and_resumes_only_unfinished_runs(tmp_path):
     runs = grid()
     out = tmp_path / "out"

@@ -37,6 +37,7 @@ def test_iqm_interval_is_a_bootstrap_ci_around_the_iqm():
     assert P.iqm_interval({"spread": list(range(1, 9))}, reps=300) == {"spread": est["spread"]}  # seeded
 
 
+@pytest.mark.slow
 def test_probability_of_improvement_on_known_inputs():
     # x = 3, 4, 5 vs y = 1, 2, 3.5: 8 of the 9 pairs favour x
     p, lo, hi = P.probability_of_improvement([3, 4, 5], [1, 2, 3.5], reps=300)
@@ -156,6 +157,7 @@ class FakeRunner:
         return summary
 
 
+@pytest.mark.slow
 def test_plan_waits_for_nitro_then_derives_and_execution_resumes(tmp_path):
     proto, out = tiny(tmp_path), tmp_path / "grid"
     planned = P.plan(proto, out)
@@ -295,6 +297,7 @@ def local_runner(tmp_path_factory):
     runner.close()
 
 
+@pytest.mark.system
 def test_end_to_end_protocol_on_cartpole(tmp_path, local_runner):
     proto = P.Protocol(name="e2e", env_id="CartPole-v1", preset="fast", rounds=4, steps_per_actor=64, i_min=1,
                        i_max=3, seeds=(0,), eval_every=2, eval_episodes=2, final_evals=2)
@@ -330,6 +333,7 @@ def test_end_to_end_protocol_on_cartpole(tmp_path, local_runner):
     assert json.loads((out / "report.json").read_text())["schemes"]["nitro"]["final_iqm_ci"] is not None
 
 
+@pytest.mark.slow
 def test_budget_mode_specs_and_report(tmp_path):
     """Budget mode sends budget_usd with budget_clock "cloud" (checked by the real spec code) and reports
     whether the budget stopped every run. (A real budget-bound run needs more than the scaler's first-round
@@ -385,6 +389,7 @@ def test_paired_difference_uses_common_seeds_only():
     assert paired_difference({0: 1.0}, {1: 2.0}) is None
 
 
+@pytest.mark.slow
 def test_the_table_covers_every_scheme_and_seed_the_grid_holds(tmp_path):
     """A second command adding schemes on fewer seeds (max, the floor) must not leave a table without the first's."""
     out = tmp_path / "grid"
@@ -400,6 +405,7 @@ def test_the_table_covers_every_scheme_and_seed_the_grid_holds(tmp_path):
     assert P.whole_grid(second, tmp_path / "nowhere") == second
 
 
+@pytest.mark.slow
 def test_a_scheme_added_on_fewer_seeds_does_not_leave_the_grid_partial(tmp_path):
     """grid.json keeps the union of seeds and schemes; the count of planned runs must not multiply them out."""
     out = tmp_path / "grid"
@@ -424,6 +430,7 @@ def test_a_scheme_added_on_fewer_seeds_does_not_leave_the_grid_partial(tmp_path)
     assert "5 of 6 runs finished (partial)." in (out / "table.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_grid_run_from_a_clone_is_reported_whole_by_this_trees_code(repo, tmp_path, monkeypatch, capsys):
     """A grid runs from a clone at a fixed commit whose code may report only its own command's schemes; the
     command that started it then rebuilds the table over every scheme and seed the out dir holds."""
@@ -523,6 +530,7 @@ def test_minions_and_stellaris_options_are_refused_where_the_system_refuses(sche
         P.check_out_dir(replace(old, learner_mode="stellaris"), out)
 
 
+@pytest.mark.slow
 def test_a_grid_pins_its_minions_scheduler_and_reports_its_pretraining_cost(scheduler, tmp_path):
     from nitro.scaling.minions import pretraining_info
 
@@ -572,6 +580,7 @@ def test_a_grid_pins_its_minions_scheduler_and_reports_its_pretraining_cost(sche
     assert "Pre-trained for other jobs" in table and "steps_per_actor 32 (grid 64)" in table
 
 
+@pytest.mark.system
 def test_minions_and_stellaris_runs_through_the_local_system(scheduler, tmp_path, local_runner):
     """One minions run with the tiny scheduler and one nitro run in learner mode stellaris."""
     kw = dict(env_id="CartPole-v1", preset="fast", rounds=3, steps_per_actor=64, i_min=1, i_max=3, seeds=(0,),

@@ -15,6 +15,7 @@ TINY = SignalConfig(env_id="CartPole-v1", preset="fast", base_rounds=6, branches
                     horizon=1, eval_episodes=2)
 
 
+@pytest.mark.slow
 def test_a_fork_that_samples_like_the_base_run_stays_identical_to_it():
     base = Trainer(TINY, seed=3)
     base.round(0, 2)
@@ -32,6 +33,7 @@ def test_a_fork_that_samples_like_the_base_run_stays_identical_to_it():
     base.close(), arm.close(), other.close()
 
 
+@pytest.mark.slow
 def test_run_seed_writes_one_record_per_branch_with_every_signal(tmp_path):
     path = run_seed(TINY, 0, tmp_path, log=lambda *_: None)
     recs = [json.loads(line) for line in path.read_text().splitlines()]
@@ -68,6 +70,7 @@ def test_spearman_and_the_decision_test_reward_a_perfect_signal():
     assert best > 0 > worst
 
 
+@pytest.mark.slow
 def test_report_orients_signals_by_the_other_seeds(tmp_path):
     recs = synthetic()
     for s in range(6):
@@ -94,6 +97,7 @@ def test_partial_spearman_removes_what_the_round_index_explains():
     assert abs(partial_spearman(extra, benefit, k)) < 0.3
 
 
+@pytest.mark.slow
 def test_pooled_report_ranks_within_each_environment_and_compares_with_the_detectors_score(tmp_path):
     from experiments.signal import pooled_report
 

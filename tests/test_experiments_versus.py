@@ -41,6 +41,7 @@ def grids(tmp_path: Path, bonus: float) -> tuple[Path, Path]:
     return a, b
 
 
+@pytest.mark.slow
 def test_each_shared_scheme_is_compared_seed_by_seed_and_the_setting_is_named(tmp_path):
     a, b = grids(tmp_path, bonus=5.0)
     text, numbers = versus.compare(a, b, reps=100)
@@ -87,6 +88,7 @@ def test_grids_of_different_jobs_or_without_shared_runs_are_refused(tmp_path, ca
     assert "--reps: at least 100, got 5" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_every_scheme_of_both_grids_cut_at_one_measured_bill(tmp_path, capsys):
     """FakeRunner bills 0.001 x actors x (k + 1) by round k and evaluates rounds 1 and 3 (return actors x 10 + k)."""
     a, b = grids(tmp_path, bonus=5.0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.system]
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL_KEYS = {"completed", "batches_produced", "batches_acked", "batches_trained", "batches_lost",

@@ -8,6 +8,7 @@ import time
 from concurrent import futures
 
 import grpc
+import pytest
 
 from nitro.rpc.grpc_util import Service, make_channel, service_config
 
@@ -52,6 +53,7 @@ def test_calls_spread_over_all_replicas_of_a_multi_address_target():
     assert max(hits.values()) <= 15, hits  # spread, not pinned to the first address
 
 
+@pytest.mark.slow
 def test_aged_connections_are_replaced_without_failing_calls():
     """Replicated services close connections after max_connection_age_s (clients then re-resolve
     and find new replicas); callers must not see that as errors."""
@@ -117,6 +119,7 @@ def _quiet_stream_survives_pings(server_options: list[tuple[str, object]], secon
         server.stop(None)
 
 
+@pytest.mark.slow
 def test_servers_accept_the_clients_keepalive_pings_on_a_quiet_stream():
     """A report stream can sit quiet between rounds while the client pings it (KEEPALIVE_TIME_MS): the
     server's ping policy must accept that rate, or it closes the stream with GOAWAY "too_many_pings"."""

@@ -32,7 +32,7 @@ from tests.envelopes import sign as _sign
 from tests.envelopes import sign_ntr2
 from tests.system import start_system
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.system]
 
 JOB = "hostile-stream"
 ROUNDS, ACTORS, STEPS = 8, 2, 64  # the hostile entries land after round 0; 7 short rounds read them

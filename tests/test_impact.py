@@ -326,6 +326,7 @@ def test_replay_buffer_samples_distinct_batches_and_capacity_zero_disables():
 # -- detector ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_detector_scores_the_impact_surrogate():
     learner = IMPACTLearner(SPEC, impact_config("fast"), seed=0)
     learner.update(cartpole_batches(learner.policy, steps=200))

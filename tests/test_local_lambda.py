@@ -300,6 +300,7 @@ def test_warm_reuse_and_env(client):
     assert invoke(client, "env", {"name": "NITRO_TEST_VAR"})["body"] == "hello"
 
 
+@pytest.mark.system
 def test_cli_prints_url_and_stops_on_sigterm():
     proc = subprocess.Popen([sys.executable, "-m", "nitro.local.lambda_endpoint", "--port", "0",
                              "--function", f"noop={H}noop", "--workers", "1"],
@@ -324,6 +325,7 @@ def process_alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.system
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 def test_an_endpoint_that_dies_takes_its_running_workers_with_it(tmp_path):
     """Issue 41: an orphaned worker would finish its invocation for a caller that saw it fail (and retries or

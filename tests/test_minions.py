@@ -306,6 +306,7 @@ def test_decision_distribution_counts_greedy_decisions(tmp_path):
     assert const == {1: len(spread), 2: 0, 3: 0, 4: 0} and not varied(const)
 
 
+@pytest.mark.slow
 def test_short_pretraining_in_process_does_not_collapse_to_one_count(tmp_path):
     """A few seconds of pre-training on a cheap setting: the scheduler's greedy decisions over the
     inputs its jobs produced are not all one count (a scheduler that always returns I_min fails)."""

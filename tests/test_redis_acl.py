@@ -193,6 +193,7 @@ def test_actor_handler_logs_in_as_its_jobs_user(server, service, tmp_path, monke
     assert url.startswith(f"redis://{ACTOR_USER}:") and SERVICE_PW not in url
 
 
+@pytest.mark.slow
 def test_aof_survives_kill_9(tmp_path):
     s = LocalRedis(data_dir=tmp_path / "redis", users=nitro_users(SERVICE_PW, SCALER_PW), appendonly=True).start()
     try:

@@ -184,6 +184,7 @@ def _grid(tmp_path, name: str, rounds: int):
     return g
 
 
+@pytest.mark.slow
 def test_equal_cost_cuts_each_run_at_the_budget_and_prefers_the_longer_run(tmp_path, capsys):
     short, long = _grid(tmp_path, "g50", 10), _grid(tmp_path, "g100", 20)
     for seed in range(4):
@@ -385,6 +386,7 @@ def _json(path, data):
     return path
 
 
+@pytest.mark.slow
 def test_the_verdict_table_says_whether_a_comparison_holds_under_every_pricing(tmp_path, capsys):
     g = _grid(tmp_path, "g", 20)
     for seed in range(5):

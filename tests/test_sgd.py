@@ -153,6 +153,7 @@ def test_a_helper_term_that_outlasts_the_callers_counts_on_the_critical_path():
     assert critical_path_cpu_seconds() - c0 < 0.08
 
 
+@pytest.mark.slow
 def test_preload_imports_what_the_first_optimizer_would():
     """sgd.preload (the learner service runs it before answering) takes torch._dynamo's import off a first job."""
     import subprocess

@@ -459,6 +459,7 @@ def test_oversized_payload_rejected(redis_client, hmac_key):
     assert reader.rejected == {"too_large": 1}
 
 
+@pytest.mark.slow
 def test_memory_bounded(redis_client, hmac_key):
     writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
     reader = TrajectoryReader(redis_client, JOB, hmac_key, dedup_window_s=3600)

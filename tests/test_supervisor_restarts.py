@@ -173,6 +173,7 @@ def test_secrets_cannot_be_rotated_while_up(system_dir):
     assert (system_dir / secret_files.TOKEN_FILE).exists()
 
 
+@pytest.mark.system
 def test_restart_budget_spent_stops_everything_and_secrets_outlive_the_system(tmp_path, capsys):
     state_dir = tmp_path / "budget"
     supervised(state_dir, "--max-restarts", "1")
@@ -203,6 +204,7 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v", "-s"]))
 
 
+@pytest.mark.system
 def test_a_detector_that_moved_port_at_start_takes_the_learner_along(tmp_path):
     # The learner starts beside the detector and scaler (LocalSystem._start_services) with their addresses;
     # a port clash moves the detector, and the learner must follow it.

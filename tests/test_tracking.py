@@ -74,6 +74,7 @@ def test_tensorboard_holds_every_rounds_scalars_against_env_steps(tmp_path):
     assert "spec/text_summary" in acc.Tags()["tensors"]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_logs_every_tag(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -147,6 +148,7 @@ def test_rounds_csv_is_readable_after_each_row(tmp_path):
     assert float(rows[2]["clip_fraction"]) == pytest.approx(0.2)
 
 
+@pytest.mark.slow
 def test_train_logs_to_tensorboard_and_exits_with_the_jobs_state(tmp_path, monkeypatch, capsys):
     FakeClient.checkpoint = ""
     monkeypatch.setattr(common, "NitroClient", FakeClient)

@@ -171,6 +171,7 @@ def test_an_unknown_job_is_not_found(system, tmp_path, capsys, command):
     assert capsys.readouterr().err.strip() == "error: NOT_FOUND: no training job with id 'no-such-job'"
 
 
+@pytest.mark.slow
 def test_an_unreachable_learner_is_one_line(tmp_path, capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
