@@ -408,19 +408,21 @@ def test_scaler_passes_envs_per_actor_to_the_event_and_rejects_bad_values_over_g
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = scaler_pb2_grpc.ActorScalerStub(ch)
-            base = dict(job_id="epa-job", round=0, policy_version=0, actors=2, steps_per_actor=512, env_id=ENV,
+            # Each launch its own round: the same invocation ids twice would be a retry (nitro.launches).
+            base = dict(job_id="epa-job", policy_version=0, actors=2, steps_per_actor=512, env_id=ENV,
                         function_name="nitro-actor", deadline_s=10.0)
-            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=8, **base), timeout=10)
+            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=8, round=0, **base), timeout=10)
             assert [e["envs_per_actor"] for e in rec.events] == [8, 8]
-            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=200, **base), timeout=10)  # one env per 32 steps
+            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=200, round=1, **base), timeout=10)  # one env / 32 steps
             assert [e["envs_per_actor"] for e in rec.events[2:]] == [16, 16]
-            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=1, **base), timeout=10)  # 1: today's event
-            stub.Launch(scaler_pb2.LaunchRequest(**base), timeout=10)
-            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=16, **{**base, "steps_per_actor": 32}), timeout=10)
+            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=1, round=2, **base), timeout=10)  # 1: today's event
+            stub.Launch(scaler_pb2.LaunchRequest(round=3, **base), timeout=10)
+            stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=16, round=4, **{**base, "steps_per_actor": 32}),
+                        timeout=10)
             assert len(rec.events) == 10 and all("envs_per_actor" not in e for e in rec.events[4:])
             for bad in (-1, 257):
                 with pytest.raises(grpc.RpcError) as err:
-                    stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=bad, **base), timeout=10)
+                    stub.Launch(scaler_pb2.LaunchRequest(envs_per_actor=bad, round=5, **base), timeout=10)
                 assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert "envs_per_actor" in err.value.details() and "[1, 256]" in err.value.details()
     finally:
