@@ -21,11 +21,13 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG EXTRA_PIP_PACKAGES=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions.
+# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions. The image
+# installs the core and the extras train, mujoco and atari (the environments nitro knows).
 COPY pyproject.toml README.md constraints.txt ./
 COPY deploy/docker/user-packages ./user-packages
 # EXTRA_PIP_PACKAGES is left unquoted on purpose: each word is one requirement.
-RUN python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print(*p['dependencies'], *(r for x in ('train', 'mujoco', 'atari') for r in p['optional-dependencies'][x]), sep='\n')" \
         > requirements.txt \
  && pip install --extra-index-url "${TORCH_INDEX_URL}" --find-links ./user-packages -c constraints.txt \
         --target /opt/deps -r requirements.txt ${EXTRA_PIP_PACKAGES}

@@ -6,7 +6,8 @@
 ARG PYTHON_VERSION=3.12
 
 # --- build: a virtualenv with the pinned dependencies and the nitro packages -----------------
-# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions.
+# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions. The image
+# installs the core and the extras train, mujoco and atari (the environments nitro knows).
 FROM python:${PYTHON_VERSION}-slim AS build
 # CPU wheels of torch by default: the default index's Linux x86_64 torch pulls several GB of CUDA
 # libraries that a CPU service never loads. constraints.txt pins torch's version either way.
@@ -18,7 +19,8 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 # Dependencies before code: a code change then reuses this (large) layer.
 COPY pyproject.toml README.md constraints.txt ./
-RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print(*p['dependencies'], *(r for x in ('train', 'mujoco', 'atari') for r in p['optional-dependencies'][x]), sep='\n')" \
         > requirements.txt \
  && pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt -r requirements.txt
 COPY nitro ./nitro

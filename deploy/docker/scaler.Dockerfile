@@ -9,7 +9,8 @@
 ARG PYTHON_VERSION=3.12
 
 # --- build: a virtualenv with the pinned dependencies and the nitro packages -----------------
-# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions.
+# pyproject.toml lists compatible ranges; constraints.txt pins the exact tested versions. The image
+# installs the core and the extras train, mujoco and atari (the environments nitro knows).
 FROM python:${PYTHON_VERSION}-slim AS build
 # CPU wheels of torch by default: the default index's Linux x86_64 torch pulls several GB of CUDA
 # libraries that a CPU service never loads. constraints.txt pins torch's version either way.
@@ -28,7 +29,8 @@ WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY deploy/docker/user-packages ./user-packages
 # EXTRA_PIP_PACKAGES is left unquoted on purpose: each word is one requirement.
-RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print(*p['dependencies'], *(r for x in ('train', 'mujoco', 'atari') for r in p['optional-dependencies'][x]), sep='\n')" \
         > requirements.txt \
  && pip install --extra-index-url "${TORCH_INDEX_URL}" --find-links ./user-packages -c constraints.txt \
         -r requirements.txt ${EXTRA_PIP_PACKAGES}

@@ -17,38 +17,69 @@ import argparse
 import os
 import sys
 
-import grpc
+import nitro
 
-from nitro.client.commands.common import BAD_INPUT, CliError
-from nitro.client.commands.deploy import add_deploy_lambda
-from nitro.client.commands.environment import add_check_env
-from nitro.client.commands.jobs import add_list, add_stop, add_watch
-from nitro.client.commands.minions import add_pretrain_minions
-from nitro.client.commands.policy import add_eval, add_export
-from nitro.client.commands.presets import add_presets
-from nitro.client.commands.system import add_down, add_status, add_up
-from nitro.client.commands.train import add_train
-from nitro.client.sdk import NitroRpcError
-from nitro.errors import LocalSystemError
-from nitro.spec import InvalidSpec
+# `pip install nitro-rl` alone (the core) lacks the training system that every command runs on: then `nitro
+# --version` and `--help` still answer, and a command says which extra to install (_without_system).
+_MISSING: ModuleNotFoundError | None = None
+try:
+    import grpc
 
-COMMANDS = (add_up, add_down, add_status, add_train, add_watch, add_stop, add_list, add_eval,
-            add_export, add_check_env, add_deploy_lambda, add_pretrain_minions, add_presets)
+    from nitro.client.commands.common import BAD_INPUT, CliError
+    from nitro.client.commands.deploy import add_deploy_lambda
+    from nitro.client.commands.environment import add_check_env
+    from nitro.client.commands.jobs import add_list, add_stop, add_watch
+    from nitro.client.commands.minions import add_pretrain_minions
+    from nitro.client.commands.policy import add_eval, add_export
+    from nitro.client.commands.presets import add_presets
+    from nitro.client.commands.system import add_down, add_status, add_up
+    from nitro.client.commands.train import add_train
+    from nitro.client.sdk import NitroRpcError
+    from nitro.errors import LocalSystemError
+    from nitro.spec import InvalidSpec
+except ModuleNotFoundError as exc:
+    if nitro._needs_system("nitro", exc) is None:
+        raise
+    _MISSING = exc
+else:
+    COMMANDS = (add_up, add_down, add_status, add_train, add_watch, add_stop, add_list, add_eval,
+                add_export, add_check_env, add_deploy_lambda, add_pretrain_minions, add_presets)
+
+
+def _base_parser(epilog: str | None = None) -> argparse.ArgumentParser:
+    """The parser's program name, description and --version, with or without the commands; `epilog` as written."""
+    p = argparse.ArgumentParser(prog="nitro", description="Distributed deep RL with serverless actors and "
+                                                          "Nitro boosting.", epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"nitro {nitro.__version__}")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import nitro
-
-    p = argparse.ArgumentParser(prog="nitro", description="Distributed deep RL with serverless actors and "
-                                                          "Nitro boosting.")
-    p.add_argument("--version", action="version", version=f"nitro {nitro.__version__}")
+    p = _base_parser()
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
     return p
 
 
+def _without_system(argv: list[str] | None, missing: ModuleNotFoundError) -> int:
+    """`nitro` where only the core is installed: --version and --help answer; a command fails, naming the extra."""
+    import textwrap
+
+    error = nitro._needs_system("Every nitro command (train, eval, export, up ...)", missing)
+    epilog = (f"{error}. Without it, nitro loads and runs exported policies from Python: "
+              f"nitro.load_policy(DIR).predict(obs).")
+    p = _base_parser(epilog=textwrap.fill(epilog, 100, break_on_hyphens=False))
+    p.add_argument("command", metavar="COMMAND", help="a nitro command (all need the training system)")
+    args, _ = p.parse_known_args(argv)  # the command's own flags: whatever they are, the answer is the same
+    print(f"error: {nitro._needs_system(f'nitro {args.command}', missing)}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _MISSING is not None:
+        return _without_system(argv, _MISSING)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0

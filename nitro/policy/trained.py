@@ -9,6 +9,9 @@
     that package is installed and as numpy .npz otherwise. Reading an export needs no nitro service,
     and no torch for MLP policies.
 
+`pip install nitro-rl` alone (no torch) reads exports of MLP policies and of CNN policies without observation
+normalisation; a checkpoint, `module` and a normalised CNN need torch, the training system's extra (each says so).
+
 A TrainedPolicy acts through the actors' own inference (nitro.policy.inference.PolicyRunner), the code the
 learner evaluates with, so observation normalisation and action clipping are the training system's.
 """
@@ -21,7 +24,7 @@ import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -86,8 +89,10 @@ class TrainedPolicy:
     def module(self) -> Any:
         """The torch model (nitro.policy.models.Policy: actor, critic, observation statistics), built on first use."""
         if self._module is None:
-            from nitro.policy.models import Policy
-
+            try:
+                from nitro.policy.models import Policy
+            except ModuleNotFoundError as exc:
+                _raise_needs_torch("TrainedPolicy.module (the torch model)", exc)
             module = Policy(self.spec)
             module.load_numpy_state(self.state)
             self._module = module.eval()
@@ -145,6 +150,8 @@ def load_policy(path: str | os.PathLike, seed: int | None = None) -> TrainedPoli
         policy = TrainedPolicy(spec, state, info, seed=seed)
         # One forward pass: weights that do not fit the spec fail here, not at the first real step.
         policy.predict(np.zeros(spec.obs_shape, np.uint8 if spec.arch == "cnn" else np.float32), deterministic=True)
+    except ModuleNotFoundError as exc:  # a CNN with observation normalisation acts through the torch model
+        _raise_needs_torch(f"{path}: a CNN policy with observation normalisation", exc)
     except KeyError as exc:
         raise PolicyError(f"{path}: the weights lack {exc} that the model spec needs") from None
     except ValueError as exc:
@@ -152,11 +159,24 @@ def load_policy(path: str | os.PathLike, seed: int | None = None) -> TrainedPoli
     return policy
 
 
+def _raise_needs_torch(what: str, exc: ModuleNotFoundError, note: str = "") -> NoReturn:
+    """Re-raise `exc` (torch or another module of the training system missing) as the error naming the extra."""
+    import nitro
+
+    error = nitro._needs_system(what, exc, note)
+    if error is None:
+        raise exc
+    raise error from None
+
+
 def _read_checkpoint(path: Path) -> tuple[ModelSpec, dict, dict]:
     import pickle
 
-    import torch
-
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        _raise_needs_torch(f"{path}: reading a learner checkpoint", exc,
+                           note="; an export directory (`nitro export` writes one) loads without it")
     if not zipfile.is_zipfile(path):
         raise PolicyError(f"{path}: not a checkpoint: expected the zip archive torch.save writes")
     try:
