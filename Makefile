@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-nitro test test-fast setup protos check-protos bench clean
+.PHONY: demo demo-nitro test test-fast docs setup protos check-protos bench clean
 
 # The exact tested versions come from constraints.txt; pyproject.toml holds the compatible ranges.
 $(STAMP): pyproject.toml constraints.txt
@@ -34,6 +34,10 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -m "not system and not slow"
 
+# The documentation site over docs/ (mkdocs.yml), with the API reference from the docstrings, at http://127.0.0.1:8000.
+docs: setup
+	$(BIN)/mkdocs serve
+
 protos: setup
 	$(BIN)/python -m nitro.tools.gen_protos
 
@@ -45,4 +49,4 @@ bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .nitro results .pytest_cache
+	rm -rf $(VENV) .nitro results .pytest_cache site
