@@ -97,9 +97,9 @@ def test_wandb_offline_run_logs_every_tag(tmp_path, monkeypatch):
     assert b"scaler.i_max" in data and b"CartPole-v1" in data
 
 
-@pytest.mark.parametrize("module,flag,package", [("wandb", "wandb_project", "pip install wandb"),
+@pytest.mark.parametrize("module,flag,package", [("wandb", "wandb_project", "wandb package: pip install 'nitro-rl"),
                                                  ("torch.utils.tensorboard", "tensorboard_dir",
-                                                  "pip install tensorboard")])
+                                                  "tensorboard package: pip install 'nitro-rl")])
 def test_a_missing_package_is_named(monkeypatch, module, flag, package):
     monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
     with pytest.raises(tracking.TrackingError, match=package):
@@ -114,7 +114,7 @@ def test_train_with_a_missing_tracker_package_fails_before_the_job(monkeypatch, 
     rc = cli.main(["train", "--target", "h:1", "--env", "CartPole-v1", "--wandb-project", "p",
                    "--results-dir", str(tmp_path)])
     assert rc == 2 and not started
-    assert capsys.readouterr().err.strip() == ("error: --wandb-project needs the wandb package: pip install wandb "
+    assert capsys.readouterr().err.strip() == ("error: --wandb-project needs the wandb package: pip install 'nitro-rl[tracking]' "
                                                "(WANDB_MODE=offline logs without a network)")
 
 

@@ -84,7 +84,7 @@ class TensorBoardTracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise TrackingError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+            raise TrackingError("--tensorboard needs the tensorboard package: pip install 'nitro-rl[tracking]'") from None
         self._writer_class, self.log_dir, self.writer = SummaryWriter, Path(log_dir), None
 
     def start(self, job_id: str, spec: Mapping) -> None:
@@ -121,7 +121,7 @@ class WandbTracker:
         try:
             import wandb
         except ImportError:
-            raise TrackingError("--wandb-project needs the wandb package: pip install wandb "
+            raise TrackingError("--wandb-project needs the wandb package: pip install 'nitro-rl[tracking]' "
                                 "(WANDB_MODE=offline logs without a network)") from None
         self._wandb, self.project, self.run = wandb, project, None
 
