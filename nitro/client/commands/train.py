@@ -215,6 +215,10 @@ def add_train(sub) -> None:
                           "(default: $NITRO_ACTOR_REDIS_URL)")
     run.add_argument("--region", default=None,
                      help="--backend aws --local: the function's AWS region (default: the AWS configuration)")
+    run.add_argument("--seeds", type=int, default=None, metavar="N",
+                     help="run the spec over N seeds at once (--seed and the N-1 after it) within the one budget "
+                          "(--budget, split equally), then summarise the final return (IQM, 95%% stratified-bootstrap "
+                          "CI) in results/<job>/seeds.json and seeds.png (docs/cli.md)")
     run.add_argument("--resume", metavar="JOB_ID", default=None,
                      help="continue an interrupted job from its last checkpoint (its spec is the saved one; "
                           "spec flags are ignored)")
@@ -280,6 +284,8 @@ def check_before_starting(spec: dict) -> None:
 
 
 def cmd_train(args) -> int:
+    if args.seeds is not None:
+        _check_seed_flags(args)
     spec = {"job_id": args.resume} if args.resume else build_spec(args)
     if args.local and not args.resume and not system_state.running_state(args.state_dir):
         check_before_starting(spec)  # a system already up decides itself: its learner's PYTHONPATH may differ
@@ -291,4 +297,20 @@ def cmd_train(args) -> int:
         stack.enter_context(routed_signals(raise_interrupt, (signal.SIGTERM,)))  # a kill ends it like Ctrl-C
         target = stack.enter_context(local_system_for_job(system)) if args.local else resolve_target(args)
         client = stack.enter_context(learner_client(args, target))
+        if args.seeds is not None:
+            from nitro.client.commands.seeds import run_seeds
+
+            return run_seeds(client, spec, args.seeds, follow)
         return run_job(client, spec, follow, trackers, resume=args.resume)
+
+
+def _check_seed_flags(args) -> None:
+    """--seeds: flags that follow one job do not combine with it."""
+    from nitro.client.commands.seeds import check_seeds
+
+    check_seeds(args.seeds)
+    for flag, given in (("--resume", args.resume), ("--tensorboard", args.tensorboard),
+                        ("--wandb-project", args.wandb_project)):
+        if given:
+            raise CliError(f"{flag} follows one job; it does not combine with --seeds (resume or log each job "
+                           f"GROUP-s<seed> with its own command)", exit_code=2)
