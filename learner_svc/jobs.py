@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from nitro.rpc import metrics
 from nitro.spec import TrainingSpec
 from nitro.v1 import training_pb2
 
@@ -42,6 +43,7 @@ class Job:
             if state in TERMINAL:
                 self.finished = time.time()
             self._cond.notify_all()
+        metrics.job_state(self.job_id, training_pb2.JobState.Name(state).removeprefix("JOB_STATE_"))
 
     def add_report(self, report: training_pb2.RoundReport) -> None:
         with self._cond:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -32,6 +33,8 @@ def closing_report_fields(*, job_id: str, scaler_policy: str, cost: scaler_pb2.G
     if math.isfinite(eval_return):
         metrics.set_job(metrics.EVAL_RETURN, job_id, eval_return)
     metrics.set_job(metrics.BUDGET_LEFT_USD, job_id, cost.budget_left_usd)
+    metrics.set_job(metrics.BUDGET_USD, job_id, cost.budget_usd)
+    metrics.set_job(metrics.JOB_PROGRESS, job_id, time.time())
     fallback_used = fallback > 0 and next_plan.reason.startswith(FALLBACK_REASON)
     if fallback > 0 and not fallback_used:
         notes = [*notes, f"scaler policy {scaler_policy!r} does not read the score: its plan needs no fallback"]

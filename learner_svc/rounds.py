@@ -41,7 +41,7 @@ from typing import Generic, NamedTuple, TypeVar
 import numpy as np
 
 from learner_svc.clients import LastRound, LearnerDeps, Services, derived_seed, end_job
-from learner_svc.constants import EVAL_SEED_TAG, IO_THREADS, RECENT_EPISODES
+from learner_svc.constants import EVAL_SEED_TAG, IO_THREADS, MAX_WAVES, RECENT_EPISODES
 from learner_svc.durability import CommittedEntry, JobFiles, job_dir, load_reports
 from learner_svc.jobs import Job
 from learner_svc.learner import Learner, LearnerFactory
@@ -197,7 +197,8 @@ class RoundLoop(Generic[R]):
             end = self.end_before_round(k)
             if end is not None:
                 return end
-            metrics.set_job(metrics.CURRENT_ROUND, job.job_id, k)
+            # A healthy round samples for at most MAX_WAVES round deadlines: past one more it has stalled.
+            metrics.round_started(job.job_id, k, (MAX_WAVES + 1) * self.spec.round_deadline_s)
             rnd = self.sample_round(k)
             if job.stop_requested.is_set() and self.abandons(rnd):
                 return End(training_pb2.JOB_STATE_STOPPED, f"stopped: {job.stop_reason}")

@@ -266,8 +266,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                                 "budget_clock": clock})
         pipe.hmget(key, PLAN_FIELDS)  # the ledger with this charge, in the same transaction
         st = state_fields(PLAN_FIELDS, pipe.execute()[-1])
-        metrics.COST_USD.labels("learner").inc(learner.usd)
-        metrics.CLOUD_COST_USD.labels("learner").inc(learner.cloud_usd)
+        metrics.inc_job(metrics.COST_USD, request.job_id, learner.usd, "learner")
+        metrics.inc_job(metrics.CLOUD_COST_USD, request.job_id, learner.cloud_usd, "learner")
 
         ledger = cost.CostLedger.from_fields(st)
         estimate = self._estimate(ledger, clock, st, request, memory)
@@ -295,6 +295,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         pipe.expire(key, SCALER_STATE_TTL_S)
         pipe.execute()
         metrics.set_job(metrics.BUDGET_LEFT_USD, request.job_id, inputs.budget_left_usd)
+        metrics.set_job(metrics.BUDGET_USD, request.job_id, request.budget_usd)
         metrics.forget_idle_jobs()
         return scaler_pb2.PlanResponse(**plan)
 
@@ -408,8 +409,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 self._init_ms[request.function_name] = o.measured_init_ms
             pipe.expire(key, SCALER_STATE_TTL_S)
             pipe.execute()
-            metrics.COST_USD.labels("actors" if actors else "learner_functions").inc(charge.usd)
-            metrics.CLOUD_COST_USD.labels("actors" if actors else "learner_functions").inc(charge.cloud_usd)
+            component = "actors" if actors else "learner_functions"
+            metrics.inc_job(metrics.COST_USD, request.job_id, charge.usd, component)
+            metrics.inc_job(metrics.CLOUD_COST_USD, request.job_id, charge.cloud_usd, component)
             (metrics.INVOCATIONS if actors else metrics.LEARNER_INVOCATIONS).inc(o.requests)
             if o.attempts > 1:
                 metrics.INVOCATION_RETRIES.inc(o.attempts - 1)
@@ -467,6 +469,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         check_job_id(request.job_id, context)
         deleted = self.actor_users.end(request.job_id)
         log.info("job %s ended: its Redis user %s", request.job_id, "deleted" if deleted else "was already gone")
+        metrics.forget_job_after(request.job_id)  # its cost counters and gauges end with it, once scraped
         return scaler_pb2.EndJobResponse(user_deleted=deleted)
 
     def GetCost(self, request, context):

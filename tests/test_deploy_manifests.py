@@ -26,6 +26,8 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 DOCKER = DEPLOY / "docker"
 MONITORING = DEPLOY / "monitoring"
+MONITORING_OVERLAY = K8S / "overlays" / "monitoring"
+OPERATOR_API = "monitoring.coreos.com/"  # the Prometheus Operator's kinds (ServiceMonitor, PrometheusRule)
 SERVICES = {"learner": (50051, 9101), "detector": (50052, 9102), "scaler": (50053, 9103)}
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 
@@ -121,6 +123,8 @@ def test_every_manifest_validates_against_the_kubernetes_schema(path):
     docs = load_all(path)
     assert docs, f"{path} is empty"
     for doc in docs:
+        if doc["apiVersion"].startswith(OPERATOR_API):  # not Kubernetes' own: test_the_monitoring_overlay_*
+            continue
         for version in K8S_VERSIONS:
             kv.validate(doc, version, strict=True)  # raises with the failing field
 
@@ -638,6 +642,8 @@ def test_grafana_provisioning_and_dashboard(compose):
 
 
 METRIC_RE = re.compile(r"\b(nitro_[a-z0-9_]+)\b")
+# Series of Prometheus itself and of every client's process collector, matched by the target's `job` label.
+TARGET_SERIES = ("up", "process_start_time_seconds")
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
 
 
@@ -651,12 +657,13 @@ def series_names(families) -> dict[str, set[str]]:
 
 
 def declared_series() -> dict[str, set[str]]:
+    """Every metric the services register: nitro/rpc/metrics.py, and the auth interceptor's own counter."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    from nitro.rpc import metrics
+    from nitro.rpc import auth, metrics
 
     fams = []
-    for obj in vars(metrics).values():
+    for obj in [*vars(metrics).values(), *vars(auth).values()]:
         if isinstance(obj, MetricWrapperBase):
             for fam in obj.describe():
                 fams.append((fam.name, fam.type, obj._labelnames))
@@ -675,15 +682,20 @@ def test_dashboard_and_alerts_use_only_declared_metrics_and_labels():
     for expr in dashboard_exprs() + alert_exprs():
         names = METRIC_RE.findall(expr)
         labels = set().union(*(declared[m] for m in names)) if names else set()
+        if any(f"{m}{{" in expr for m in TARGET_SERIES):
+            labels |= {"job", "instance"}
         for group in re.findall(r"\bby \(([^)]*)\)", expr):
             for label in (x.strip() for x in group.split(",")):
                 assert label in labels, f"{expr}: no label {label!r}"
         for label in re.findall(r"\{(\w+)=~?", expr):
-            assert label in labels or (label == "job" and "up{" in expr), f"{expr}: no label {label!r}"
-            assert label != "job" or "up{" in expr, f"{expr}: per-job series are labelled job_id"
+            target_series = any(f"{m}{{" in expr for m in TARGET_SERIES)  # labelled by Prometheus' target
+            assert label in labels or (label == "job" and target_series), f"{expr}: no label {label!r}"
+            assert label != "job" or target_series, f"{expr}: per-job series are labelled job_id"
     for p in dashboard()["panels"]:
         for t in p.get("targets", []):
             labels = set().union(*(declared[m] for m in METRIC_RE.findall(t["expr"])))
+            if any(f"{m}{{" in t["expr"] for m in TARGET_SERIES):
+                labels |= {"job", "instance"}
             for label in re.findall(r"\{\{(\w+)\}\}", t["legendFormat"]):
                 assert label in labels, f"{p['title']}: legend {label}"
 
@@ -737,3 +749,224 @@ def test_every_metric_the_dashboard_and_alerts_use_is_in_a_live_scrape(live_scra
     during = {f.name: f for f in live_scrape["learner-during"]}
     assert any(s.labels.get("job_id") for s in during["nitro_actors_per_round"].samples)
     assert not any(s.labels.get("job_id") for s in learner["nitro_actors_per_round"].samples)
+
+
+# --- coverage, alert hygiene, the Prometheus Operator overlay -----------------------------------------------
+
+
+def families_in(exprs) -> set[str]:
+    """The metric families (names without _total/_bucket/...) the expressions read."""
+    declared = declared_series()
+    fams = {}
+    for series in declared:
+        for suffix in ("_total", "_bucket", "_sum", "_count", ""):
+            if series.endswith(suffix):
+                fams.setdefault(series, series[: len(series) - len(suffix)] if suffix else series)
+                break
+    return {fams[m] for e in exprs for m in METRIC_RE.findall(e) if m in fams}
+
+
+def test_every_metric_family_the_services_export_has_a_dashboard_panel():
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from nitro.rpc import auth, metrics
+
+    exported = {obj._name.removesuffix("_total") for obj in [*vars(metrics).values(), *vars(auth).values()]
+                if isinstance(obj, MetricWrapperBase)}
+    assert len(exported) >= 40, exported
+    shown = {f.removesuffix("_total") for f in families_in(dashboard_exprs())}
+    assert exported <= shown, f"no dashboard panel reads {sorted(exported - shown)}"
+    # Restarts come from every client's process collector, by the target's job.
+    assert any("process_start_time_seconds" in e for e in dashboard_exprs())
+    # Per-job series are filtered by the job_id variable wherever they carry job_id.
+    declared = declared_series()
+    for expr in dashboard_exprs():
+        if any("job_id" in declared.get(m, ()) for m in METRIC_RE.findall(expr)):
+            assert 'job_id=~"$job_id"' in expr, expr
+
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+def alert_rules() -> list[dict]:
+    return [r for g in yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"] for r in g["rules"]]
+
+
+def doc_anchors(path: Path) -> set[str]:
+    """The anchors MkDocs gives a page's headings (lower case, punctuation dropped, spaces to dashes)."""
+    heads = re.findall(r"^#{1,6}\s+(.+?)\s*$", path.read_text(), flags=re.M)
+    return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h).strip().lower()) for h in heads}
+
+
+def seconds(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+)([smh])", duration))
+
+
+def test_every_alert_holds_before_it_fires_has_a_pager_severity_and_a_runbook_section():
+    anchors = doc_anchors(ROOT / "docs" / "operations.md")
+    names = set()
+    for rule in alert_rules():
+        name = rule["alert"]
+        names.add(name)
+        assert seconds(rule.get("for", "")) >= 60, f"{name}: no `for` (one scrape would fire it)"
+        assert rule["labels"]["severity"] in SEVERITIES, name
+        if rule["labels"]["severity"] == "critical":
+            assert seconds(rule["for"]) >= 120, f"{name}: a page needs a condition that lasts"
+        page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert page == "docs/operations.md" and anchor in anchors, f"{name}: no section #{anchor}"
+    assert {"NitroBudgetLow", "NitroRoundStalled", "NitroJobFailed", "NitroRestartStorm"} <= names
+    budget = next(r for r in alert_rules() if r["alert"] == "NitroBudgetLow")["expr"]
+    assert "nitro_budget_usd" in budget, "the budget alert reads the fraction left, not dollars"
+
+
+def test_the_alert_rules_pass_promtool():
+    if shutil.which("promtool") is None:
+        pytest.skip("no promtool (Debian's prometheus package has it)")
+    out = subprocess.run(["promtool", "check", "rules", str(MONITORING / "alerts.yml")], capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# promtool's unit tests: the shipped rules, `for` included, against synthetic series (one sample a minute).
+RULE_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # 5% of the budget left on both services: one alert for the job; another job at 50% none.
+      - series: 'nitro_budget_left_usd{{job="nitro-learner",job_id="low"}}'
+        values: '0.05x20'
+      - series: 'nitro_budget_usd{{job="nitro-learner",job_id="low"}}'
+        values: '1x20'
+      - series: 'nitro_budget_left_usd{{job="nitro-scaler",job_id="low"}}'
+        values: '0.06x20'
+      - series: 'nitro_budget_usd{{job="nitro-scaler",job_id="low"}}'
+        values: '1x20'
+      - series: 'nitro_budget_left_usd{{job="nitro-learner",job_id="half"}}'
+        values: '0.5x20'
+      - series: 'nitro_budget_usd{{job="nitro-learner",job_id="half"}}'
+        values: '1x20'
+      # "stuck" last progressed at t=0 with a 4-minute limit; "busy" progresses every minute.
+      - series: 'nitro_job_progress_timestamp_seconds{{job="nitro-learner",job_id="stuck"}}'
+        values: '0x30'
+      - series: 'nitro_round_time_limit_seconds{{job="nitro-learner",job_id="stuck"}}'
+        values: '240x30'
+      - series: 'nitro_job_progress_timestamp_seconds{{job="nitro-learner",job_id="busy"}}'
+        values: '0+60x30'
+      - series: 'nitro_round_time_limit_seconds{{job="nitro-learner",job_id="busy"}}'
+        values: '240x30'
+      - series: 'nitro_jobs_ended_total{{job="nitro-learner",state="FAILED"}}'
+        values: '0 0 1 1 1 1 1 1'
+      - series: 'nitro_jobs_ended_total{{job="nitro-learner",state="SUCCEEDED"}}'
+        values: '0 1 2 3 4 5 6 7'
+      # The scaler crash-loops (a new start time every 2 minutes); the detector started once.
+      - series: 'process_start_time_seconds{{job="nitro-scaler",instance="s:9103"}}'
+        values: '0 0 120 120 240 240 360 360 480 480 600 600 720 720'
+      - series: 'process_start_time_seconds{{job="nitro-detector",instance="d:9102"}}'
+        values: '0x13'
+    alert_rule_test:
+      - {{eval_time: 4m, alertname: NitroBudgetLow, exp_alerts: []}}
+      - eval_time: 6m
+        alertname: NitroBudgetLow
+        exp_alerts:
+          - exp_labels: {{severity: info, job_id: low}}
+      - {{eval_time: 13m, alertname: NitroRoundStalled, exp_alerts: []}}
+      - eval_time: 15m
+        alertname: NitroRoundStalled
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: nitro-learner, job_id: stuck}}
+      - {{eval_time: 2m, alertname: NitroJobFailed, exp_alerts: []}}
+      - eval_time: 4m
+        alertname: NitroJobFailed
+        exp_alerts:
+          - exp_labels: {{severity: warning}}
+      - {{eval_time: 5m, alertname: NitroRestartStorm, exp_alerts: []}}
+      - eval_time: 12m
+        alertname: NitroRestartStorm
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: nitro-scaler, instance: "s:9103"}}
+"""
+
+
+def test_the_shipped_alerts_fire_on_what_they_describe_and_only_then(tmp_path):
+    if shutil.which("promtool") is None:
+        pytest.skip("no promtool (Debian's prometheus package has it)")
+    # The shipped expressions, `for`s and labels; without the annotations, which promtool would compare too.
+    shipped = yaml.safe_load((MONITORING / "alerts.yml").read_text())
+    for rule in (r for g in shipped["groups"] for r in g["rules"]):
+        rule.pop("annotations")
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(yaml.safe_dump(shipped))
+    tests = tmp_path / "rules_test.yml"
+    tests.write_text(RULE_TESTS.format(rules=json.dumps(str(rules))))
+    out = subprocess.run(["promtool", "test", "rules", str(tests)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # The check bites: a rule test that expects what the rules do not do fails.
+    tests.write_text(RULE_TESTS.format(rules=json.dumps(str(rules))).replace(
+        "eval_time: 4m, alertname: NitroBudgetLow, exp_alerts: []", "eval_time: 1m, alertname: NitroBudgetLow, "
+        "exp_alerts: [{exp_labels: {severity: info, job_id: low}}]"))
+    assert subprocess.run(["promtool", "test", "rules", str(tests)], capture_output=True).returncode != 0
+
+
+def monitoring_overlay_documents() -> list[dict]:
+    """What `kubectl apply -k deploy/k8s/overlays/monitoring` creates (kubectl's own kustomize when installed)."""
+    k = kustomization(MONITORING_OVERLAY)
+    assert "../.." not in k["resources"]  # kustomize refuses a base that contains its overlay
+    if shutil.which("kubectl"):
+        out = subprocess.run(["kubectl", "kustomize", str(MONITORING_OVERLAY)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+    docs = [d for r in k["resources"] for d in load_all(MONITORING_OVERLAY / r)]
+    for d in docs:
+        d["metadata"].setdefault("namespace", k["namespace"])
+    return docs
+
+
+# Fields of the operator's monitoring.coreos.com/v1 kinds this overlay may use (its CRDs' schema, in part).
+SERVICE_MONITOR_SPEC = {"selector", "namespaceSelector", "endpoints", "jobLabel", "targetLabels", "podTargetLabels"}
+ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings", "metricRelabelings",
+                   "honorLabels"}
+RELABEL_FIELDS = {"sourceLabels", "targetLabel", "regex", "replacement", "action", "separator"}
+
+
+def test_the_monitoring_overlay_scrapes_every_service_and_carries_the_shipped_rules():
+    docs = monitoring_overlay_documents()
+    assert sorted(d["kind"] for d in docs) == ["PrometheusRule", "ServiceMonitor"]
+    for d in docs:
+        assert d["apiVersion"] == OPERATOR_API + "v1" and d["metadata"]["namespace"] == "nitro"
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    spec = monitor["spec"]
+    assert set(spec) <= SERVICE_MONITOR_SPEC and spec["namespaceSelector"]["matchNames"] == ["nitro"]
+    for ep in spec["endpoints"]:
+        assert set(ep) <= ENDPOINT_FIELDS
+        for r in ep.get("relabelings", []):
+            assert set(r) <= RELABEL_FIELDS
+    assert "honorLabels" not in spec["endpoints"][0]  # job_id never clashes with Prometheus' job
+
+    def selected(labels: dict) -> bool:
+        sel = spec["selector"]
+        ok = all(labels.get(k) == v for k, v in sel.get("matchLabels", {}).items())
+        for e in sel.get("matchExpressions", []):
+            assert e["operator"] == "In", e
+            ok &= labels.get(e["key"]) in e["values"]
+        return ok
+
+    services = [d for d in base_documents() if d["kind"] == "Service"]
+    picked = {d["metadata"]["name"] for d in services if selected(d["metadata"].get("labels", {}))}
+    assert picked == {f"nitro-{s}" for s in SERVICES}  # `job` = the Service's name, as alerts.yml expects
+    for d in services:
+        if d["metadata"]["name"] in picked:
+            ports = {p["name"]: p["port"] for p in d["spec"]["ports"]}
+            svc = d["metadata"]["name"].removeprefix("nitro-")
+            assert ports[spec["endpoints"][0]["port"]] == SERVICES[svc][1]
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"], (
+        "stale: run `python deploy/monitoring/prometheusrule.py`")
+    sys.path.insert(0, str(MONITORING))
+    try:
+        import prometheusrule
+    finally:
+        sys.path.remove(str(MONITORING))
+    assert (MONITORING_OVERLAY / "prometheusrule.yaml").read_text() == prometheusrule.render()

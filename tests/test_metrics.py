@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from nitro import cost
 from nitro.rpc import metrics
@@ -106,3 +106,85 @@ def test_a_scaler_launch_is_timed_under_its_own_name_not_as_a_round_phase(redis_
     assert (resp.launched, resp.failed, resp.cost_usd) == (2, 2, 0.0)
     assert count(metrics.SCALER_LAUNCH_SECONDS, kind="actor") == launches + 1
     assert count(metrics.ROUND_PHASE_SECONDS) == phases
+
+
+def test_per_job_cost_counters_are_labelled_job_id_and_forgotten_with_the_job():
+    for counter in (metrics.COST_USD, metrics.CLOUD_COST_USD):
+        assert counter._labelnames == ("job_id", "component")
+    reg = CollectorRegistry()
+    c = Counter("t_cost_usd", "test", ["job_id", "component"], registry=reg)
+    metrics.inc_job(c, "a", 0.25, "actors")
+    metrics.inc_job(c, "a", 0.25, "actors")
+    metrics.inc_job(c, "b", 1.0, "learner")
+    assert {(s.labels["job_id"], s.value) for m in c.collect() for s in m.samples if s.name.endswith("_total")} == {
+        ("a", 0.5), ("b", 1.0)}
+    metrics.forget_job("a")
+    assert series(c) == {("b", "learner")}
+    metrics.forget_job("b")
+    assert not [s for m in c.collect() for s in m.samples]
+
+
+def test_an_ended_jobs_series_linger_until_scraped_unless_the_job_comes_back():
+    reg = CollectorRegistry()
+    g = Gauge("t_left", "test", ["job_id"], registry=reg)
+    metrics.set_job(g, "done", 1)
+    metrics.set_job(g, "resumed", 1)
+    done, resumed = metrics.forget_job_after("done", 0.2), metrics.forget_job_after("resumed", 0.2)
+    assert series(g) == {("done",), ("resumed",)}  # still there for a scrape
+    metrics.set_job(g, "resumed", 2)  # a resume's first Plan: its series are live again
+    done.join(2)
+    resumed.join(2)
+    assert series(g) == {("resumed",)}
+    metrics.forget_job("resumed")
+
+
+def state_series() -> set[tuple]:
+    return {(s.labels["job_id"], s.labels["state"], s.value) for m in metrics.JOB_STATE.collect() for s in m.samples}
+
+
+def ended(state: str) -> float:
+    return sum(s.value for m in metrics.JOBS_ENDED.collect() for s in m.samples
+               if s.name == "nitro_jobs_ended_total" and s.labels["state"] == state)
+
+
+def test_job_state_is_one_series_per_live_job_and_an_end_is_counted_by_state():
+    failed = ended("FAILED")
+    metrics.job_state("s1", "PENDING")
+    metrics.job_state("s1", "RUNNING")
+    metrics.job_state("s2", "RUNNING")
+    assert {x for x in state_series() if x[0] in ("s1", "s2")} == {("s1", "RUNNING", 1.0), ("s2", "RUNNING", 1.0)}
+    metrics.job_state("s1", "FAILED")
+    assert {x for x in state_series() if x[0] in ("s1", "s2")} == {("s2", "RUNNING", 1.0)}
+    assert ended("FAILED") == failed + 1
+    with pytest.raises(ValueError, match="job state"):
+        metrics.job_state("s2", "DONE")
+    metrics.forget_job("s2")
+    assert not {x for x in state_series() if x[0] == "s2"}
+
+
+def test_the_learners_job_state_changes_reach_the_metric():
+    from learner_svc.jobs import Job
+    from nitro.spec import TrainingSpec
+    from nitro.v1 import training_pb2
+
+    job = Job(TrainingSpec(env_id="CartPole-v1", job_id="state-metric"))
+    stopped = ended("STOPPED")
+    job.set_state(training_pb2.JOB_STATE_RUNNING)
+    assert ("state-metric", "RUNNING", 1.0) in state_series()
+    job.set_state(training_pb2.JOB_STATE_STOPPED, "stopped")
+    assert not {x for x in state_series() if x[0] == "state-metric"} and ended("STOPPED") == stopped + 1
+
+
+def test_round_started_sets_the_round_progress_time_and_stall_limit():
+    import time
+
+    t0 = time.time()
+    metrics.round_started("rs", 7, 480.0)
+
+    def value(gauge) -> float:
+        return next(s.value for m in gauge.collect() for s in m.samples if s.labels.get("job_id") == "rs")
+
+    assert value(metrics.CURRENT_ROUND) == 7 and value(metrics.ROUND_TIME_LIMIT) == 480.0
+    assert t0 <= value(metrics.JOB_PROGRESS) <= time.time()
+    metrics.forget_job("rs")
+    assert not [s for m in metrics.JOB_PROGRESS.collect() for s in m.samples if s.labels.get("job_id") == "rs"]

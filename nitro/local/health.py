@@ -24,10 +24,10 @@ def grpc_health(address: str, timeout: float = 2.0) -> str:
         return "unreachable"
 
 
-def http_health(url: str, timeout: float = 2.0) -> str:
+def http_health(url: str, timeout: float = 2.0, path: str = "/healthz") -> str:
     try:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
-        with opener.open(f"{url}/healthz", timeout=timeout) as resp:
+        with opener.open(f"{url}{path}", timeout=timeout) as resp:
             return "SERVING" if resp.status == 200 else f"HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
@@ -57,4 +57,6 @@ def probe(name: str, comp: dict, state_dir: str | os.PathLike) -> str:
         return redis_health(comp["url"], password)
     if name == "lambda":
         return http_health(comp["url"])
+    if name == "prometheus":  # `nitro up --monitoring`
+        return http_health(comp["url"], path="/-/ready")
     return grpc_health(comp["address"])

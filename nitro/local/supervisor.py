@@ -85,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=64, help="actor function concurrency limit")
     p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds each component may take")
     p.add_argument("--learner-port", type=int, default=None, help="learner gRPC port (default: any free one)")
+    p.add_argument("--monitoring", action="store_true", help="also start a Prometheus (nitro.local.monitoring)")
     add_restart_args(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s: %(message)s")
     ports = {"learner": args.learner_port} if args.learner_port else None
     system = LocalSystem(args.state_dir, ports, concurrency=args.concurrency, startup_timeout_s=args.startup_timeout,
-                         restart_policy=restart_policy_from_args(args))
+                         restart_policy=restart_policy_from_args(args), monitoring=args.monitoring)
     return run_foreground(system)
 
 

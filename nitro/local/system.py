@@ -44,6 +44,7 @@ from pathlib import Path
 from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB
 from nitro.data.codec import generate_hmac_key
 from nitro.errors import LocalSystemError, StartupAborted
+from nitro.local import monitoring as local_monitoring
 from nitro.local.health import probe
 from nitro.local.processes import (
     CHILD_SHIM,
@@ -132,7 +133,8 @@ class LocalSystem:
                  startup_timeout_s: float = 180.0, python: str = sys.executable,
                  lambda_backend: str = "local", actor_redis_url: str | None = None, aws_region: str | None = None,
                  redis_bind: str = "127.0.0.1",
-                 restart_policy: RestartPolicy = RestartPolicy(), resume_jobs: bool | None = None):
+                 restart_policy: RestartPolicy = RestartPolicy(), resume_jobs: bool | None = None,
+                 monitoring: bool = False):
         """lambda_backend "aws": no local endpoint; the scaler invokes the deployed functions through
         boto3's standard endpoint and credentials. The functions reach Redis at actor_redis_url (any user or
         password in it is dropped) as their job's own user, with the password and keys their events carry: a
@@ -141,7 +143,9 @@ class LocalSystem:
         resume_jobs False: the learner never resumes the jobs a killed learner left running (they wait for
         `nitro train --resume`); for a caller that redoes a cut-short job itself, such as the protocol's
         grids, where a resumed twin would share the cores and the actor concurrency with the rerun. None
-        (default): the learner's own default, `NITRO_RESUME_JOBS` (resume unless it is 0)."""
+        (default): the learner's own default, `NITRO_RESUME_JOBS` (resume unless it is 0).
+        monitoring: also run a Prometheus (the `prometheus` binary on PATH) that scrapes the services through
+        the target file every start writes (nitro.local.monitoring), with deploy/monitoring/alerts.yml."""
         if lambda_backend not in ("local", "aws"):
             raise LocalSystemError(f"lambda_backend must be 'local' or 'aws', got {lambda_backend!r}")
         if lambda_backend == "aws" and not actor_redis_url:
@@ -170,6 +174,7 @@ class LocalSystem:
         self._assigned: dict[str, int] = {}  # ports picked for this system: a restarted component keeps its own
         self.restart_policy = restart_policy
         self.resume_jobs = resume_jobs
+        self.monitoring = monitoring
         self._restart_times: dict[str, list[float]] = {}  # monotonic
         self.restarts: dict[str, dict] = {}  # name -> {count, last_exit, last_restart_unix, restarting}
         self._launchers: dict[str, Callable[[], None]] = {}
@@ -234,6 +239,9 @@ class LocalSystem:
                                    f"(supervisor pid {existing['supervisor_pid']}); run `nitro down` first")
         if existing:
             cleanup_stale(self.state_dir, existing)
+        if self.monitoring and local_monitoring.find_prometheus() is None:
+            self._release_lock()
+            raise LocalSystemError(local_monitoring.no_binary_message(self.state_dir))
         self._status, self._stop_requested, self._hurry = "starting", False, False
         try:
             self._start_all()
@@ -282,6 +290,7 @@ class LocalSystem:
         if self._aws:
             self._start_services(lambda_args=["--actor-redis-url", aws["actor_redis_url"],
                                               *(["--region", aws["region"]] if aws["region"] else [])])
+            self._start_monitoring()
             return
         actor_redis_url = self._redis.url_without_password
 
@@ -297,6 +306,27 @@ class LocalSystem:
         self._wait_healthy(["lambda"])
         self._start_services(lambda_args=["--lambda-endpoint", self.components["lambda"].url,
                                           "--actor-redis-url", actor_redis_url])
+        self._start_monitoring()
+
+    def _start_monitoring(self) -> None:
+        """With monitoring: Prometheus last, once the target file names every service's metrics port."""
+        if not self.monitoring:
+            return
+
+        def start_prometheus() -> None:
+            binary = local_monitoring.find_prometheus()
+            if binary is None:
+                raise LocalSystemError(local_monitoring.no_binary_message(self.state_dir))
+            _, rules = local_monitoring.write_config(self.state_dir)
+            if rules is None:
+                log.warning("no deploy/monitoring/alerts.yml beside the package: Prometheus runs without nitro's "
+                            "alert rules")
+            port = self._port("prometheus")
+            self._spawn("prometheus", local_monitoring.prometheus_args(self.state_dir, port), program=binary,
+                        address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
+
+        self._launch("prometheus", start_prometheus)
+        self._wait_healthy(["prometheus"])
 
     def _start_services(self, lambda_args: list[str]) -> None:
         # All three at once: the learner dials the detector and scaler only when a job calls them (retrying
@@ -389,16 +419,18 @@ class LocalSystem:
                     metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
 
     def _spawn(self, name: str, args: list[str], *, env: dict[str, str] | None = None,
-               base_env: dict[str, str] | None = None, **info) -> Component:
+               base_env: dict[str, str] | None = None, program: str | None = None, **info) -> Component:
         self._check_abort()
+        program = program or self.python
         log_path = self.logs_dir / f"{name}.log"
         shown = " ".join(a.replace(self._redis_password, "***") for a in args)
         with open(log_path, "ab") as out:
-            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} nitro local: python {shown}\n".encode())
+            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} nitro local: "
+                      f"{'python' if program == self.python else program} {shown}\n".encode())
             out.flush()
             with self._lock:  # so stop() from another thread never misses a just-started child
                 proc = subprocess.Popen(
-                    [self.python, "-I", "-S", "-c", CHILD_SHIM, str(os.getpid()), self.python, *args],
+                    [self.python, "-I", "-S", "-c", CHILD_SHIM, str(os.getpid()), program, *args],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.state_dir,
                     env={**(self.child_env() if base_env is None else base_env), **(env or {})})
                 comp = Component(name, proc.pid, log=str(log_path), proc=proc, **info)
@@ -538,6 +570,8 @@ class LocalSystem:
             self._redis = None
         self.components.clear()
         self._status = "stopped"
+        if self.state_dir.is_dir():
+            local_monitoring.write_targets(self.state_dir, [])  # a Prometheus still reading it scrapes nothing
         state = read_state(self.state_dir)
         if state and state.get("supervisor_pid") == os.getpid():
             self.state_file.unlink(missing_ok=True)  # the secrets stay for the next start (rotate_secrets)
@@ -580,6 +614,9 @@ class LocalSystem:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         tmp.replace(self.state_file)
+        # Every start (and restart, port clash included) of a service rewrites where its metrics are.
+        local_monitoring.write_targets(self.state_dir, local_monitoring.file_sd_groups(
+            {n: c for n, c in comps.items() if n in SERVICES}))
 
     def __enter__(self) -> LocalSystem:
         return self.start()

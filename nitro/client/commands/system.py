@@ -19,7 +19,7 @@ from nitro.client.commands.common import (
 from nitro.client.sdk import NitroRpcError
 from nitro.errors import StartupAborted
 from nitro.local import health as local_health
-from nitro.local import processes, supervisor, system_state
+from nitro.local import monitoring, processes, supervisor, system_state
 from nitro.local.restarts import RestartPolicy, add_restart_args, restart_args, restart_policy_from_args
 from nitro.local.system import LocalSystem
 
@@ -40,6 +40,10 @@ def add_up(sub) -> None:
     p.add_argument("--rotate-secrets", action="store_true",
                    help="replace the state dir's secrets (access token, HMAC key, Redis passwords) with new ones "
                         "before starting; batches signed with the old key that are still in Redis are then rejected")
+    p.add_argument("--monitoring", action="store_true",
+                   help="also start a Prometheus (the `prometheus` binary must be on PATH) with nitro's alert rules, "
+                        f"scraping the services through {monitoring.TARGETS_FILE} in the state dir, which every "
+                        "start writes (docs/operations.md)")
     p.set_defaults(func=cmd_up)
 
 
@@ -51,6 +55,8 @@ def cmd_up(args) -> int:
         return 0
     if system_state.lock_held(args.state_dir):
         raise CliError(f"nitro is already starting in {args.state_dir} (see `nitro status`)")
+    if args.monitoring and monitoring.find_prometheus() is None:
+        raise CliError(monitoring.no_binary_message(Path(args.state_dir).resolve()))
     if args.rotate_secrets:
         removed = system_state.rotate_secrets(args.state_dir)
         print(f"new secrets replace {', '.join(removed)}" if removed else "no secrets yet; new ones are created")
@@ -60,13 +66,16 @@ def cmd_up(args) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         system = _local_system(LocalSystemOptions(
             args.state_dir, learner_port=args.learner_port, concurrency=args.concurrency,
-            startup_timeout_s=args.startup_timeout, restart_policy=restart_policy_from_args(args)))
+            startup_timeout_s=args.startup_timeout, restart_policy=restart_policy_from_args(args),
+            monitoring=args.monitoring))
         return supervisor.run_foreground(system, on_ready=lambda s: (
             _print_addresses(system_state.read_state(s.state_dir)), print("Ctrl-C to stop everything", flush=True)))
     extra = ["--concurrency", str(args.concurrency), "--startup-timeout", str(args.startup_timeout),
              *restart_args(args)]
     if args.learner_port:
         extra += ["--learner-port", str(args.learner_port)]
+    if args.monitoring:
+        extra.append("--monitoring")
     proc = supervisor.spawn_supervisor(args.state_dir, extra)
     print(f"starting nitro (supervisor pid {proc.pid}, logs in {Path(args.state_dir) / 'logs'}) ...", flush=True)
     try:
@@ -94,6 +103,7 @@ class LocalSystemOptions:
     concurrency: int = 64
     startup_timeout_s: float = 180.0
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    monitoring: bool = False  # `nitro up --monitoring`: a Prometheus beside the services
 
 
 def _local_system(opts: LocalSystemOptions) -> LocalSystem:
@@ -102,7 +112,7 @@ def _local_system(opts: LocalSystemOptions) -> LocalSystem:
     if "redis_port" in aws:  # the functions reach Redis on the port of --actor-redis-url
         ports = {**(ports or {}), "redis": aws.pop("redis_port")}
     return LocalSystem(opts.state_dir, ports, concurrency=opts.concurrency, startup_timeout_s=opts.startup_timeout_s,
-                          restart_policy=opts.restart_policy, **aws)
+                          restart_policy=opts.restart_policy, monitoring=opts.monitoring, **aws)
 
 
 def _print_addresses(state: dict) -> None:
@@ -112,9 +122,12 @@ def _print_addresses(state: dict) -> None:
             ("scaler", comps["scaler"]["address"], comps["scaler"]["metrics_url"]),
             ("lambda", comps["lambda"]["url"], ""),
             ("redis", comps["redis"]["url"], "")]
+    if "prometheus" in comps:
+        rows.append(("prometheus", comps["prometheus"]["url"], ""))
     for name, address, metrics in rows:
-        print(f"  {name:<9} {address:<28} {'metrics ' + metrics if metrics else ''}".rstrip())
-    print(f"  state     {Path(state['state_dir']) / system_state.STATE_FILE}  (logs in {Path(state['state_dir']) / 'logs'})")
+        print(f"  {name:<10} {address:<28} {'metrics ' + metrics if metrics else ''}".rstrip())
+    print(f"  targets    {Path(state['state_dir']) / monitoring.TARGETS_FILE}  (Prometheus file_sd)")
+    print(f"  state      {Path(state['state_dir']) / system_state.STATE_FILE}  (logs in {Path(state['state_dir']) / 'logs'})")
     sys.stdout.flush()
 
 
