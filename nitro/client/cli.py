@@ -34,6 +34,7 @@ try:
     from nitro.client.commands.presets import add_presets
     from nitro.client.commands.system import add_down, add_status, add_up
     from nitro.client.commands.train import add_train
+    from nitro.client.commands.tune import add_tune
     from nitro.client.sdk import NitroRpcError
     from nitro.errors import LocalSystemError
     from nitro.spec import InvalidSpec
@@ -43,7 +44,7 @@ except ModuleNotFoundError as exc:
     _MISSING = exc
 else:
     COMMANDS = (add_up, add_down, add_status, add_train, add_watch, add_stop, add_list, add_eval,
-                add_export, add_check_env, add_deploy_lambda, add_pretrain_minions, add_presets)
+                add_export, add_check_env, add_deploy_lambda, add_pretrain_minions, add_presets, add_tune)
 
 
 def _base_parser(epilog: str | None = None) -> argparse.ArgumentParser:
