@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from nitro.data.redis_acl import SCALER_RULES, SCALER_USER, SERVICE_RULES, SERVICE_USER, set_actor_user
 from nitro.local.redis_server import find_redis_server_binary
@@ -71,13 +73,18 @@ def deployed_redis(tmp_path):
     proc.wait(10)
 
 
-@pytest.mark.slow
+def no_retry(port: int, **kw) -> redis.Redis:
+    """A client that raises the server's refusal at once: redis-py retries a connection error, an
+    AuthenticationError included, with backoff (~16 s of this test's sleeps)."""
+    return redis.Redis(port=port, retry=Retry(NoBackoff(), 0), **kw)
+
+
 def test_users_and_their_rights(deployed_redis):
     port, proc, acl = deployed_redis
-    service = redis.Redis(port=port, username=SERVICE_USER, password=SERVICE_PW)
-    scaler = redis.Redis(port=port, username=SCALER_USER, password=SCALER_PW)
+    service = no_retry(port, username=SERVICE_USER, password=SERVICE_PW)
+    scaler = no_retry(port, username=SCALER_USER, password=SCALER_PW)
     set_actor_user(scaler, "j", ACTOR_PW)  # what the scaler does when job j launches
-    actor = redis.Redis(port=port, username="nitro-actor-j", password=ACTOR_PW)
+    actor = no_retry(port, username="nitro-actor-j", password=ACTOR_PW)
     service.set("nitro:j:policy:1", b"weights")
     assert actor.get("nitro:j:policy:1") == b"weights"
     actor.xadd("nitro:j:traj", {"b": b"batch"})
@@ -91,10 +98,10 @@ def test_users_and_their_rights(deployed_redis):
             forbidden()
     for user, pw in (("nitro-actor-j", SERVICE_PW), ("nitro-actor", ACTOR_PW), (SCALER_USER, SERVICE_PW)):
         with pytest.raises(redis.exceptions.AuthenticationError):
-            redis.Redis(port=port, username=user, password=pw).ping()  # passwords are per user; no shared actor
+            no_retry(port, username=user, password=pw).ping()  # passwords are per user; no shared actor
     with pytest.raises((redis.exceptions.AuthenticationError, redis.exceptions.NoPermissionError,
                         redis.exceptions.ResponseError)):
-        redis.Redis(port=port).get("nitro:j:policy:1")  # default user: off
+        no_retry(port).get("nitro:j:policy:1")  # default user: off
     # Passwords stay off argv (visible in ps) and the ACL file is private to redis.
     cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace")
     assert SERVICE_PW not in cmdline and SCALER_PW not in cmdline
