@@ -36,7 +36,7 @@ from learner_svc.constants import MAX_REPLAYS_PER_FRESH, PIPELINED_READ
 from learner_svc.learner import GradientLearner
 from learner_svc.pipelined import OpenRound, PipelinedLoop
 from learner_svc.reporting import DIAGNOSTICS
-from learner_svc.state import LaunchedRound, RoundStats
+from learner_svc.state import Ingest, Round, RoundStats
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
 from nitro.clock import critical_path_cpu_seconds
@@ -79,7 +79,7 @@ class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
         rnd.stats.rejected, rnd.stats.duplicates = self.export_reader_counters(rnd.stats.notes)
         return rnd
 
-    def _train_until_closed(self, rnd: LaunchedRound, acc: OffPolicyStats, phases: dict, cloud: dict) -> None:
+    def _train_until_closed(self, rnd: Round, acc: OffPolicyStats, phases: dict, cloud: dict) -> None:
         """Update on every arriving batch of this job, replay when idle, until `rnd` closes.
 
         On the cloud clock the round's actors and the learner run in parallel: the learner's CPU
@@ -88,28 +88,28 @@ class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
         processed_before = self.reader.processing_seconds
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         update_s = 0.0
-        while not self.round_closed(rnd) and not self.job.stop_requested.is_set():
+        while not rnd.closed() and not self.job.stop_requested.is_set():
             rnd.poll(notes)
             entries = self.redis_call(lambda: self.reader.read(*PIPELINED_READ), "stream read")
             fresh = []
             for e in entries:
+                # A straggler of an earlier round, or of a round launched before a resume, is still good data.
+                if rnd.ingest(e) is Ingest.DUPLICATE:
+                    acc.entries.append(e)  # acked with the round's commit, not learned from twice
+                    continue
                 lag = self.version - e.policy_version
                 metrics.POLICY_LAG.observe(lag)
                 acc.lags.append(lag)
-                fresh.append(e.batch)
-                if e.round == rnd.k:
-                    rnd.covers(e)
-                    rnd.steps += e.steps
-                else:  # a straggler of an earlier round, or of a round launched before a resume: still good data
-                    acc.late += 1
+                fresh.append(e)
+            acc.late = rnd.late
             if fresh:
                 t_u = time.perf_counter()
-                self._update(fresh, acc)
+                self._update([e.batch for e in fresh], acc)
                 update_s += time.perf_counter() - t_u
-                for b in fresh:
-                    self.replay.add(b)
+                for e in fresh:
+                    self.replay.add(e.batch)
                 acc.replay_credit += MAX_REPLAYS_PER_FRESH * len(fresh)
-                acc.entries.extend(entries)  # acked when the round's commit holds what was learned
+                acc.entries.extend(fresh)  # acked when the round's commit holds what was learned
             elif acc.replay_credit > 0 and len(self.replay):
                 replayed = self.replay.sample(1)
                 if replayed:
@@ -124,7 +124,7 @@ class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("sample", max(0.0, wall - update_s - ingest), phases)
         busy = max(0.0, critical_path_cpu_seconds() - cpu0)
-        sampling = rnd.resp.cloud_seconds if rnd.resp is not None else 0.0
+        sampling = rnd.wave.resp.cloud_seconds if rnd.wave.resp is not None else 0.0
         busy += cloud.pop("carried", 0.0)  # the previous round's checkpoint and evaluation ran meanwhile
         cloud["update"] = busy
         cloud["sample"] = max(0.0, sampling - busy)

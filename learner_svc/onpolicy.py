@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from learner_svc.clients import failure_note, retry_note
 from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
 from learner_svc.learner import GradientLearner
 from learner_svc.reporting import DIAGNOSTICS
 from learner_svc.rounds import End, RoundLoop
-from learner_svc.slots import ActorSlots
+from learner_svc.state import Ingest, Round
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import NOISE_EMA, invocation_id
@@ -164,72 +163,54 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         out = Collected(batches=[], launched=actors)
         spec = self.spec
         expected_steps = actors * spec.steps_per_actor
-        round_slots = ActorSlots(self.job.job_id, k, actors, ids={})  # the ids of the waves launched or taken over
-        covered = round_slots.covered  # slots whose whole batch (every part) arrived
+        # The ids of the waves launched or taken over count; only this round's batches of this version are kept.
+        rnd = Round(self.job.job_id, k, actors, self.version, on_policy=True, ids={})
         batches: dict[str, dict] = {}  # dedup id -> batch: every in-version batch (or part) of this round is used
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ack_seconds, dispatch = self.reader.processing_seconds, 0.0, 0.0
         slots, failed_total = list(range(actors)), set()
         inherited = self._inherited_waves(k, slots)
+
+        def account(resp: scaler_pb2.LaunchResponse) -> None:
+            nonlocal dispatch
+            dispatch += resp.dispatch_seconds
+            out.retries += resp.retries
+            out.cloud_seconds += resp.cloud_seconds
+            out.cloud_cost_usd += resp.cloud_cost_usd
+
         while True:
             if inherited is not None:  # every slot is out already; no response will come for them
-                taken, inherited, fut = inherited, None, None
-                round_slots.ids.update(taken.slot_of)
+                taken, inherited, wave = inherited, None, None
+                rnd.slots.ids.update(taken.slot_of)
                 label = f"the {taken.count} wave(s) launched before the learner restarted"
                 out.waves += 1  # as the round's planned launch: its shortfall still gets replacement waves
                 wave_deadline = taken.deadline()
             else:
                 taken = None
-                wave = self.new_wave(k)  # ids are never reused within a round, across restarts too
-                round_slots.expect(slots, wave)
+                number = self.new_wave(k)  # ids are never reused within a round, across restarts too
+                wave = rnd.launch(number, slots, self.pool.submit(self.launch, k, slots, number),
+                                  spec.round_deadline_s)
                 out.waves += 1
-                fut = self.pool.submit(self.launch, k, slots, wave)
-                label = f"wave {wave}"
-                wave_deadline = time.perf_counter() + spec.round_deadline_s
-            resp, failed, done_at, wave_began = None, set(), None, time.perf_counter()
+                label = f"wave {number}"
+                wave_deadline = wave.deadline
+            wave_began = time.perf_counter()
             while time.perf_counter() < wave_deadline and not self.job.stop_requested.is_set():
-                if resp is None and fut is not None and fut.done():
-                    done_at = time.perf_counter()
-                    try:
-                        resp = fut.result()
-                    except grpc.RpcError as exc:
-                        out.notes.append(f"launch (wave {wave}) failed: {exc.code().name}: {exc.details()}")
-                        resp = scaler_pb2.LaunchResponse()
-                        failed = set(slots)
-                    dispatch += resp.dispatch_seconds
-                    out.retries += resp.retries
-                    out.cloud_seconds += resp.cloud_seconds
-                    out.cloud_cost_usd += resp.cloud_cost_usd
-                    out.notes += [note for note in map(retry_note, resp.invocations) if note]
-                    for r in resp.invocations:
-                        if not r.ok:
-                            if (slot := round_slots.slot(r.invocation_id)) is not None:
-                                failed.add(slot)
-                            out.notes.append(failure_note(r))
-                waiting = set(slots) - covered
+                if wave is not None and (resp := wave.poll(rnd.slots.slot, out.notes)) is not None:
+                    account(resp)
+                waiting = rnd.missing(slots)
                 if not waiting:
                     break
-                if resp is not None and (waiting <= failed or time.perf_counter() - done_at > LOST_BATCH_GRACE_S):
+                if wave is not None and wave.closed(waiting, time.perf_counter()):
                     break  # the rest failed, or their batches were lost after the invocation said OK
                 if taken is not None and taken.all_failed(waiting):
-                    failed = set(taken.failed)
                     break  # the waves taken over ended and the rest failed: replace them without waiting
                 entries = self.redis_call(lambda: self.reader.read(*ONPOLICY_READ), "stream read")
                 drop = []
-                for e in entries:
-                    # Only this round's launched invocations count (the reader verified the batch with its key).
-                    if e.round == k and e.policy_version == self.version \
-                            and round_slots.slot(e.invocation_id) is not None and e.dedup_id not in batches:
-                        # Kept entries stay unacked until the round's commit (RoundLoop.commit).
+                for e in entries:  # the reader verified each batch with its job's key
+                    if rnd.ingest(e) is Ingest.KEPT:
                         batches[e.dedup_id] = e.batch
-                        out.entries.append(e)
-                        round_slots.arrived(e.invocation_id, e.part, e.parts)  # whole once every part is in
-                    elif e.dedup_id in batches:
-                        out.duplicates += 1
-                        drop.append(e)
-                    else:  # a straggler from an earlier round or policy version: on-policy data only
-                        out.stale += 1
-                        out.stale_steps += e.steps
+                        out.entries.append(e)  # unacked until the round's commit (RoundLoop.commit)
+                    else:  # a duplicate, or a straggler of an earlier round or policy version: on-policy only
                         drop.append(e)
                 if drop:
                     t_ack = time.perf_counter()
@@ -237,25 +218,25 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                     ack_seconds += time.perf_counter() - t_ack
                 if taken is not None:
                     wave_deadline = taken.deadline()
+            missing_now = rnd.missing(slots)
             if taken is not None:
                 gone = ", their actors no longer running" if taken.stopped_at is not None else ""
-                out.notes.append(f"took over {label}: {len(covered)}/{actors} batches in "
+                out.notes.append(f"took over {label}: {actors - len(rnd.missing())}/{actors} batches in "
                                  f"{time.perf_counter() - wave_began:.1f} s{gone}")
-            elif resp is None and not (set(slots) - covered):
-                try:  # every batch is in: the invocations are returning, collect their retry counts
-                    resp = fut.result(timeout=2.0)
-                    dispatch += resp.dispatch_seconds
-                    out.retries += resp.retries
-                    out.cloud_seconds += resp.cloud_seconds
-                    out.cloud_cost_usd += resp.cloud_cost_usd
-                    out.notes += [note for note in map(retry_note, resp.invocations) if note]
-                except Exception:  # noqa: BLE001 - bookkeeping only; the data is already here
-                    pass
-            if fut is not None and resp is None and set(slots) - covered and not self.job.stop_requested.is_set():
-                out.notes.append(f"{label}: round deadline ({spec.round_deadline_s:g} s) passed with "
-                                 f"{len(set(slots) & covered)}/{len(slots)} batches")
-            failed_total |= failed - covered
-            missing = sorted(set(range(actors)) - covered)
+                failed = set(taken.failed) if taken.all_failed(missing_now) else set()
+            else:
+                if wave.resp is None and not missing_now:
+                    try:  # every batch is in: the invocations are returning, collect their retry counts
+                        wave.future.result(timeout=2.0)
+                        account(wave.poll(rnd.slots.slot, out.notes))
+                    except Exception:  # noqa: BLE001 - bookkeeping only; the data is already here
+                        pass
+                if wave.resp is None and missing_now and not self.job.stop_requested.is_set():
+                    out.notes.append(f"{label}: round deadline ({spec.round_deadline_s:g} s) passed with "
+                                     f"{len(slots) - len(missing_now)}/{len(slots)} batches")
+                failed = wave.failed
+            failed_total |= failed - rnd.covered
+            missing = sorted(rnd.missing())
             steps = sum(len(b["rewards"]) for b in batches.values())
             if not missing or self.job.stop_requested.is_set() or steps >= spec.min_sample_fraction * expected_steps:
                 break
@@ -278,7 +259,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         cloud["sample"] = cloud.get("sample", 0.0) + out.cloud_seconds
         cloud["ingest"] = cloud.get("ingest", 0.0) + max(0.0, critical_path_cpu_seconds() - cpu0)
         out.batches = [batches[i] for i in sorted(batches)]
-        out.completed = round_slots.completed
+        out.completed = rnd.slots.completed
+        out.stale, out.stale_steps, out.duplicates = rnd.stale, rnd.stale_steps, rnd.duplicates
         return out
 
     def _inherited_waves(self, k: int, slots: list[int]) -> TakenOver | None:

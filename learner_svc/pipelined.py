@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 import grpc
 
 from learner_svc.rounds import End, RoundLoop
-from learner_svc.state import LaunchedRound, PendingRound, RoundStats
+from learner_svc.state import PendingRound, Round, RoundStats
 from nitro import cost as nitro_cost
 from nitro.rpc import metrics
 from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
@@ -36,7 +36,7 @@ S = TypeVar("S", bound=RoundStats)
 class OpenRound(Generic[S]):
     """A round of a pipelined loop from its launch to its close."""
 
-    launch: LaunchedRound
+    launch: Round
     stats: S
     phases: dict[str, float] = field(default_factory=dict)
     cloud: dict[str, float] = field(default_factory=dict)  # the same phases on the cloud clock (docs/cost.md)
@@ -47,7 +47,7 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
 
     def __init__(self, job, deps):
         super().__init__(job, deps)
-        self.launched: LaunchedRound | None = None  # the round sampling now
+        self.launched: Round | None = None  # the round sampling now
         self.carried: dict[str, float] = {}  # learner CPU of the last commit + evaluation (cloud clock)
 
     # -- RoundLoop's hooks --------------------------------------------------------------------------
@@ -140,15 +140,13 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
         return pending, None
 
     # -- launching, closing, reporting ----------------------------------------------------------------
-    def launch_round(self, k: int, actors: int) -> LaunchedRound:
+    def launch_round(self, k: int, actors: int) -> Round:
         wave = self.new_wave(k)
         metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
-        version, start = self.version, time.perf_counter()
-        future = self.pool.submit(self.launch, k, list(range(actors)), wave)
-        return LaunchedRound(job_id=self.job.job_id, k=k, actors=actors, version=version, future=future, start=start)
-
-    def round_closed(self, launched: LaunchedRound) -> bool:
-        return launched.closed(self.spec.round_deadline_s)
+        rnd, start = Round(job_id=self.job.job_id, k=k, actors=actors, version=self.version), time.perf_counter()
+        rnd.launch(wave, range(actors), self.pool.submit(self.launch, k, list(range(actors)), wave),
+                   self.spec.round_deadline_s, start)
+        return rnd
 
     def finish_async_round(self, pending: PendingRound, phases: dict, carried: dict) -> End | None:
         """Evaluate a committed round and report it; how the job ends, or None when it goes on.

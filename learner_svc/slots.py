@@ -15,7 +15,8 @@ from nitro.contracts import actor_slot, invocation_id
 
 @dataclass
 class ActorSlots:
-    """Round k's actor slots: the parts of each invocation seen so far, whole slots, failed slots.
+    """Round k's actor slots: the parts of each invocation seen so far, and the slots whose batch is whole
+    (which invocations failed is each launch's to say: state.Wave).
 
     `ids`: the invocation ids that count (invocation id -> slot), registered per wave with `expect`; None
     counts any actor invocation of this job and round, whatever its wave."""
@@ -25,7 +26,6 @@ class ActorSlots:
     actors: int
     ids: dict[str, int] | None = None
     covered: set[int] = field(default_factory=set)  # slots with a whole batch in
-    failed: set[int] = field(default_factory=set)  # slots whose invocation failed
     _parts_seen: dict[str, set[int]] = field(default_factory=dict)
     _parts_total: dict[str, int] = field(default_factory=dict)
 

@@ -1,5 +1,6 @@
-"""Typed round state of the loops: an actor launch in flight, what a closed round still needs for its report,
-and the counters a round of an asynchronous loop accumulates while it is open.
+"""Typed round state of the loops: a round's actor batches (Round: its launches, what it keeps of the stream,
+what is missing, when it is closed), what a closed round still needs for its report, and the counters a round
+of an asynchronous loop accumulates while it is open.
 
 What a checkpoint keeps of them is plain data (`to_dict`/`from_dict`), with the keys of the dicts the
 checkpoints of earlier learners hold, so a checkpoint resumes across versions of these classes.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -22,24 +24,98 @@ from learner_svc.slots import ActorSlots
 from nitro.v1 import scaler_pb2
 
 
+class Ingest(enum.Enum):
+    """What a round makes of a stream entry (Round.ingest): the one rule every loop reads the stream by."""
+
+    KEPT = "kept"  # one of the round's own invocations (at the round's version, on-policy): counts toward it
+    LATE = "late"  # another round's, or an invocation the round did not launch: still data for an async loop
+    STALE = "stale"  # another round's or version's, in an on-policy round: dropped (acked, not learned from)
+    DUPLICATE = "duplicate"  # an entry the round already took: dropped
+
+
 @dataclass
-class LaunchedRound:
-    """An asynchronous round's actor launch, from its Launch RPC to the round's close."""
+class Wave:
+    """One Launch of some of a round's slots, from its RPC to its response."""
+
+    number: int  # the wave's index in the round (invocation ids carry it)
+    slots: list[int]
+    future: Future  # the blocking Launch
+    deadline: float  # perf_counter time: a Launch that has not returned by then closes the wave
+    start: float = field(default_factory=time.perf_counter)
+    resp: scaler_pb2.LaunchResponse | None = None
+    done_at: float | None = None  # when the Launch returned
+    failed: set[int] = field(default_factory=set)  # slots whose invocation returned failed
+
+    def poll(self, slot_of, notes: list[str]) -> scaler_pb2.LaunchResponse | None:
+        """The Launch's response the first time it is seen returned, else None. Failed slots (`slot_of` maps an
+        invocation id to its slot) are recorded; retries and failures become notes."""
+        if self.resp is not None or not self.future.done():
+            return None
+        self.done_at = time.perf_counter()
+        try:
+            self.resp = self.future.result()
+        except grpc.RpcError as exc:
+            notes.append(f"launch (wave {self.number}) failed: {exc.code().name}: {exc.details()}")
+            self.resp = scaler_pb2.LaunchResponse()
+            self.failed.update(self.slots)
+        notes.extend(note for note in map(retry_note, self.resp.invocations) if note)
+        for r in self.resp.invocations:
+            if not r.ok:
+                if (slot := slot_of(r.invocation_id)) is not None:
+                    self.failed.add(slot)
+                notes.append(failure_note(r))
+        return self.resp
+
+    def closed(self, waiting: set[int], now: float) -> bool:
+        """Every slot still `waiting` failed, or is lost (LOST_BATCH_GRACE_S after the Launch returned with it
+        OK), or nothing is waited for; or the Launch has not returned by the deadline."""
+        if self.resp is None:
+            return now > self.deadline
+        return not waiting or waiting <= self.failed or now - self.done_at > LOST_BATCH_GRACE_S
+
+
+@dataclass
+class Round:
+    """Round k's actor batches, in every loop: its waves of launches, which entries it keeps (`ingest`), which
+    slots are still missing, when it is closed, and what its report says of its actors (`summary`).
+
+    `on_policy`: only batches of this round's invocations sampled with `version` are kept; everything else is
+    stale. Otherwise (IMPACT, Stellaris) other rounds' batches are late data the loop still learns from.
+    `ids`: the invocation ids that count, registered per wave (on-policy; a resumed learner adds the waves it
+    took over); None counts any actor invocation of this job and round."""
 
     job_id: str
     k: int
     actors: int
     version: int  # the policy version the round's actors were launched with
-    future: Future  # the blocking Launch
-    start: float = field(default_factory=time.perf_counter)
-    resp: scaler_pb2.LaunchResponse | None = None
-    done_at: float | None = None  # when the Launch returned
-    slots: ActorSlots = field(init=False)  # which slots' batches are whole, which failed
-    batches: int = 0  # entries (parts) of this round arrived
-    steps: int = 0
+    on_policy: bool = False
+    ids: dict[str, int] | None = None
+    waves: list[Wave] = field(default_factory=list)
+    slots: ActorSlots = field(init=False)  # which slots' batches are whole
+    batches: int = 0  # entries (parts) kept
+    steps: int = 0  # env steps kept
+    late: int = 0
+    stale: int = 0
+    stale_steps: int = 0
+    duplicates: int = 0
+    _seen: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.slots = ActorSlots(self.job_id, self.k, self.actors)
+        self.slots = ActorSlots(self.job_id, self.k, self.actors, ids=self.ids)
+
+    def launch(self, number: int, slots, future: Future, deadline_s: float, start: float | None = None) -> Wave:
+        """A wave of `slots` launched (`future`: its Launch); its invocations count toward the round."""
+        slots = list(slots)
+        if self.slots.ids is not None:
+            self.slots.expect(slots, number)
+        start = time.perf_counter() if start is None else start
+        wave = Wave(number, slots, future, deadline=start + deadline_s, start=start)
+        self.waves.append(wave)
+        return wave
+
+    @property
+    def wave(self) -> Wave:
+        return self.waves[-1]
 
     @property
     def covered(self) -> set[int]:
@@ -47,45 +123,47 @@ class LaunchedRound:
 
     @property
     def failed(self) -> set[int]:
-        return self.slots.failed
+        return set().union(*(w.failed for w in self.waves)) - self.covered
 
-    def poll(self, notes: list[str]) -> None:
-        """Take the Launch's response once it returned: failed slots, and notes on retries and failures."""
-        if self.resp is not None or not self.future.done():
-            return
-        self.done_at = time.perf_counter()
-        try:
-            self.resp = self.future.result()
-        except grpc.RpcError as exc:
-            notes.append(f"launch failed: {exc.code().name}: {exc.details()}")
-            self.resp = scaler_pb2.LaunchResponse()
-            self.failed.update(range(self.actors))
-        notes.extend(note for note in map(retry_note, self.resp.invocations) if note)
-        for r in self.resp.invocations:
-            if not r.ok:
-                slot = self.slots.slot(r.invocation_id)
-                if slot is not None:
-                    self.failed.add(slot)
-                notes.append(failure_note(r))
+    def poll(self, notes: list[str]) -> scaler_pb2.LaunchResponse | None:
+        """The latest wave's response, the first time it is seen (Wave.poll)."""
+        return self.wave.poll(self.slots.slot, notes)
 
-    def closed(self, deadline_s: float) -> bool:
-        """Every slot's whole batch is in, or failed, or lost (LOST_BATCH_GRACE_S after the Launch returned); or
-        the Launch has not returned within the round deadline."""
-        if self.resp is None:
-            return time.perf_counter() - self.start > deadline_s
-        waiting = self.slots.waiting()
-        return not waiting or waiting <= self.failed or time.perf_counter() - self.done_at > LOST_BATCH_GRACE_S
+    def ingest(self, entry) -> Ingest:
+        """Classify a stream entry (a TrajectoryEntry: a batch or one part of a split one) and count it. A slot is
+        covered once every part of one of its invocations is in (ActorSlots)."""
+        if entry.dedup_id in self._seen:
+            self.duplicates += 1
+            return Ingest.DUPLICATE
+        ours = entry.round == self.k and self.slots.slot(entry.invocation_id) is not None
+        if ours and (not self.on_policy or entry.policy_version == self.version):
+            self._seen.add(entry.dedup_id)
+            self.slots.arrived(entry.invocation_id, entry.part, entry.parts)
+            self.batches += 1
+            self.steps += entry.steps
+            return Ingest.KEPT
+        if self.on_policy:
+            self.stale += 1
+            self.stale_steps += entry.steps
+            return Ingest.STALE
+        self.late += 1
+        return Ingest.LATE
 
-    def covers(self, entry) -> bool:
-        """Count an arriving entry (a TrajectoryEntry: a batch or one part of a split one) of this round toward
-        it; whether it is one of this round's actor invocations. Its slot is covered once every part is in."""
-        self.batches += 1
-        return self.slots.arrived(entry.invocation_id, entry.part, entry.parts) is not None
+    def missing(self, slots=None) -> set[int]:
+        """Of `slots` (all the round's by default), those without a whole batch yet."""
+        return self.slots.waiting(slots)
+
+    def closed(self, now: float | None = None) -> bool:
+        """The latest wave is closed (Wave.closed) over the slots it launched that are still missing."""
+        wave = self.wave
+        now = time.perf_counter() if now is None else now
+        return wave.closed(self.missing(wave.slots), now)
 
     def summary(self) -> LaunchSummary:
+        resps = [w.resp for w in self.waves if w.resp is not None]
         return LaunchSummary(actors=self.actors, version=self.version, covered=set(self.covered),
-                             failed=set(self.failed), retries=self.resp.retries if self.resp is not None else 0,
-                             cloud_cost_usd=self.resp.cloud_cost_usd if self.resp is not None else 0.0)
+                             failed=self.failed, retries=sum(r.retries for r in resps),
+                             cloud_cost_usd=sum(r.cloud_cost_usd for r in resps))
 
 
 @dataclass

@@ -73,7 +73,7 @@ from learner_svc.constants import (
 from learner_svc.learner import ParameterAggregator
 from learner_svc.pipelined import OpenRound, PipelinedLoop
 from learner_svc.reporting import DIAGNOSTICS
-from learner_svc.state import LaunchedRound, LaunchSummary, PendingRound, RoundStats
+from learner_svc.state import Ingest, LaunchSummary, PendingRound, Round, RoundStats
 from nitro.algos.ppo import collate, standardize_batch
 from nitro.algos.stellaris import (
     ParameterServer,
@@ -183,7 +183,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             self.acc.busy = sum(self.carried.values())
         rnd = OpenRound(self.launched, self.acc)
         metrics.set_job(metrics.STALENESS_BOUND, self.job.job_id, self.bound)
-        self._pump_until(lambda: self.round_closed(rnd.launch), rnd.launch, rnd.stats, rnd.phases)
+        self._pump_until(rnd.launch.closed, rnd.launch, rnd.stats, rnd.phases)
         return rnd
 
     def close_cloud(self, k: int, rnd: OpenRound[StellarisStats]) -> dict[str, float]:
@@ -236,12 +236,12 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
         return StellarisStats(k=k, bound=self.bound)
 
     # -- actors ---------------------------------------------------------------------------
-    def launch_round(self, k: int, actors: int) -> LaunchedRound:
+    def launch_round(self, k: int, actors: int) -> Round:
         self.actor_versions = {self.version}  # actors load it whenever they start: keep it published
         return super().launch_round(k, actors)
 
     # -- the event pump -------------------------------------------------------------------
-    def _pump_until(self, done, rnd: LaunchedRound | None, acc: StellarisStats, phases: dict) -> None:
+    def _pump_until(self, done, rnd: Round | None, acc: StellarisStats, phases: dict) -> None:
         """Ingest batches, dispatch learners, collect their outcomes and aggregate updates until `done()`."""
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ingest_extra, update_s = self.reader.processing_seconds, 0.0, 0.0
@@ -269,7 +269,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
         metrics.observe_phase("sample", max(0.0, wall - ingest - update_s), phases)
         acc.busy += max(0.0, critical_path_cpu_seconds() - cpu0)
 
-    def _drain(self, rnd: LaunchedRound | None, acc: StellarisStats, phases: dict) -> None:
+    def _drain(self, rnd: Round | None, acc: StellarisStats, phases: dict) -> None:
         """Wait for every batch's learner and every update still due (bounded by the round deadline)."""
         deadline = time.perf_counter() + self.spec.round_deadline_s
         self._pump_until(lambda: (not self.waiting and not self.in_flight and not self.expected)
@@ -285,7 +285,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             self.expected.clear()
             self.learners.clear()
 
-    def _wait_for_rounds_before(self, k: int, rnd: LaunchedRound, acc: StellarisStats, phases: dict) -> None:
+    def _wait_for_rounds_before(self, k: int, rnd: Round, acc: StellarisStats, phases: dict) -> None:
         """Backpressure: learners of rounds < k finish (and their updates arrive) before round k+1 samples."""
         def older_done() -> bool:
             return not any(r < k for r, _ in self.waiting) and \
@@ -298,15 +298,15 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             acc.notes.append(f"learners of rounds before {k} still busy after {self.spec.round_deadline_s:g} s; "
                                 "launching the next round anyway")
 
-    def _ingest(self, e, rnd: LaunchedRound | None, acc: StellarisStats) -> None:
+    def _ingest(self, e, rnd: Round | None, acc: StellarisStats) -> None:
         if e.entry_id in self.counted_before:  # counted before a resume, its learner lost: learn from it only
             acc.relearned += 1
             self.waiting.append((acc.k, e))
             return
-        if rnd is not None and e.round == rnd.k:
-            rnd.covers(e)
-        else:
-            acc.late += 1  # a straggler of an earlier round: still good data, IS truncation handles it
+        # A straggler of an earlier round (or of a launch before a resume) is still good data: IS truncation
+        # handles it. The reader drops repeated entries before this.
+        if rnd is None or rnd.ingest(e) is not Ingest.KEPT:
+            acc.late += 1
         acc.steps += e.steps
         self.total_steps += e.steps
         metrics.ENV_STEPS.inc(e.steps)
@@ -512,10 +512,10 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
 
     # -- reports ------------------------------------------------------------------------------
     @staticmethod
-    def _cloud_phases(rnd: LaunchedRound, acc: StellarisStats) -> dict[str, float]:
+    def _cloud_phases(rnd: Round, acc: StellarisStats) -> dict[str, float]:
         """The round so far on the cloud clock (docs/cost.md): actors, then their learner functions, in
         parallel with the service's own CPU time ("update"); "sample" is what the functions take beyond it."""
-        sampling = (rnd.resp.cloud_seconds if rnd.resp is not None else 0.0) + acc.learner_fn_seconds
+        sampling = (rnd.wave.resp.cloud_seconds if rnd.wave.resp is not None else 0.0) + acc.learner_fn_seconds
         return {"update": acc.busy, "sample": max(0.0, sampling - acc.busy)}
 
     def _fields(self, k: int, launch: LaunchSummary, acc: StellarisStats) -> dict:

@@ -16,7 +16,7 @@ from learner_svc import state
 from learner_svc.clients import LearnerDeps
 from learner_svc.jobs import Job
 from learner_svc.offpolicy import OffPolicyLoop, OffPolicyStats
-from learner_svc.state import LaunchedRound
+from learner_svc.state import Round
 from learner_svc.stellaris import StellarisLoop
 from nitro.contracts import stream_key
 from nitro.data.store import TrajectoryWriter
@@ -44,11 +44,13 @@ def fill_stream(redis_client, hmac_key, job_id: str) -> None:
     redis_client.xdel(stream_key(job_id), *ids[1:])
 
 
-def launched(job_id: str) -> LaunchedRound:
+def launched(job_id: str) -> Round:
     fut = Future()
     fut.set_result(scaler_pb2.LaunchResponse(launched=2, succeeded=2, invocations=[
         scaler_pb2.InvocationResult(invocation_id=f"{job_id}-r0-a{s}", ok=True, attempts=1) for s in (0, 1)]))
-    return LaunchedRound(job_id=job_id, k=0, actors=2, version=0, future=fut)
+    rnd = Round(job_id=job_id, k=0, actors=2, version=0)
+    rnd.launch(0, [0, 1], fut, deadline_s=60.0)
+    return rnd
 
 
 def deps(redis_client, hmac_key, tmp_path) -> LearnerDeps:
@@ -86,5 +88,5 @@ def test_stellaris_counts_a_slot_covered_only_when_every_part_arrived(redis_clie
     for e in entries:
         loop._ingest(e, rnd, acc)
     assert acc.steps == sum(e.steps for e in entries), "the part is still data for a learner function"
-    assert rnd.covered == {0} and not rnd.closed(deadline_s=60.0)
+    assert rnd.covered == {0} and not rnd.closed()
     assert rnd.summary().report_fields(0)["actors_completed"] == 1
