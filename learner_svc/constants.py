@@ -37,4 +37,7 @@ REDIS_FIRST_RETRY_S = 0.1
 RPC_FIRST_RETRY_S = 0.2
 MAX_RETRY_DELAY_S = 5.0  # backoff doubles up to this
 COST_PATIENCE_S = 30.0  # GetCost retried this long
+# EndJob from a learner shutting down (a drain): its scaler may be going down with it (a killed supervisor
+# SIGTERMs every component) and its next start asks again, so the shutdown is not held COST_PATIENCE_S.
+DRAIN_END_JOB_PATIENCE_S = 2.0
 LAUNCH_TIMEOUT_SLACK_S = 30.0  # a blocking Launch's RPC deadline beyond the round deadline

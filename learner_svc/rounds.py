@@ -41,7 +41,7 @@ from typing import Generic, NamedTuple, TypeVar
 import numpy as np
 
 from learner_svc.clients import LastRound, LearnerDeps, Services, derived_seed, end_job
-from learner_svc.constants import EVAL_SEED_TAG, IO_THREADS, MAX_WAVES, RECENT_EPISODES
+from learner_svc.constants import DRAIN_END_JOB_PATIENCE_S, EVAL_SEED_TAG, IO_THREADS, MAX_WAVES, RECENT_EPISODES
 from learner_svc.durability import CommittedEntry, JobFiles, job_dir, load_reports
 from learner_svc.jobs import Job
 from learner_svc.learner import Learner, LearnerFactory
@@ -488,8 +488,11 @@ class RoundLoop(Generic[R]):
 
     def release_actor_user(self) -> bool:
         """The job ended: the scaler deletes its functions' Redis user (EndJob). Whether it confirmed; a failure
-        never changes how the job ends."""
+        never changes how the job ends. A job that ends while its learner shuts down asks only briefly
+        (DRAIN_END_JOB_PATIENCE_S)."""
         try:
+            if self.job.stop_reason == "learner shutting down":
+                return end_job(self.deps, self.job.job_id, patience=DRAIN_END_JOB_PATIENCE_S)
             return end_job(self.deps, self.job.job_id)
         except Exception as exc:  # noqa: BLE001 - e.g. no scaler at all; the next start asks again
             log.warning("job %s: could not end the job's Redis user: %s", self.job.job_id, exc)

@@ -50,12 +50,41 @@ ROOT = Path(__file__).resolve().parents[1]
 ROUND_DEADLINE_S = 20.0
 
 
+# The learner rides out a Redis outage this long (NITRO_REDIS_PATIENCE_S, 60 s by default) before the job ends
+# FAILED, resumable. A killed supervisor takes Redis down with the learner, whose drain then waited the whole
+# patience before it exited and `nitro train` could say the system went down: ~100 s of the suite's time.
+REDIS_PATIENCE_S = 5
+
+
 @pytest.fixture(scope="module")
 def system_dir(tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("cli-truth")
-    supervised(state_dir)
-    yield state_dir
-    system_state.shutdown(state_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NITRO_REDIS_PATIENCE_S", str(REDIS_PATIENCE_S))  # read by each learner the supervisor starts
+        supervised(state_dir)
+        yield state_dir
+        system_state.shutdown(state_dir)
+
+
+@pytest.fixture(scope="module")
+def unsupervised(tmp_path_factory):
+    """An in-process local system (no supervisor: the test restarts its learner, or leaves it dead), shared by the
+    tests that need one (starting one costs ~10 s); each test gets it with its learner serving, as it resumes
+    jobs by default."""
+    from tests.system import start_system
+
+    system = start_system(tmp_path_factory.mktemp("unsupervised") / "state", concurrency=4)
+    yield system
+    system.stop()
+
+
+@pytest.fixture
+def own_system(unsupervised):
+    if unsupervised._exit_status("learner")[0]:  # a test before this one left its learner dead
+        unsupervised._launchers["learner"]()
+        unsupervised._wait_healthy(["learner"])
+    yield unsupervised
+    unsupervised.resume_jobs = None  # the learner's default for the next restart
 
 
 def train(state_dir: Path, results: Path, *argv: str) -> subprocess.Popen:
@@ -113,7 +142,9 @@ def test_train_follows_the_job_across_a_learner_restart(system_dir, tmp_path):
 
 def test_resume_attaches_to_the_job_a_restarted_learner_runs(system_dir, tmp_path):
     job = "attach-to-resumed"
-    rounds = 30  # long enough that the resumed job still runs when the CLI attaches (5 short rounds did not)
+    # Long enough that the resumed job still runs when the CLI attaches (5 short rounds did not; 15 of these leave
+    # ~10 s after the restart, several times the CLI's start); the last assertion fails a run where it did not.
+    rounds = 15
     with client_of(system_dir) as client:
         client.start_training({**SPEC, "rounds": rounds, "steps_per_actor": 1024, "job_id": job,
                                "round_deadline_s": ROUND_DEADLINE_S})
@@ -127,6 +158,7 @@ def test_resume_attaches_to_the_job_a_restarted_learner_runs(system_dir, tmp_pat
     assert proc.returncode == 0, out
     assert "ALREADY_EXISTS" not in out and f"job {job} SUCCEEDED" in out
     assert rounds_in_csv(tmp_path, job) == list(range(rounds))
+    assert "ended before this resume" not in out, "the job ended before the CLI attached: nothing was checked"
 
 
 def test_train_exits_nonzero_with_the_commands_when_the_system_is_gone(system_dir, tmp_path):
@@ -216,76 +248,67 @@ def test_train_follows_the_job_across_a_learner_drain(system_dir, tmp_path):
     assert rounds_in_csv(tmp_path, job) == list(range(5)), "every round once in rounds.csv"
 
 
-def test_a_learner_restarted_without_resuming_leaves_the_cli_naming_the_checkpoint(tmp_path):
+def test_a_learner_restarted_without_resuming_leaves_the_cli_naming_the_checkpoint(own_system, tmp_path):
     """Automatic resume off (--no-resume-jobs): the restarted learner lists the job STOPPED, interrupted. The CLI
     printed "checkpoint none" and exited 3; now it names the file, says the learner did not resume the job, and
     exits 4 (`nitro watch` too, at once: a serving learner that shows the job interrupted will not resume it)."""
     from nitro.client.sdk import NitroClient
-    from tests.system import start_system
 
-    system = start_system(tmp_path / "state", concurrency=4)
+    system = own_system
+    job = "not-resumed"
+    proc = train(system.state_dir, tmp_path / "results", *spec_flags(job, 8))
     try:
-        job = "not-resumed"
-        proc = train(system.state_dir, tmp_path / "results", *spec_flags(job, 8))
-        try:
-            read_until(proc, "round    0", 180)
-            learner = system.components["learner"]
-            os.kill(learner.pid, signal.SIGKILL)
-            learner.proc.wait(10)
-            system.resume_jobs = False  # LocalSystem passes --no-resume-jobs
-            system._launchers["learner"]()
-            system._wait_healthy(["learner"])
-            out, _ = proc.communicate(timeout=300)
-        finally:
-            proc.kill()
-        assert proc.returncode == INTERRUPTED_EXIT, out
-        assert (f"job {job} did not finish: its learner restarted without resuming it (automatic resume is off"
-                in out)
-        path = checkpoint_named(out, system.state_dir, job)
-        assert f"    nitro train --resume {job} --state-dir {system.state_dir}" in out
-        with NitroClient(system.learner_address) as client:  # the restarted learner names the file too
-            status = client.get(job)
-        assert status.state_name == "STOPPED" and status.interrupted and status.checkpoint_path == path
-        watch = subprocess.run([sys.executable, "-m", "nitro.client.cli", "watch", job, "--state-dir",
-                                str(system.state_dir), "--results-dir", str(tmp_path / "watched"), "--no-progress"],
-                               env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                               timeout=120)
-        assert watch.returncode == INTERRUPTED_EXIT, watch.stdout + watch.stderr
-        assert "its learner restarted without resuming it" in watch.stderr
-        assert f"  checkpoint        {path}\n" in watch.stderr
+        read_until(proc, "round    0", 180)
+        learner = system.components["learner"]
+        os.kill(learner.pid, signal.SIGKILL)
+        learner.proc.wait(10)
+        system.resume_jobs = False  # LocalSystem passes --no-resume-jobs
+        system._launchers["learner"]()
+        system._wait_healthy(["learner"])
+        out, _ = proc.communicate(timeout=300)
     finally:
-        system.stop()
+        proc.kill()
+    assert proc.returncode == INTERRUPTED_EXIT, out
+    assert (f"job {job} did not finish: its learner restarted without resuming it (automatic resume is off"
+            in out)
+    path = checkpoint_named(out, system.state_dir, job)
+    assert f"    nitro train --resume {job} --state-dir {system.state_dir}" in out
+    with NitroClient(system.learner_address) as client:  # the restarted learner names the file too
+        status = client.get(job)
+    assert status.state_name == "STOPPED" and status.interrupted and status.checkpoint_path == path
+    watch = subprocess.run([sys.executable, "-m", "nitro.client.cli", "watch", job, "--state-dir",
+                            str(system.state_dir), "--results-dir", str(tmp_path / "watched"), "--no-progress"],
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                           timeout=120)
+    assert watch.returncode == INTERRUPTED_EXIT, watch.stdout + watch.stderr
+    assert "its learner restarted without resuming it" in watch.stderr
+    assert f"  checkpoint        {path}\n" in watch.stderr
 
 
-def test_train_gives_up_on_a_learner_at_a_target_that_stays_away(tmp_path):
+def test_train_gives_up_on_a_learner_at_a_target_that_stays_away(own_system, tmp_path):
     """A learner named by --target (no local system to ask) dies and nothing brings it back: after
     --reattach-timeout `nitro train` exits 4 saying so, with the checkpoint and the commands for that target
     (it exited 1 with "following it stopped")."""
-    from tests.system import start_system
-
-    system = start_system(tmp_path / "state", concurrency=4)
+    system = own_system
+    job, target = "unreachable", system.learner_address
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nitro.client.cli", "train", "--target", target, "--token-file",
+         str(system.state_dir / "token"), "--results-dir", str(tmp_path / "results"), "--no-progress",
+         "--reattach-timeout", "5", *spec_flags(job, 8)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        job, target = "unreachable", system.learner_address
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "nitro.client.cli", "train", "--target", target, "--token-file",
-             str(system.state_dir / "token"), "--results-dir", str(tmp_path / "results"), "--no-progress",
-             "--reattach-timeout", "5", *spec_flags(job, 8)],
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            read_until(proc, "round    0", 180)
-            learner = system.components["learner"]
-            os.kill(learner.pid, signal.SIGKILL)
-            learner.proc.wait(10)
-            out, _ = proc.communicate(timeout=120)
-        finally:
-            proc.kill()
-        assert proc.returncode == INTERRUPTED_EXIT, out
-        assert f"job {job} did not finish: its learner at {target} stayed unreachable (--reattach-timeout 5 s)" in out
-        checkpoint_named(out, system.state_dir, job)
-        assert f"    nitro status --target {target}   (once the learner answers again)" in out
-        assert f"    nitro train --resume {job} --target {target}" in out
+        read_until(proc, "round    0", 180)
+        learner = system.components["learner"]
+        os.kill(learner.pid, signal.SIGKILL)
+        learner.proc.wait(10)
+        out, _ = proc.communicate(timeout=120)
     finally:
-        system.stop()
+        proc.kill()
+    assert proc.returncode == INTERRUPTED_EXIT, out
+    assert f"job {job} did not finish: its learner at {target} stayed unreachable (--reattach-timeout 5 s)" in out
+    checkpoint_named(out, system.state_dir, job)
+    assert f"    nitro status --target {target}   (once the learner answers again)" in out
+    assert f"    nitro train --resume {job} --target {target}" in out
 
 
 def test_a_resumed_round_does_not_wait_out_the_deadline_for_actors_that_died_with_the_system(system_dir):
