@@ -244,6 +244,25 @@ def test_train_follows_with_the_cli_progress_output(system, tmp_path, capsys):
     assert f"results       {tmp_path / run.job_id}/" in text
 
 
+@pytest.mark.system
+def test_train_starts_a_local_system_for_the_job_and_stops_it_after(tmp_path, capsys):
+    """No system up in the state dir: nitro.train starts one, runs the job on it, and stops it again, saying so
+    (what a user gets from `nitro.train(...)` on a machine where nothing runs)."""
+    from nitro.local import system_state
+
+    state_dir = tmp_path / "state"
+    assert system_state.running_state(state_dir) is None
+    run = nitro.train(env_id="CartPole-v1", preset="fast", rounds=1, steps_per_actor=64, eval_episodes=1,
+                      scaler="fixed:1", budget_usd=1.0, state_dir=state_dir, results_dir=tmp_path / "results")
+    text = capsys.readouterr().out
+    assert run.succeeded and [r.round for r in run.reports] == [0], run.message
+    assert f"starting the local system in {state_dir} ..." in text
+    assert "local system up; learner at 127.0.0.1:" in text and "stopping the local system ..." in text
+    assert text.index("local system up") < text.index(f"job {run.job_id} SUCCEEDED") < text.index("stopping")
+    assert system_state.running_state(state_dir) is None, "the system started for the job is down again"
+    assert (run.results_dir / "best.pt").is_file() and run.best_policy().env_id == "CartPole-v1"
+
+
 def test_bad_input_names_the_field_before_anything_starts(tmp_path):
     nothing = tmp_path / "nothing-up"  # no system here: a bad spec must fail without starting one
     with pytest.raises(InvalidSpec) as exc:
