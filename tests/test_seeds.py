@@ -68,6 +68,7 @@ def test_final_return_is_the_last_evaluated_round():
     assert math.isnan(final_return([_report(0, 5.0, evaluated=False)]))
 
 
+@pytest.mark.slow  # matplotlib's plot: 1-3 s on the shared 2 cores
 def test_summary_aggregates_final_returns_with_nitro_stats(tmp_path):
     runs = [_run(0, [10, 20, 30]), _run(1, [10, 15, 50]), _run(2, [10, 5, 1]), _run(3, [0, 0, 200]),
             _run(4, [1], training_pb2.JOB_STATE_STOPPED)]
