@@ -109,6 +109,7 @@ class JobManager:
                 raise FileExistsError(spec.job_id)
             job = Job(spec)
             self._jobs[spec.job_id] = job
+        metrics.job_state(job.job_id, "PENDING")  # until its thread runs it
         job.thread = threading.Thread(target=self._guarded, args=(job, resume), name=f"job-{job.job_id}",
                                       daemon=True)
         job.thread.start()

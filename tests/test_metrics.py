@@ -188,3 +188,19 @@ def test_round_started_sets_the_round_progress_time_and_stall_limit():
     assert t0 <= value(metrics.JOB_PROGRESS) <= time.time()
     metrics.forget_job("rs")
     assert not [s for m in metrics.JOB_PROGRESS.collect() for s in m.samples if s.labels.get("job_id") == "rs"]
+
+
+def test_a_started_job_is_pending_until_its_loop_runs_it():
+    import threading
+
+    from learner_svc.jobs import JobManager
+    from nitro.spec import TrainingSpec
+
+    gate = threading.Event()
+    jobs = JobManager(lambda job, resume: gate.wait(5))
+    job = jobs.start(TrainingSpec(env_id="CartPole-v1", job_id="pending-metric"))
+    assert ("pending-metric", "PENDING", 1.0) in state_series()
+    gate.set()
+    job.thread.join(5)
+    metrics.forget_job("pending-metric")
+    assert not {x for x in state_series() if x[0] == "pending-metric"}
