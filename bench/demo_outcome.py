@@ -21,36 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from nitro.policy.evaluation import random_returns
+from nitro.stats import iqm
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_IQM = 2000.0
 TARGET_SECONDS = 180.0
 EVAL_EPISODES = 10
 EVAL_SEED = 10_000  # evaluation episodes run on seeds no training or in-training evaluation used
-
-
-def iqm(values) -> float:
-    """Interquartile mean: the mean of the middle 50% (rliable's IQM, trimmed 25% on each side)."""
-    v = np.sort(np.asarray(values, dtype=float))
-    cut = int(np.floor(0.25 * len(v)))
-    return float(v[cut:len(v) - cut].mean()) if len(v) > 2 * cut else float(v.mean())
-
-
-def random_returns(env_id: str, episodes: int, seed: int) -> list[float]:
-    import gymnasium as gym
-
-    env = gym.make(env_id)
-    env.action_space.seed(seed)
-    out = []
-    for i in range(episodes):
-        env.reset(seed=seed + i)
-        total, done = 0.0, False
-        while not done:
-            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
-            total += float(reward)
-            done = terminated or truncated
-        out.append(total)
-    env.close()
-    return out
 
 
 def run_seed(config: Path, seed: int, results: Path) -> dict:

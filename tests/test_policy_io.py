@@ -283,15 +283,18 @@ def test_a_renderer_that_is_not_installed_is_a_clear_error(checkpoint, tmp_path,
         evaluate_policy(load_policy(checkpoint), episodes=1, video=str(tmp_path / "v.gif"))
 
 
-def test_iqm_interval_without_rliable_agrees_with_it(monkeypatch):
+def test_iqm_interval_agrees_with_rliable():
+    """nitro eval's interval comes from nitro.stats (numpy only); rliable's, on the same values, agrees."""
+    from rliable import library, metrics
+
     values = [10.0, 12.0, 13.0, 15.0, 20.0, 21.0, 22.0, 40.0, 41.0, 90.0]
-    with_rliable = iqm_interval(values)
-    monkeypatch.setitem(sys.modules, "rliable", None)  # import rliable now raises ImportError
     iqm, low, high, method = iqm_interval(values)
-    assert "rliable" not in method and "rliable" in with_rliable[3]
-    assert iqm == pytest.approx(with_rliable[0]) == pytest.approx(np.mean(sorted(values)[2:8]))  # the middle 50%
+    assert "rliable" not in method and "2000 resamples" in method
+    _, cis = library.get_interval_estimates({"x": np.asarray(values).reshape(-1, 1)},
+                                            lambda s: np.array([metrics.aggregate_iqm(s)]), reps=2000)
+    assert iqm == pytest.approx(np.mean(sorted(values)[2:8]))  # the middle 50%
     assert low < iqm < high
-    assert low == pytest.approx(with_rliable[1], rel=0.1) and high == pytest.approx(with_rliable[2], rel=0.1)
+    assert low == pytest.approx(cis["x"][0][0], rel=0.1) and high == pytest.approx(cis["x"][1][0], rel=0.1)
     assert iqm_interval([5.0] * 4)[:3] == (5.0, 5.0, 5.0)
 
 

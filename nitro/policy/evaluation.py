@@ -3,8 +3,9 @@
 Episodes run through nitro.policy.rollout.evaluate, the learner's own evaluation: episode i on seed + i,
 mean action (Box) or argmax (Discrete). Given the learner's evaluation seed, a checkpoint's round is
 reproduced exactly. The interval is a percentile bootstrap over episodes of the interquartile mean
-(the mean of the middle 50%), from rliable where it is installed, else from an equivalent here. One
-episode has no interval: resampling one value can only give it back.
+(the mean of the middle 50%), from nitro.stats. One episode has no interval: resampling one value can only
+give it back. Beside them: a random policy's return on the same episodes and a measured reference to compare
+with (`nitro eval --vs-random --reference FILE`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import math
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import asdict, dataclass
 
 import gymnasium as gym
 import numpy as np
-from scipy.stats import trim_mean
 
+from nitro import stats
 from nitro.errors import ConfigError, PolicyError
 from nitro.policy.envs import AtariOptions, is_atari, make_env, resolve_env_id
 from nitro.policy.rollout import evaluate
@@ -127,33 +127,105 @@ def rendering_environment():
 
 
 def iqm_interval(values, reps: int = BOOTSTRAP_REPS, seed: int = 0) -> tuple[float, float, float, str]:
-    """(IQM, 2.5th, 97.5th percentile of its bootstrap distribution, how it was computed). A single value
-    gives back an interval of zero width, which is no interval: evaluate_policy reports none for one episode."""
-    x = np.asarray(values, dtype=float).reshape(-1)
-    if not x.size:
-        return math.nan, math.nan, math.nan, "no values"
+    """(IQM, 2.5th, 97.5th percentile of its bootstrap distribution, how it was computed), from nitro.stats (the
+    one home of the IQM and its interval). A single value gives back an interval of zero width, which is no
+    interval: evaluate_policy reports none for one episode."""
+    ci = stats.iqm_interval(np.asarray(values, dtype=float).reshape(-1), reps=reps, seed=seed)
+    return ci.point, ci.low, ci.high, f"percentile bootstrap over episodes, {reps} resamples"
+
+
+def random_returns(env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None) -> list[float]:
+    """A uniformly random policy on the episodes evaluate_policy runs (episode i on seed + i): what a trained
+    policy's return is compared with first. Actions are drawn from the action space seeded with `seed`."""
+    env = make_env(env_id, **dict(env_kwargs or {}))
+    env.action_space.seed(seed)
+    returns = []
     try:
-        from rliable import library, metrics
-    except ImportError:
-        low, high = _bootstrap_iqm(x, reps, seed)
-        return float(trim_mean(x, 0.25)), low, high, f"percentile bootstrap over episodes, {reps} resamples"
-    # rliable draws its resamples from numpy's global RNG: seed it for a reproducible interval, then restore it.
-    saved = np.random.get_state()
-    np.random.seed(seed)
-    try:
-        with warnings.catch_warnings():  # arch warns about the RandomState rliable passes it
-            warnings.simplefilter("ignore", FutureWarning)
-            points, cis = library.get_interval_estimates(
-                {"x": x.reshape(-1, 1)}, lambda s: np.array([metrics.aggregate_iqm(s)]), reps=reps,
-                random_state=np.random.RandomState(seed))
+        for ep in range(episodes):
+            env.reset(seed=seed + ep)
+            total, done = 0.0, False
+            while not done:
+                _, r, term, trunc, _ = env.step(env.action_space.sample())
+                total += float(r)
+                done = term or trunc
+            returns.append(total)
     finally:
-        np.random.set_state(saved)
-    return (float(points["x"][0]), float(cis["x"][0][0]), float(cis["x"][1][0]),
-            f"rliable percentile bootstrap over episodes, {reps} resamples")
+        env.close()
+    return returns
 
 
-def _bootstrap_iqm(x: np.ndarray, reps: int, seed: int) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    resampled = x[rng.integers(0, len(x), size=(reps, len(x)))]
-    low, high = np.percentile(trim_mean(resampled, 0.25, axis=1), [2.5, 97.5])
-    return float(low), float(high)
+@dataclass
+class Reference:
+    """A measured return to compare a policy with, e.g. another library's PPO at the same env steps
+    (bench/sb3_reference.py writes one). The file is JSON with these fields; `returns` are evaluation episodes."""
+
+    label: str
+    env_id: str
+    env_steps: int
+    returns: list[float]
+    source: str = ""  # where the measurement is described (a docs page and anchor)
+    command: str = ""  # how to measure it again
+
+    @property
+    def iqm(self) -> float:
+        return stats.iqm(self.returns)
+
+
+def load_reference(path) -> Reference:
+    """Read a reference file; every problem is a ConfigError that names the file and the field."""
+    import json
+
+    try:
+        doc = json.loads(open(path, encoding="utf-8").read())
+    except OSError as exc:
+        raise ConfigError(f"reference: cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"reference: {path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"reference: {path} must hold a JSON object, got {type(doc).__name__}")
+    for field, kind in (("label", str), ("env_id", str), ("env_steps", int), ("returns", list)):
+        if not isinstance(doc.get(field), kind) or isinstance(doc.get(field), bool):
+            raise ConfigError(f"reference: {path}: field {field!r} must be a {kind.__name__}, got "
+                              f"{doc.get(field)!r}")
+    returns = doc["returns"]
+    if not returns or not all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
+                              for r in returns):
+        raise ConfigError(f"reference: {path}: field 'returns' must be a non-empty list of finite numbers")
+    return Reference(doc["label"], doc["env_id"], doc["env_steps"], [float(r) for r in returns],
+                     str(doc.get("source", "")), str(doc.get("command", "")))
+
+
+def write_reference(path, reference: Reference, **extra) -> None:
+    import json
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({**asdict(reference), **extra}, indent=1) + "\n", encoding="utf-8")
+
+
+def comparison_lines(result: Evaluation, random: list[float] | None = None,
+                     reference: Reference | None = None, training: dict | None = None) -> list[str]:
+    """What the evaluation's numbers mean, one line each: the policy against a random policy on the same
+    episodes, against a reference (with its env steps beside the training's), and the training's two costs
+    (`training`: a job's summary.json; docs/cost.md explains both clocks)."""
+    lines = []
+    if random is not None:
+        r = stats.iqm(random)
+        times = f", {result.iqm / r:.0f}x" if r > 0 and result.iqm > 0 else ""
+        lines.append(f"random    IQM {r:.2f} on the same {len(random)} episodes (this policy {result.iqm:.2f}{times})")
+    if reference is not None:
+        steps = ""
+        if training and training.get("total_env_steps"):
+            steps = f"; this policy's training took {int(training['total_env_steps']):,}"
+        where = f" ({reference.source})" if reference.source else ""
+        lines.append(f"reference IQM {reference.iqm:.2f} over {len(reference.returns)} episodes: {reference.label}"
+                     f" at {reference.env_steps:,} env steps{steps}{where}")
+        if reference.env_id != result.env_id:
+            lines.append(f"          note: the reference was measured on {reference.env_id}, this evaluation ran "
+                         f"{result.env_id}")
+    if training:
+        lines.append(f"cost      ${training['cloud_total_cost_usd']:.4f} modelled for AWS Lambda and the learner's "
+                     f"instance over {training['cloud_seconds']:.0f} s of cloud time (docs/cost.md)")
+        lines.append(f"          ${training['total_cost_usd']:.4f} at this machine's {training['wall_s']:.0f} s of "
+                     f"wall time, priced the same way (docs/cost.md, the two clocks)")
+    return lines
