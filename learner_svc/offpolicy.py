@@ -27,7 +27,6 @@ steps.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +38,6 @@ from learner_svc.reporting import DIAGNOSTICS
 from learner_svc.state import Ingest, Round, RoundStats
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.replay import ReplayBuffer
-from nitro.clock import critical_path_cpu_seconds
 from nitro.rpc import metrics
 
 log = logging.getLogger(__name__)
@@ -84,48 +82,39 @@ class OffPolicyLoop(PipelinedLoop[OffPolicyStats]):
 
         On the cloud clock the round's actors and the learner run in parallel: the learner's CPU
         time is "update", and "sample" is only what the slowest actor takes beyond it."""
-        notes = acc.notes
-        processed_before = self.reader.processing_seconds
-        t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
-        update_s = 0.0
-        while not rnd.closed() and not self.job.stop_requested.is_set():
-            rnd.poll(notes)
-            entries = self.redis_call(lambda: self.reader.read(*PIPELINED_READ), "stream read")
+
+        def learn(entries, pumped) -> None:
             fresh = []
-            for e in entries:
-                # A straggler of an earlier round, or of a round launched before a resume, is still good data.
-                if rnd.ingest(e) is Ingest.DUPLICATE:
+            for e, outcome in entries:
+                if outcome is Ingest.DUPLICATE:
                     acc.entries.append(e)  # acked with the round's commit, not learned from twice
                     continue
+                # A straggler of an earlier round, or of a round launched before a resume (LATE), is still good data.
                 lag = self.version - e.policy_version
                 metrics.POLICY_LAG.observe(lag)
                 acc.lags.append(lag)
                 fresh.append(e)
             acc.late = rnd.late
             if fresh:
-                t_u = time.perf_counter()
-                self._update([e.batch for e in fresh], acc)
-                update_s += time.perf_counter() - t_u
+                pumped.timed("update", self._update, [e.batch for e in fresh], acc)
                 for e in fresh:
                     self.replay.add(e.batch)
                 acc.replay_credit += MAX_REPLAYS_PER_FRESH * len(fresh)
                 acc.entries.extend(fresh)  # acked when the round's commit holds what was learned
-            elif acc.replay_credit > 0 and len(self.replay):
-                replayed = self.replay.sample(1)
-                if replayed:
-                    t_u = time.perf_counter()
-                    self._update(replayed, acc, replay=True)
-                    update_s += time.perf_counter() - t_u
-                    acc.replay_credit -= 1
-        rnd.poll(notes)
-        wall = time.perf_counter() - t0
-        ingest = self.reader.processing_seconds - processed_before
-        metrics.observe_phase("update", update_s, phases)
-        metrics.observe_phase("ingest", ingest, phases)
-        metrics.observe_phase("sample", max(0.0, wall - update_s - ingest), phases)
-        busy = max(0.0, critical_path_cpu_seconds() - cpu0)
+            else:
+                replay(pumped)
+
+        def replay(pumped) -> None:
+            if acc.replay_credit > 0 and len(self.replay) and (replayed := self.replay.sample(1)):
+                pumped.timed("update", self._update, replayed, acc, True)
+                acc.replay_credit -= 1
+
+        pumped = self.collector.pump(rnd, rnd.closed, learn, read=PIPELINED_READ, notes=acc.notes, on_idle=replay)
+        metrics.observe_phase("update", pumped.counted.get("update", 0.0), phases)
+        metrics.observe_phase("ingest", pumped.ingest, phases)
+        metrics.observe_phase("sample", pumped.sample(), phases)
         sampling = rnd.wave.resp.cloud_seconds if rnd.wave.resp is not None else 0.0
-        busy += cloud.pop("carried", 0.0)  # the previous round's checkpoint and evaluation ran meanwhile
+        busy = pumped.cpu + cloud.pop("carried", 0.0)  # the previous round's checkpoint and evaluation ran meanwhile
         cloud["update"] = busy
         cloud["sample"] = max(0.0, sampling - busy)
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from learner_svc.collector import Collector
 from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
 from learner_svc.learner import GradientLearner
 from learner_svc.reporting import DIAGNOSTICS
@@ -140,6 +141,8 @@ class TakenOver:
 
 
 class OnPolicyLoop(RoundLoop[SampledRound]):
+    """PPO's rounds: sample (launch, collect every batch, replace what is missing), update, finish."""
+
     learner_class = PPOLearner
     learner: GradientLearner
     # On-policy data is used only at the version it was sampled with: the newest version, and the one before
@@ -150,6 +153,10 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
     # The policy gradient's |G|^2 and tr(Sigma), each averaged over the rounds so far ("noise-adascale" reads
     # their ratio); a resumed learner starts them again from its first round.
     policy_noise_terms: tuple[float, float] | None = None
+
+    def __init__(self, job, deps):
+        super().__init__(job, deps)
+        self.collector = Collector(self)
 
     # -- sampling ---------------------------------------------------------------------------
     def _collect(self, k: int, actors: int, phases: dict, cloud: dict) -> Collected:
@@ -187,37 +194,35 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                 wave_deadline = taken.deadline()
             else:
                 taken = None
-                number = self.new_wave(k)  # ids are never reused within a round, across restarts too
-                wave = rnd.launch(number, slots, self.pool.submit(self.launch, k, slots, number),
-                                  spec.round_deadline_s)
+                wave = self.collector.launch(rnd, slots, spec.round_deadline_s)
                 out.waves += 1
-                label = f"wave {number}"
+                label = f"wave {wave.number}"
                 wave_deadline = wave.deadline
             wave_began = time.perf_counter()
-            while time.perf_counter() < wave_deadline and not self.job.stop_requested.is_set():
-                if wave is not None and (resp := wave.poll(rnd.slots.slot, out.notes)) is not None:
-                    account(resp)
-                waiting = rnd.missing(slots)
-                if not waiting:
-                    break
-                if wave is not None and wave.closed(waiting, time.perf_counter()):
-                    break  # the rest failed, or their batches were lost after the invocation said OK
-                if taken is not None and taken.all_failed(waiting):
-                    break  # the waves taken over ended and the rest failed: replace them without waiting
-                entries = self.redis_call(lambda: self.reader.read(*ONPOLICY_READ), "stream read")
+
+            def done() -> bool:
+                nonlocal wave_deadline
+                if taken is not None:
+                    wave_deadline = taken.deadline()
+                waiting, now = rnd.missing(slots), time.perf_counter()
+                # All in; or the rest failed, or their batches were lost after the invocation said OK; or the
+                # waves taken over ended and the rest failed (replaced without waiting); or the deadline.
+                return (not waiting or now >= wave_deadline or (wave is not None and wave.closed(waiting, now))
+                        or (taken is not None and taken.all_failed(waiting)))
+
+            def keep(entries, pumped) -> None:
                 drop = []
-                for e in entries:  # the reader verified each batch with its job's key
-                    if rnd.ingest(e) is Ingest.KEPT:
+                for e, outcome in entries:  # the reader verified each batch with its job's key
+                    if outcome is Ingest.KEPT:
                         batches[e.dedup_id] = e.batch
                         out.entries.append(e)  # unacked until the round's commit (RoundLoop.commit)
                     else:  # a duplicate, or a straggler of an earlier round or policy version: on-policy only
                         drop.append(e)
                 if drop:
-                    t_ack = time.perf_counter()
-                    self.redis_call(lambda: self.reader.ack(drop), "stream ack")
-                    ack_seconds += time.perf_counter() - t_ack
-                if taken is not None:
-                    wave_deadline = taken.deadline()
+                    pumped.timed("ingest", self.redis_call, lambda: self.reader.ack(drop), "stream ack")
+
+            pumped = self.collector.pump(rnd, done, keep, read=ONPOLICY_READ, notes=out.notes, on_response=account)
+            ack_seconds += pumped.counted.get("ingest", 0.0)
             missing_now = rnd.missing(slots)
             if taken is not None:
                 gone = ", their actors no longer running" if taken.stopped_at is not None else ""
@@ -228,7 +233,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                 if wave.resp is None and not missing_now:
                     try:  # every batch is in: the invocations are returning, collect their retry counts
                         wave.future.result(timeout=2.0)
-                        account(wave.poll(rnd.slots.slot, out.notes))
+                        if (resp := wave.poll(rnd.slots.slot, out.notes)) is not None:
+                            account(resp)
                     except Exception:  # noqa: BLE001 - bookkeeping only; the data is already here
                         pass
                 if wave.resp is None and missing_now and not self.job.stop_requested.is_set():

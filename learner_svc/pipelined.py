@@ -23,6 +23,7 @@ from typing import Generic, TypeVar
 
 import grpc
 
+from learner_svc.collector import Collector
 from learner_svc.rounds import End, RoundLoop
 from learner_svc.state import PendingRound, Round, RoundStats
 from nitro import cost as nitro_cost
@@ -47,6 +48,7 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
 
     def __init__(self, job, deps):
         super().__init__(job, deps)
+        self.collector = Collector(self)
         self.launched: Round | None = None  # the round sampling now
         self.carried: dict[str, float] = {}  # learner CPU of the last commit + evaluation (cloud clock)
 
@@ -141,11 +143,9 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
 
     # -- launching, closing, reporting ----------------------------------------------------------------
     def launch_round(self, k: int, actors: int) -> Round:
-        wave = self.new_wave(k)
         metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
-        rnd, start = Round(job_id=self.job.job_id, k=k, actors=actors, version=self.version), time.perf_counter()
-        rnd.launch(wave, range(actors), self.pool.submit(self.launch, k, list(range(actors)), wave),
-                   self.spec.round_deadline_s, start)
+        rnd = Round(job_id=self.job.job_id, k=k, actors=actors, version=self.version)
+        self.collector.launch(rnd, range(actors), self.spec.round_deadline_s)
         return rnd
 
     def finish_async_round(self, pending: PendingRound, phases: dict, carried: dict) -> End | None:

@@ -82,7 +82,6 @@ from nitro.algos.stellaris import (
     prepare,
     staleness_bound,
 )
-from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import (
     invocation_id,
     invocation_key,
@@ -243,31 +242,21 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
     # -- the event pump -------------------------------------------------------------------
     def _pump_until(self, done, rnd: Round | None, acc: StellarisStats, phases: dict) -> None:
         """Ingest batches, dispatch learners, collect their outcomes and aggregate updates until `done()`."""
-        t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
-        processed_before, ingest_extra, update_s = self.reader.processing_seconds, 0.0, 0.0
-        while not self.job.stop_requested.is_set():
-            if rnd is not None:
-                rnd.poll(acc.notes)
-            if done():
-                break
-            entries = self.redis_call(lambda: self.reader.read(*PIPELINED_READ), "stream read")
-            t_i = time.perf_counter()
-            for e in entries:
-                self._ingest(e, rnd, acc)
-            ingest_extra += time.perf_counter() - t_i
+
+        def step(entries, pumped) -> None:
+            pumped.timed("ingest", lambda: [self._ingest(e, outcome, acc) for e, outcome in entries])
             self._poll_learners(acc)
             t_u = time.perf_counter()
             if self._collect_updates(acc):
-                update_s += time.perf_counter() - t_u
-            t_d = time.perf_counter()
-            self._dispatch(acc)  # after the aggregation: new learners start from the newest version
-            ingest_extra += time.perf_counter() - t_d
-        wall = time.perf_counter() - t0
-        ingest = self.reader.processing_seconds - processed_before + ingest_extra
-        metrics.observe_phase("ingest", ingest, phases)
-        metrics.observe_phase("update", update_s, phases)
-        metrics.observe_phase("sample", max(0.0, wall - ingest - update_s), phases)
-        acc.busy += max(0.0, critical_path_cpu_seconds() - cpu0)
+                pumped.add("update", time.perf_counter() - t_u)
+            pumped.timed("ingest", self._dispatch, acc)  # after the aggregation: new learners start from the newest
+
+        pumped = self.collector.pump(rnd, done, step, read=PIPELINED_READ, notes=acc.notes,
+                                     on_idle=lambda pumped: step([], pumped))
+        metrics.observe_phase("ingest", pumped.ingest, phases)
+        metrics.observe_phase("update", pumped.counted.get("update", 0.0), phases)
+        metrics.observe_phase("sample", pumped.sample(), phases)
+        acc.busy += pumped.cpu
 
     def _drain(self, rnd: Round | None, acc: StellarisStats, phases: dict) -> None:
         """Wait for every batch's learner and every update still due (bounded by the round deadline)."""
@@ -298,14 +287,15 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             acc.notes.append(f"learners of rounds before {k} still busy after {self.spec.round_deadline_s:g} s; "
                                 "launching the next round anyway")
 
-    def _ingest(self, e, rnd: Round | None, acc: StellarisStats) -> None:
+    def _ingest(self, e, outcome: Ingest, acc: StellarisStats) -> None:
+        """A batch the round classified (Round.ingest) goes to a learner function."""
         if e.entry_id in self.counted_before:  # counted before a resume, its learner lost: learn from it only
             acc.relearned += 1
             self.waiting.append((acc.k, e))
             return
         # A straggler of an earlier round (or of a launch before a resume) is still good data: IS truncation
         # handles it. The reader drops repeated entries before this.
-        if rnd is None or rnd.ingest(e) is not Ingest.KEPT:
+        if outcome is not Ingest.KEPT:
             acc.late += 1
         acc.steps += e.steps
         self.total_steps += e.steps

@@ -86,7 +86,7 @@ def test_stellaris_counts_a_slot_covered_only_when_every_part_arrived(redis_clie
     entries = loop.reader.read(count=16, block_ms=0)
     assert len(entries) == 2
     for e in entries:
-        loop._ingest(e, rnd, acc)
+        loop._ingest(e, rnd.ingest(e), acc)
     assert acc.steps == sum(e.steps for e in entries), "the part is still data for a learner function"
     assert rnd.covered == {0} and not rnd.closed()
     assert rnd.summary().report_fields(0)["actors_completed"] == 1
