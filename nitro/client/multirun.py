@@ -25,10 +25,10 @@ from typing import Any
 from nitro.client.commands.follow import (
     FollowOptions,
     Reattacher,
-    _copy_checkpoint,
-    _ended,
-    _remaining_reports,
+    copy_checkpoint,
     final_status,
+    job_ended,
+    remaining_reports,
 )
 from nitro.client.sdk import NitroClient, NitroRpcError, RoundReport, TrainingStatus
 
@@ -73,7 +73,7 @@ class JobRun:
     @property
     def ended(self) -> bool:
         """It ended for good (SUCCEEDED, FAILED, or STOPPED other than by its learner shutting down)."""
-        return self.status is not None and _ended(self.status)
+        return self.status is not None and job_ended(self.status)
 
     @property
     def state(self) -> str:
@@ -169,9 +169,9 @@ def _write_results(run: JobRun, out: Path, wall_s: float) -> None:
 
     summary = results.write_summary(out / "summary.json", run.status, run.reports, wall_s)
     results.plot_training(out / "training.png", run.reports)
-    if run.status is not None and _ended(run.status):
-        _copy_checkpoint(run.status.checkpoint_path, out / "checkpoint.pt")
-    _copy_checkpoint(summary["best_checkpoint_path"], out / "best.pt")
+    if run.status is not None and job_ended(run.status):
+        copy_checkpoint(run.status.checkpoint_path, out / "checkpoint.pt")
+    copy_checkpoint(summary["best_checkpoint_path"], out / "best.pt")
 
 
 class _Follower(threading.Thread):
@@ -228,8 +228,8 @@ class _Follower(threading.Thread):
                 waiting.back()
                 self._take(csv, r)
             run.status = waiting.after_stream(client)
-            if _ended(run.status):
-                for r in _remaining_reports(client, run.job_id, run.reports):
+            if job_ended(run.status):
+                for r in remaining_reports(client, run.job_id, run.reports):
                     self._take(csv, r)
                 run.status = final_status(client, run.job_id, run.status, wait_s=0)
                 return

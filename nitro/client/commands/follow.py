@@ -309,8 +309,8 @@ def follow(client: NitroClient, status, opts: FollowOptions, trackers, t0: float
                     show(r)
                 # The stream ended: with the job, or because its learner went away, which is no end of the job.
                 status = waiting.after_stream(client)
-                if _ended(status):  # a restarted learner may have resumed and finished it meanwhile
-                    for r in _remaining_reports(client, job, reports):
+                if job_ended(status):  # a restarted learner may have resumed and finished it meanwhile
+                    for r in remaining_reports(client, job, reports):
                         show(r)
                     status = _refreshed(client, job, status)  # after the last report: its final numbers
                     break
@@ -332,14 +332,14 @@ def follow(client: NitroClient, status, opts: FollowOptions, trackers, t0: float
         if interrupted or failure:  # a stopped job finishes its round in flight
             status = final_status(client, job, status, wait_s=0 if failure or leave_running else 60)
             if status.finished:
-                for r in _remaining_reports(client, job, reports):
+                for r in remaining_reports(client, job, reports):
                     take(r)
     status = _known_status(status, reports)
     wall_s = time.monotonic() - t0 if t0 is not None else _job_seconds(status)
     out = write_results(out, status, reports, wall_s, trackers)
     if interrupted:
         return FollowedJob(status, reports, out, 130, interrupted=True)
-    if not _ended(status):
+    if not job_ended(status):
         why = _unfinished(opts, status, failure)
         print(why, file=sys.stderr)
         code = INTERRUPTED_EXIT if _learner_went_away(failure) or status.interrupted else 1
@@ -358,7 +358,7 @@ def _refreshed(client: NitroClient, job: str, status):
         return status
 
 
-def _ended(status) -> bool:
+def job_ended(status) -> bool:
     """The job ended for good: SUCCEEDED, FAILED, or STOPPED other than by its learner's shutdown."""
     return status.finished and not status.interrupted
 
@@ -431,7 +431,7 @@ def _job_seconds(status) -> float:
     return (status.finished_unix if status.finished and status.finished_unix else time.time()) - status.created_unix
 
 
-def _remaining_reports(client: NitroClient, job: str, reports: list) -> list:
+def remaining_reports(client: NitroClient, job: str, reports: list) -> list:
     """Reports of rounds that ended after the stream was left (the job has ended, so this returns)."""
     try:
         return list(client.watch(job, from_round=reports[-1].round + 1 if reports else 0))
@@ -458,7 +458,7 @@ def final_status(client: NitroClient, job: str, last, wait_s: float):
         return last
 
 
-def _copy_checkpoint(path: str, dest: Path) -> str:
+def copy_checkpoint(path: str, dest: Path) -> str:
     """Copy the learner's file into the results when it is reachable from here; the line that says where it is."""
     if path and os.path.isfile(path):
         shutil.copy2(path, dest)
@@ -473,11 +473,11 @@ def write_results(out: Path, status, reports: list, wall_s: float, trackers=None
     out.mkdir(parents=True, exist_ok=True)
     summary = results.write_summary(out / "summary.json", status, reports, wall_s)
     results.plot_training(out / "training.png", reports)
-    ended = _ended(status)
-    ckpt_line = _copy_checkpoint(status.checkpoint_path, out / "checkpoint.pt") if ended else \
+    ended = job_ended(status)
+    ckpt_line = copy_checkpoint(status.checkpoint_path, out / "checkpoint.pt") if ended else \
         f"{_checkpoint_where(status.checkpoint_path)} (the job has not finished: `nitro train --resume " \
         f"{status.job_id}` continues from it)"
-    best_line = _copy_checkpoint(summary["best_checkpoint_path"], out / "best.pt")
+    best_line = copy_checkpoint(summary["best_checkpoint_path"], out / "best.pt")
 
     def num(v, fmt):
         return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
