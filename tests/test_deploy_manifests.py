@@ -24,6 +24,7 @@ from kubernetes_validate import utils as kv
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
+BASE = K8S / "base"  # the kustomize base; K8S/kustomization.yaml and every overlay list it
 DOCKER = DEPLOY / "docker"
 MONITORING = DEPLOY / "monitoring"
 MONITORING_OVERLAY = K8S / "overlays" / "monitoring"
@@ -63,15 +64,16 @@ def kustomization(path: Path) -> dict:
 
 
 def base_documents() -> list[dict]:
-    """What `kubectl apply -k deploy/k8s` creates: the listed resources and the generated ConfigMaps."""
-    k = kustomization(K8S)
-    docs = [d for r in k["resources"] for d in load_all(K8S / r)]
+    """What `kubectl apply -k deploy/k8s/base` creates: the listed resources and the generated ConfigMaps (without
+    kustomize's name suffix; test_kubectl_kustomize_* checks this renderer against kubectl's own)."""
+    k = kustomization(BASE)
+    docs = [d for r in k["resources"] for d in load_all(BASE / r)]
     for gen in k["configMapGenerator"]:
         data = {}
         for f in gen.get("files", []):
-            data[Path(f).name] = (K8S / f).read_text()
+            data[Path(f).name] = (BASE / f).read_text()
         for f in gen.get("envs", []):
-            for line in (K8S / f).read_text().splitlines():
+            for line in (BASE / f).read_text().splitlines():
                 if line.strip() and not line.lstrip().startswith("#"):
                     key, _, value = line.partition("=")
                     data[key.strip()] = value.strip()
@@ -104,8 +106,10 @@ def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
 def overlay_documents(name: str) -> list[dict]:
     path = K8S / "overlays" / name
     k = kustomization(path)
-    assert k["resources"][0] == "../.."
+    assert k["resources"][0] == "../../base"
     docs = base_documents() + [d for r in k["resources"][1:] for d in load_all(path / r)]
+    for d in docs:
+        d["metadata"].setdefault("namespace", k["namespace"])
     for patch in k.get("patches", []):
         t = patch["target"]
         hits = [i for i, d in enumerate(docs) if d["kind"] == t["kind"] and d["metadata"]["name"] == t["name"]]
@@ -129,13 +133,14 @@ def test_every_manifest_validates_against_the_kubernetes_schema(path):
             kv.validate(doc, version, strict=True)  # raises with the failing field
 
 
-@pytest.mark.parametrize("overlay", [None, "eks", "gpu"])
+@pytest.mark.parametrize("overlay", [None, "eks", "gpu", "monitoring"])
 def test_rendered_kustomizations_validate(overlay):
     docs = base_documents() if overlay is None else overlay_documents(overlay)
     names = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert len(names) == len(set(names)), f"duplicate objects: {names}"
     for doc in docs:
-        kv.validate(doc, K8S_VERSIONS[0], strict=True)
+        if not doc["apiVersion"].startswith(OPERATOR_API):  # not Kubernetes' own: test_the_monitoring_overlay_*
+            kv.validate(doc, K8S_VERSIONS[0], strict=True)
     if overlay == "gpu":
         learner = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "nitro-learner")
         container = learner["spec"]["template"]["spec"]["containers"][0]
@@ -146,9 +151,81 @@ def test_rendered_kustomizations_validate(overlay):
         assert "eks.amazonaws.com/role-arn" in sa["metadata"]["annotations"]
 
 
+# What each kustomization creates, as (kind, name); generated ConfigMaps without kustomize's hash suffix.
+BASE_OBJECTS = {
+    ("Namespace", "nitro"), ("ServiceAccount", "nitro-scaler"), ("NetworkPolicy", "nitro-redis"),
+    ("StatefulSet", "nitro-redis"), ("Service", "nitro-redis"), ("PersistentVolumeClaim", "nitro-learner-data"),
+    *{(kind, f"nitro-{s}") for s in SERVICES for kind in ("Deployment", "Service")},
+    ("HorizontalPodAutoscaler", "nitro-detector"), ("HorizontalPodAutoscaler", "nitro-scaler"),
+    *{("ConfigMap", f"nitro-{c}") for c in ("config", "presets", "redis-config", "settings")},
+}
+KUSTOMIZATIONS = {  # directory under deploy/k8s: what it adds to the base
+    "": set(), "base": set(),
+    "overlays/eks": {("Service", "nitro-redis-lambda"), ("NetworkPolicy", "nitro-redis-from-lambda")},
+    "overlays/gpu": set(),
+    "overlays/monitoring": {("ServiceMonitor", "nitro"), ("PrometheusRule", "nitro")},
+}
+
+
+def kubectl_kustomize(directory: Path) -> list[dict]:
+    """`kubectl kustomize DIR`: what `kubectl apply -k DIR` would send, rendered by kubectl's own kustomize."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed (its kustomize renders the manifests; no cluster is needed)")
+    out = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"kubectl kustomize {directory.relative_to(ROOT)}: {out.stderr.strip()}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def object_names(docs: list[dict]) -> set[tuple[str, str]]:
+    """(kind, name), the hash suffix kustomize gives generated ConfigMaps removed."""
+    return {(d["kind"], re.sub(r"-[a-z0-9]{10}$", "", d["metadata"]["name"]) if d["kind"] == "ConfigMap"
+             else d["metadata"]["name"]) for d in docs}
+
+
+def test_every_kustomization_is_checked_by_kubectl():
+    found = {str(p.parent.relative_to(K8S)).replace(".", "") for p in K8S.rglob("kustomization.yaml")}
+    assert found == set(KUSTOMIZATIONS), f"KUSTOMIZATIONS: {sorted(found ^ set(KUSTOMIZATIONS))}"
+
+
+@pytest.mark.parametrize("where", sorted(KUSTOMIZATIONS), ids=lambda w: w or "k8s")
+def test_kubectl_kustomize_renders_the_base_and_every_overlay(where):
+    """Real kustomize, not this module's renderer: it refuses what the renderer would accept (a base that
+    contains its overlays: "cycle detected"), and its output is what a cluster gets."""
+    docs = kubectl_kustomize(K8S / where)
+    names = object_names(docs)
+    assert len(names) == len(docs), f"duplicate objects: {sorted(names)}"
+    assert names == BASE_OBJECTS | KUSTOMIZATIONS[where], (
+        f"missing {sorted(BASE_OBJECTS | KUSTOMIZATIONS[where] - names)}, "
+        f"unexpected {sorted(names - BASE_OBJECTS - KUSTOMIZATIONS[where])}")
+    for d in docs:
+        assert d["kind"] == "Namespace" or d["metadata"]["namespace"] == "nitro", (d["kind"], d["metadata"]["name"])
+    # This module's renderer, which the other tests read, creates the same objects.
+    overlay = where.removeprefix("overlays/") if where.startswith("overlays/") else None
+    assert object_names(base_documents() if overlay is None else overlay_documents(overlay)) == names
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    learner = by_name["Deployment", "nitro-learner"]["spec"]["template"]["spec"]
+    if where == "overlays/gpu":
+        assert learner["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert learner["containers"][0]["image"] == "nitro-learner:0.1.0-cuda"
+        assert service_parser("learner")(learner["containers"][0]["args"]).device == "cuda"
+    else:
+        assert learner["containers"][0]["image"] == "nitro-learner:0.1.0"
+    if where == "overlays/eks":
+        sa = by_name["ServiceAccount", "nitro-scaler"]
+        assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
+        settings = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("nitro-settings"))
+        assert settings["data"]["NITRO_ACTOR_REDIS_URL"].startswith("redis://internal-")  # merged over the base's
+    # Pods find the generated ConfigMaps under their hashed names: kustomize rewrote the references.
+    configmaps = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+    for owner, spec in pod_specs(docs):
+        for vol in spec.get("volumes", []):
+            if "configMap" in vol:
+                assert vol["configMap"]["name"] in configmaps, (owner["metadata"]["name"], vol)
+
+
 def test_the_validator_rejects_a_broken_manifest():
     """The schema check bites: an unknown field and a wrong type both fail."""
-    deploy = next(d for d in load_all(K8S / "detector.yaml") if d["kind"] == "Deployment")
+    deploy = next(d for d in load_all(BASE / "detector.yaml") if d["kind"] == "Deployment")
     bad = copy.deepcopy(deploy)
     bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpcc"] = {"port": 1}
     with pytest.raises(kv.ValidationError):
@@ -160,18 +237,21 @@ def test_the_validator_rejects_a_broken_manifest():
 
 
 def test_kustomization_lists_every_manifest_and_only_existing_files():
-    k = kustomization(K8S)
+    k = kustomization(BASE)
     listed = set(k["resources"])
     for r in listed:
-        assert (K8S / r).is_file(), r
-    top = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "secrets.example.yaml"}
+        assert (BASE / r).is_file(), r
+    top = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert top == listed, f"not in kustomization.yaml: {top - listed}; listed but missing: {listed - top}"
-    assert "secrets.example.yaml" not in listed, "placeholders must never be applied"
+    assert not (BASE / "secrets.example.yaml").exists(), "placeholders must never be applied"
     for gen in k["configMapGenerator"]:
         for f in gen.get("files", []) + gen.get("envs", []):
-            assert (K8S / f).is_file(), f
+            assert (BASE / f).is_file(), f
+    assert kustomization(K8S)["resources"] == ["base"]  # `kubectl apply -k deploy/k8s` is the base
     for overlay in (K8S / "overlays").iterdir():
-        for r in kustomization(overlay)["resources"]:
+        resources = kustomization(overlay)["resources"]
+        assert resources[0] == "../../base", f"{overlay.name}: an overlay starts from the base"
+        for r in resources:
             assert (overlay / r).exists(), f"{overlay.name}: {r}"
 
 
@@ -279,14 +359,14 @@ def test_config_files_are_what_the_code_accepts():
     from nitro.cost import Prices
     from nitro.spec import from_proto, validate
 
-    prices = Prices.from_mapping(yaml.safe_load((K8S / "config/prices.yaml").read_text()))  # unknown keys raise
+    prices = Prices.from_mapping(yaml.safe_load((BASE / "config/prices.yaml").read_text()))  # unknown keys raise
     assert prices.lambda_usd_per_gb_second > 0
-    presets = sorted((K8S / "config/presets").glob("*.yaml"))
+    presets = sorted((BASE / "config/presets").glob("*.yaml"))
     assert presets
     for p in presets:
         spec = validate(from_proto(spec_to_proto(yaml.safe_load(p.read_text()))))
         assert spec.function_name.endswith(":live"), "presets invoke the alias deploy-lambda maintains"
-    conf = dict(line.split(None, 1) for line in (K8S / "config/redis.conf").read_text().splitlines()
+    conf = dict(line.split(None, 1) for line in (BASE / "config/redis.conf").read_text().splitlines()
                 if line.strip() and not line.startswith("#"))
     assert conf["appendonly"] == "yes" and conf["maxmemory-policy"] == "noeviction"
     assert "requirepass" not in conf, "the password comes from the secret at start, never from a file in git"
@@ -912,16 +992,9 @@ def test_the_shipped_alerts_fire_on_what_they_describe_and_only_then(tmp_path):
 
 def monitoring_overlay_documents() -> list[dict]:
     """What `kubectl apply -k deploy/k8s/overlays/monitoring` creates (kubectl's own kustomize when installed)."""
-    k = kustomization(MONITORING_OVERLAY)
-    assert "../.." not in k["resources"]  # kustomize refuses a base that contains its overlay
     if shutil.which("kubectl"):
-        out = subprocess.run(["kubectl", "kustomize", str(MONITORING_OVERLAY)], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-        return [d for d in yaml.safe_load_all(out.stdout) if d]
-    docs = [d for r in k["resources"] for d in load_all(MONITORING_OVERLAY / r)]
-    for d in docs:
-        d["metadata"].setdefault("namespace", k["namespace"])
-    return docs
+        return kubectl_kustomize(MONITORING_OVERLAY)
+    return overlay_documents("monitoring")
 
 
 # Fields of the operator's monitoring.coreos.com/v1 kinds this overlay may use (its CRDs' schema, in part).
@@ -932,7 +1005,10 @@ RELABEL_FIELDS = {"sourceLabels", "targetLabel", "regex", "replacement", "action
 
 
 def test_the_monitoring_overlay_scrapes_every_service_and_carries_the_shipped_rules():
-    docs = monitoring_overlay_documents()
+    rendered = monitoring_overlay_documents()
+    deployments = {d["metadata"]["name"] for d in rendered if d["kind"] == "Deployment"}
+    assert deployments == {f"nitro-{s}" for s in SERVICES}  # the base comes with it
+    docs = [d for d in rendered if d["apiVersion"].startswith(OPERATOR_API)]
     assert sorted(d["kind"] for d in docs) == ["PrometheusRule", "ServiceMonitor"]
     for d in docs:
         assert d["apiVersion"] == OPERATOR_API + "v1" and d["metadata"]["namespace"] == "nitro"

@@ -1,4 +1,4 @@
-"""deploy/k8s/config/redis-start.sh (compose and Kubernetes) run against a real redis-server.
+"""deploy/k8s/base/config/redis-start.sh (compose and Kubernetes) run against a real redis-server.
 
 The deployed Redis must give the same ACL users as nitro's own local Redis: the learner and
 detector as nitro-service, the scaler as nitro-scaler (which creates each job's own user for its
@@ -22,8 +22,8 @@ from nitro.data.redis_acl import SCALER_RULES, SCALER_USER, SERVICE_RULES, SERVI
 from nitro.local.redis_server import find_redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "deploy/k8s/config/redis-start.sh"
-CONF = ROOT / "deploy/k8s/config/redis.conf"
+SCRIPT = ROOT / "deploy/k8s/base/config/redis-start.sh"
+CONF = ROOT / "deploy/k8s/base/config/redis.conf"
 SERVICE_PW, SCALER_PW, ACTOR_PW = "a1" * 32, "c3" * 32, "b2" * 32
 
 

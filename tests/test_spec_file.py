@@ -17,7 +17,7 @@ from nitro.presets import ENV_PRESETS
 from nitro.spec import InvalidSpec, TrainingSpec, algo_config, from_proto, to_proto, validate
 from nitro.v1 import training_pb2
 
-PRESET_FILES = sorted((Path(__file__).resolve().parents[1] / "deploy/k8s/config/presets").glob("*.yaml"))
+PRESET_FILES = sorted((Path(__file__).resolve().parents[1] / "deploy/k8s/base/config/presets").glob("*.yaml"))
 
 SPEC = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 3, "hidden_sizes": [16, 8], "activation": "relu",
         "env_kwargs": {"max_episode_steps": 30, "sutton_barto_reward": True},

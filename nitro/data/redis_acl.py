@@ -9,7 +9,7 @@ Redis 6.2 syntax (no selectors), so the same rules run on nitro's own redis-serv
                     learn: keys (nitro.contracts.actor_key_patterns), nothing else; created by the scaler with a
                     random password when J launches, deleted when J ends (docs/security.md)
 
-nitro.local.redis_server writes the first three into its redis.conf; deploy/k8s/config/redis-start.sh writes the
+nitro.local.redis_server writes the first three into its redis.conf; deploy/k8s/base/config/redis-start.sh writes the
 same lines (tests/test_deploy_redis.py compares them).
 """
 
