@@ -10,6 +10,10 @@ it takes about 10 minutes a seed on one core.
 
     .venv/bin/python bench/sb3_reference.py [--seeds 1,2,3] [--steps 409600] [--env Hopper-v5]
         [--out docs/results/evidence/sb3-ppo-default-hopper-v5.json]   # needs `pip install -e .[bench]`
+
+Each seed's evaluation returns are kept in --cache (results/sb3-reference/ by default) as soon as it finishes,
+and a seed already there is not trained again, so an interrupted run resumes. `--run SEED` trains that one seed
+into the cache and exits (several at once use several cores); a run without it writes the reference.
 """
 
 from __future__ import annotations
@@ -57,6 +61,22 @@ def train_sb3(env_id: str, steps: int, seed: int) -> tuple[list[float], float]:
     return evaluate(lambda obs, env: model.predict(obs, deterministic=True)[0], env_id), wall
 
 
+def seed_returns(cache: Path, env_id: str, steps: int, seed: int) -> list[float]:
+    """One seed's evaluation returns: from the cache, else trained now and cached."""
+    path = cache / f"{env_id.lower()}-{steps}-s{seed}.json"
+    if path.exists():
+        returns = json.loads(path.read_text())["returns"]
+        print(f"seed {seed}: mean {np.mean(returns):.1f} over {len(returns)} episodes (cached: {path})", flush=True)
+        return returns
+    returns, wall = train_sb3(env_id, steps, seed)
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"env_id": env_id, "env_steps": steps, "seed": seed, "returns": returns,
+                                "train_wall_s": wall}) + "\n")
+    print(f"seed {seed}: mean {np.mean(returns):.1f} over {EVAL_EPISODES} episodes, trained in {wall:.0f} s",
+          flush=True)
+    return returns
+
+
 def main() -> None:
     from nitro.policy.evaluation import Reference, iqm_interval, write_reference
 
@@ -65,17 +85,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=409_600, help="the demo job's env steps (examples/demo.yaml)")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--cache", type=Path, default=ROOT / "results/sb3-reference")
+    p.add_argument("--run", type=int, default=None, metavar="SEED", help="train this seed into the cache only")
     args = p.parse_args()
     import stable_baselines3
 
+    if args.run is not None:
+        seed_returns(args.cache, args.env, args.steps, args.run)
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     random = evaluate(lambda obs, env: env.action_space.sample(), args.env)
-    per_seed = {}
-    for seed in seeds:
-        returns, wall = train_sb3(args.env, args.steps, seed)
-        per_seed[seed] = returns
-        print(f"seed {seed}: mean {np.mean(returns):.1f} over {EVAL_EPISODES} episodes, trained in {wall:.0f} s",
-              flush=True)
+    per_seed = {seed: seed_returns(args.cache, args.env, args.steps, seed) for seed in seeds}
     returns = [r for s in seeds for r in per_seed[s]]
     out = args.out or ROOT / "docs/results/evidence" / f"sb3-ppo-default-{args.env.lower()}.json"
     reference = Reference(f"Stable-Baselines3 {stable_baselines3.__version__} PPO with its default settings",
