@@ -1,29 +1,14 @@
 """The serverless actor: an AWS Lambda handler that samples with one policy version.
 
-Event (JSON):
-  job_id          str   job namespace in Redis
-  round           int   training round this batch belongs to
-  policy_version  int   version to load from nitro:{job}:policy:{version}
-  env_id          str   Gymnasium id (see nitro.policy.envs)
-  env_kwargs      dict  optional keyword arguments for the environment
-  num_steps       int   environment steps to sample
-  seed            int   seeds the action noise (and the env on a cold sampler)
-  invocation_id   str   unique per logical invocation; retries reuse it (the stream drops duplicates)
-  credentials     obj   redis_username, redis_password (the job's own Redis user), signing_key (this
-                        invocation's, hex) and read_key (the job's, hex): nitro.contracts.FunctionCredentials,
-                        built by the scaler. Secrets: never echoed in an error or a log line
-  redis_url       str   optional; else NITRO_REDIS_URL. Any user or password in it is replaced by the
-                        credentials' (actor_fn.runtime.redis_url)
-  compress        bool  optional; zlib-compress the payload. Default: on for image (uint8) observations
-                        such as Atari frames, off otherwise
-  max_entry_bytes int   optional; largest stream entry; a bigger batch is split into contiguous parts
-                        (default NITRO_MAX_ENTRY_BYTES, else 32 MiB; see nitro.data.store)
-  reset_episodes  bool  optional; start fresh episodes from `seed` instead of continuing the warm
-                        environment's episode, so the batch depends on the event only (reproducible runs)
-  envs_per_actor  int   optional (default 1); environments stepped in lockstep with one batched inference
-                        per step, in [1, min(256, num_steps)]; num_steps stays the total over all of them
-                        (nitro.policy.rollout.VecSampler: env i's steps are one contiguous segment of the batch;
-                        Atari ids on ALE's C++ vector env, nitro.policy.ale_vector)
+Event (JSON): nitro.events.ActorEvent, its fields and their rules, read with ActorEvent.from_dict (a ConfigError
+naming the field for a missing, unknown or bad one). In short: job_id, round, policy_version, invocation_id,
+env_id, num_steps, seed, credentials (the job's Redis user and password, this invocation's signing key and
+the job's read key: nitro.contracts.FunctionCredentials, built by the scaler; secrets, never echoed in an
+error or a log line), and optionally redis_url (else NITRO_REDIS_URL; any user or password in it is replaced
+by the credentials'), env_kwargs, compress, max_entry_bytes (else NITRO_MAX_ENTRY_BYTES, else 32 MiB; a bigger
+batch is split into contiguous parts, nitro.data.store), reset_episodes and envs_per_actor (environments
+stepped in lockstep with one batched inference per step, nitro.policy.rollout.VecSampler; Atari ids on
+ALE's C++ vector env, nitro.policy.ale_vector).
 
 The batch is signed with the invocation's own key, so it verifies only as this
 invocation's batch of this job; the policy is verified with the job's read key,
@@ -42,19 +27,15 @@ import time
 
 import numpy as np
 
-from actor_fn.runtime import check_fields, credentials, redis_url, warm_client
+from actor_fn.runtime import redis_url, warm_client
 from nitro.clock import InvocationClock
-from nitro.contracts import MAX_ENVS_PER_ACTOR
 from nitro.data.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
 from nitro.errors import ConfigError
+from nitro.events import ActorEvent
 from nitro.policy.ale_vector import ALEVecSampler
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.model_spec import blob_to_doc
 from nitro.policy.rollout import Sampler, VecSampler, make_sampler
-
-REQUIRED = {"job_id": str, "round": int, "policy_version": int, "env_id": str, "num_steps": int, "seed": int,
-            "invocation_id": str}
-MAX_STEPS = 1_000_000
 
 
 class _Warm:
@@ -67,27 +48,18 @@ class _Warm:
     invocations = 0
 
 
-def _validate(event: dict) -> None:
-    check_fields(event, REQUIRED)
-    if not isinstance(event.get("reset_episodes", False), bool):
-        raise ConfigError("event field 'reset_episodes' must be true or false")
-    if not 1 <= event["num_steps"] <= MAX_STEPS:
-        raise ConfigError(f"event field 'num_steps' must be in [1, {MAX_STEPS}], got {event['num_steps']}")
-    envs = event.get("envs_per_actor", 1)
-    top = min(MAX_ENVS_PER_ACTOR, event["num_steps"])
-    if isinstance(envs, bool) or not isinstance(envs, int) or not 1 <= envs <= top:
-        raise ConfigError(f"event field 'envs_per_actor' must be an integer in [1, {top}] "
-                          f"(at most {MAX_ENVS_PER_ACTOR} and at most num_steps), got {envs!r}")
-
-
-def _max_entry_bytes(event: dict) -> int:
-    value = event.get("max_entry_bytes", os.environ.get("NITRO_MAX_ENTRY_BYTES", DEFAULT_MAX_ENTRY_BYTES))
+def _max_entry_bytes(ev: ActorEvent) -> int:
+    """The event's max_entry_bytes (checked by ActorEvent), else the function's NITRO_MAX_ENTRY_BYTES, else the
+    default."""
+    if ev.max_entry_bytes is not None:
+        return ev.max_entry_bytes
+    value = os.environ.get("NITRO_MAX_ENTRY_BYTES", DEFAULT_MAX_ENTRY_BYTES)
     try:
         value = int(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"max_entry_bytes must be an integer, got {value!r}") from None
+        raise ConfigError(f"NITRO_MAX_ENTRY_BYTES must be an integer, got {value!r}") from None
     if not 1 <= value <= REDIS_MAX_BULK_BYTES:
-        raise ConfigError(f"max_entry_bytes must be in [1, {REDIS_MAX_BULK_BYTES}], got {value}")
+        raise ConfigError(f"NITRO_MAX_ENTRY_BYTES must be in [1, {REDIS_MAX_BULK_BYTES}], got {value}")
     return value
 
 
@@ -117,44 +89,39 @@ def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int,
 def handler(event: dict, context=None) -> dict:
     clock = InvocationClock()
     t0 = time.perf_counter()
-    _validate(event)
-    creds = credentials(event)
+    ev = ActorEvent.from_dict(event)  # ConfigError naming the field
+    creds = ev.credentials
     cold = _Warm.invocations == 0
     _Warm.invocations += 1
-    env_kwargs = event.get("env_kwargs") or {}
-    if not isinstance(env_kwargs, dict):
-        raise ConfigError("event field 'env_kwargs' must be an object")
-    max_entry_bytes = _max_entry_bytes(event)
+    max_entry_bytes = _max_entry_bytes(ev)
 
-    sampler = _sampler(event["job_id"], event["env_id"], env_kwargs, event["seed"], event.get("envs_per_actor", 1))
-    if event.get("reset_episodes"):  # reproducible runs: what this invocation samples depends on its seed only
-        sampler.reseed(event["seed"])
+    sampler = _sampler(ev.job_id, ev.env_id, ev.env_kwargs, ev.seed, ev.envs_per_actor)
+    if ev.reset_episodes:  # reproducible runs: what this invocation samples depends on its seed only
+        sampler.reseed(ev.seed)
     client = warm_client(redis_url(event, creds), clock)
-    runner = _runner(client, event["job_id"], event["policy_version"], creds.read_key_bytes, clock)
+    runner = _runner(client, ev.job_id, ev.policy_version, creds.read_key_bytes, clock)
     t_loaded = time.perf_counter()
 
-    batch = sampler.sample(runner, event["num_steps"], np.random.default_rng(event["seed"]))
+    batch = sampler.sample(runner, ev.num_steps, np.random.default_rng(ev.seed))
     t_sampled = time.perf_counter()
-    batch["policy_version"] = event["policy_version"]
-    batch["invocation_id"] = event["invocation_id"]
-    writer = TrajectoryWriter(client, event["job_id"], creds.signing_key_bytes, max_entry_bytes=max_entry_bytes,
+    batch["policy_version"] = ev.policy_version
+    batch["invocation_id"] = ev.invocation_id
+    writer = TrajectoryWriter(client, ev.job_id, creds.signing_key_bytes, max_entry_bytes=max_entry_bytes,
                               io=clock.io)
-    compress = event.get("compress")
-    entry_ids = writer.append_batch(invocation_id=event["invocation_id"], round=event["round"],
-                                    policy_version=event["policy_version"], batch=batch,
-                                    compress=None if compress is None else bool(compress),
+    entry_ids = writer.append_batch(invocation_id=ev.invocation_id, round=ev.round,
+                                    policy_version=ev.policy_version, batch=batch, compress=ev.compress,
                                     value_of=runner.value_batch)
     t_pushed = time.perf_counter()
     returns = batch["episode_returns"]
     return {
         "ok": True,
-        "job_id": event["job_id"],
-        "invocation_id": event["invocation_id"],
-        "round": event["round"],
-        "policy_version": event["policy_version"],
+        "job_id": ev.job_id,
+        "invocation_id": ev.invocation_id,
+        "round": ev.round,
+        "policy_version": ev.policy_version,
         "entry_id": entry_ids[0],
         "entries": len(entry_ids),
-        "steps": event["num_steps"],
+        "steps": ev.num_steps,
         "episodes": len(returns),
         "mean_episode_return": float(np.mean(returns)) if returns else None,
         "cold": cold,

@@ -1,14 +1,11 @@
 """The serverless learner function of learner_mode "stellaris" (a second Lambda handler in the actor image).
 
-Event (JSON, built by the scaler's Launch with kind "learner"):
-  job_id          str   job namespace in Redis
-  round           int   round during which the parameter service received the batch
-  policy_version  int   the base version v_g: the update is computed at pi_{v_g}
-  invocation_id   str   unique per logical invocation; retries reuse it (the service drops duplicates)
-  payload_ref     str   Redis key nitro:{job_id}:learn:parcel:... of the signed parcel
-  credentials     obj   the job's Redis user and password, this invocation's signing key and the job's
-                        read key, as for actors (actor_fn/handler.py)
-  redis_url       str   optional; else NITRO_REDIS_URL (user and password from the credentials)
+Event (JSON, built by the scaler's Launch with kind "learner"): nitro.events.LearnerEvent, read with
+LearnerEvent.from_dict (a ConfigError naming the field for a missing, unknown or bad one): job_id, round
+(during which the parameter service received the batch), policy_version (the base version v_g: the update is
+computed at pi_{v_g}), invocation_id (retries reuse it: the service drops duplicates), payload_ref (the Redis
+key nitro:{job_id}:learn:parcel:... of the signed parcel), credentials (as for actors, actor_fn/handler.py)
+and optionally redis_url (else NITRO_REDIS_URL).
 
 The batch travels as a parcel the parameter service parked in Redis, not as
 stream entry ids: the service has already verified, deduplicated and acked the
@@ -40,21 +37,12 @@ import os
 import time
 from collections import OrderedDict
 
-from actor_fn.runtime import check_fields, credentials, redis_url, warm_client
+from actor_fn.runtime import redis_url, warm_client
 from nitro.clock import InvocationClock
-from nitro.contracts import (
-    JOB_ID_RULE,
-    is_job_id,
-    is_learn_key,
-    latest_policy_key,
-    learn_prefix,
-    staleness_record_key,
-    update_stream_key,
-)
+from nitro.contracts import latest_policy_key, staleness_record_key, update_stream_key
 from nitro.data import codec
-from nitro.errors import ConfigError
+from nitro.events import LearnerEvent
 
-REQUIRED = {"job_id": str, "round": int, "policy_version": int, "invocation_id": str, "payload_ref": str}
 UPDATE_STREAM_MAXLEN = 10_000  # a memory cap for a stalled parameter service; it deletes what it reads
 POLICY_CACHE = 4  # policy versions a warm function keeps (its base and the newest ones)
 RECENT_LOOKUPS = 64
@@ -71,14 +59,6 @@ class BadParcelError(ValueError):
 class _Warm:
     policies: OrderedDict = OrderedDict()  # (job, version, read key) -> Policy
     invocations = 0
-
-
-def _validate(event: dict) -> None:
-    check_fields(event, REQUIRED, non_negative=True)
-    if not is_job_id(event["job_id"]):
-        raise ConfigError(f"event field 'job_id' must be {JOB_ID_RULE}, got {event['job_id']!r}")
-    if not is_learn_key(event["job_id"], event["payload_ref"]):
-        raise ConfigError(f"event field 'payload_ref' must name a key under {learn_prefix(event['job_id'])}")
 
 
 def _policy(client, job_id: str, version: int, key: bytes):
@@ -125,7 +105,7 @@ def _recent(client, job_id: str, base: int, count: int, key: bytes, latest: int 
 def handler(event: dict, context=None) -> dict:
     clock = InvocationClock()  # the cloud clock (docs/cost.md): CPU time, Redis calls at wall time
     t0 = time.perf_counter()
-    _validate(event)
+    ev = LearnerEvent.from_dict(event)  # ConfigError naming the field
     import numpy as np
     import torch
 
@@ -142,21 +122,21 @@ def handler(event: dict, context=None) -> dict:
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # a function gets about one vCPU per 1.8 GB; more threads only contend
-    creds = credentials(event)
+    creds = ev.credentials
     cold = _Warm.invocations == 0
     _Warm.invocations += 1
     key, signing_key = creds.read_key_bytes, creds.signing_key_bytes
-    job_id, base = event["job_id"], event["policy_version"]
+    job_id, base = ev.job_id, ev.policy_version
     client = warm_client(redis_url(event, creds), clock)
 
     with clock.io():
-        blob = client.get(event["payload_ref"])
+        blob = client.get(ev.payload_ref)
     if blob is None:
-        raise ParcelNotFoundError(f"no parcel at {event['payload_ref']} (expired, or the job ended)")
+        raise ParcelNotFoundError(f"no parcel at {ev.payload_ref} (expired, or the job ended)")
     try:
         parcel = check_parcel(codec.decode(blob, key))
     except (codec.PayloadError, ValueError) as exc:
-        raise BadParcelError(f"parcel at {event['payload_ref']} is unusable: {exc}") from None
+        raise BadParcelError(f"parcel at {ev.payload_ref} is unusable: {exc}") from None
     if parcel["job_id"] != job_id or parcel["base_version"] != base:
         raise BadParcelError(f"parcel is for job {parcel['job_id']!r} version {parcel['base_version']}, the event "
                              f"names job {job_id!r} version {base}")
@@ -169,13 +149,13 @@ def handler(event: dict, context=None) -> dict:
     bound = parcel.get("max_staleness")
     staleness = base_staleness(decode_staleness_record(record_blob, key), base)
     if latest is not None and certainly_dropped(staleness, bound):
-        rec = skip_record(event["invocation_id"], event["round"], base, latest, bound, staleness)
-        fields = {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
+        rec = skip_record(ev.invocation_id, ev.round, base, latest, bound, staleness)
+        fields = {b"inv": ev.invocation_id.encode(), b"base": str(base).encode(),
                   b"payload": encode_update(rec, signing_key)}
         with clock.io():
             entry = client.xadd(update_stream_key(job_id), fields, maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
-        return {"ok": True, "skipped": "stale_base", "job_id": job_id, "invocation_id": event["invocation_id"],
-                "round": event["round"], "policy_version": base, "latest_version": latest, "max_staleness": bound,
+        return {"ok": True, "skipped": "stale_base", "job_id": job_id, "invocation_id": ev.invocation_id,
+                "round": ev.round, "policy_version": base, "latest_version": latest, "max_staleness": bound,
                 "staleness": staleness,
                 "entry_id": entry.decode() if isinstance(entry, bytes) else str(entry), "cold": cold,
                 "duration_ms": round((time.perf_counter() - t0) * 1e3, 3), "clock": clock.report(cold)}
@@ -190,8 +170,8 @@ def handler(event: dict, context=None) -> dict:
     t_computed = time.perf_counter()
     steps = sum(len(b["rewards"]) for b in parcel["batches"])
     stats["recent_versions_used"] = len(recent)
-    rec = UpdateRecord(event["invocation_id"], event["round"], base, steps, update, stats)
-    fields = {b"inv": event["invocation_id"].encode(), b"base": str(base).encode(),
+    rec = UpdateRecord(ev.invocation_id, ev.round, base, steps, update, stats)
+    fields = {b"inv": ev.invocation_id.encode(), b"base": str(base).encode(),
               b"payload": encode_update(rec, signing_key)}
     with clock.io():
         entry = client.xadd(update_stream_key(job_id), fields, maxlen=UPDATE_STREAM_MAXLEN, approximate=True)
@@ -199,8 +179,8 @@ def handler(event: dict, context=None) -> dict:
     return {
         "ok": True,
         "job_id": job_id,
-        "invocation_id": event["invocation_id"],
-        "round": event["round"],
+        "invocation_id": ev.invocation_id,
+        "round": ev.round,
         "policy_version": base,
         "entry_id": entry.decode() if isinstance(entry, bytes) else str(entry),
         "steps": steps,

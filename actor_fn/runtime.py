@@ -1,5 +1,6 @@
 """What both Lambda handlers (actor_fn.handler, actor_fn.learner_handler) share in one execution
-environment: event field checks, the invocation's credentials and the warm Redis clients.
+environment: the invocation's credentials and Redis address and the warm Redis clients (the event's fields are
+checked by nitro.events).
 
 A function holds no secret of its own: each event carries its job's Redis user and password, its own signing
 key and its job's read key (nitro.contracts.FunctionCredentials, built by the scaler). None of them is ever
@@ -25,22 +26,6 @@ class RedisUnavailableError(ConnectionError):
 # newest WARM_CLIENT_CAP (a warm environment that served many jobs does not keep a connection to each).
 WARM_CLIENTS: dict[str, object] = {}
 WARM_CLIENT_CAP = 4
-
-
-def check_fields(event: dict, required: dict[str, type], *, non_negative: bool = False) -> None:
-    """ConfigError naming the field unless `event` is an object with every required field of its type
-    (integers, not booleans; non-empty strings)."""
-    if not isinstance(event, dict):
-        raise ConfigError(f"event must be a JSON object, got {type(event).__name__}")
-    for name, typ in required.items():
-        if name not in event:
-            raise ConfigError(f"event is missing required field {name!r}")
-        value = event[name]
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int) or (non_negative and value < 0)):
-            kind = "a non-negative integer" if non_negative else "an integer"
-            raise ConfigError(f"event field {name!r} must be {kind}, got {value!r}")
-        if typ is str and (not isinstance(value, str) or not value):
-            raise ConfigError(f"event field {name!r} must be a non-empty string")
 
 
 def credentials(event: dict) -> FunctionCredentials:

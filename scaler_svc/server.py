@@ -27,7 +27,6 @@ import redis
 from nitro import cost, launches
 from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 from nitro.contracts import (
-    CREDENTIALS_FIELD,
     DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_I_MAX,
     DEFAULT_SCALING_POLICY,
@@ -37,6 +36,8 @@ from nitro.contracts import (
     GROW_FRACTIONS,
     HYDROZOA_PERIOD,
     JOB_ID_RULE,
+    MAX_ENVS_PER_ACTOR,
+    MIN_STEPS_PER_ENV,
     NOISE_KAPPA,
     SCALER_STATE_TTL_S,
     SCALING_POLICIES,
@@ -53,6 +54,7 @@ from nitro.contracts import (
 from nitro.data import codec
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.errors import ConfigError
+from nitro.events import ActorEvent, LearnerEvent
 from nitro.rpc import auth, metrics
 from nitro.rpc.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
 from nitro.rpc.metrics import serve_metrics
@@ -131,6 +133,20 @@ def policy_params(sc, algo: str = "") -> tuple[str, dict]:
     if name == "nitro-floor":
         return name, {"floor_actors": sc.floor_actors or FLOOR_ACTORS, "floor_decay": sc.floor_decay or FLOOR_DECAY}
     return name, {}
+
+
+def invocation_event(request, kind: str, slot: int, inv_id: str, creds, redis_url: str,
+                     env_kwargs: dict) -> ActorEvent | LearnerEvent:
+    """The event of slot `slot` of a valid LaunchRequest (nitro.events: the handlers read the same type)."""
+    common = dict(job_id=request.job_id, round=request.round, policy_version=request.policy_version,
+                  invocation_id=inv_id, credentials=creds, redis_url=redis_url)
+    if kind != "actor":
+        return LearnerEvent(**common, payload_ref=request.payload_ref)
+    # At most one env per MIN_STEPS_PER_ENV steps: no env's trajectory segment is shorter.
+    envs = min(max(request.envs_per_actor, 1), max(1, request.steps_per_actor // MIN_STEPS_PER_ENV))
+    return ActorEvent(**common, env_id=request.env_id, num_steps=request.steps_per_actor,
+                      seed=(request.seed + slot) % (2**62), reset_episodes=request.reset_episodes,
+                      env_kwargs=env_kwargs, envs_per_actor=envs)
 
 
 def policy_noise_terms(request) -> tuple[float, float] | None:
@@ -314,8 +330,6 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
         if not 1 <= request.steps_per_actor <= 1_000_000:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
-        from nitro.contracts import MAX_ENVS_PER_ACTOR, MIN_STEPS_PER_ENV
-
         if not 0 <= request.envs_per_actor <= MAX_ENVS_PER_ACTOR:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"envs_per_actor: must be in [1, {MAX_ENVS_PER_ACTOR}] "
                           f"(0: 1), got {request.envs_per_actor}")
@@ -353,23 +367,9 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         invocations = []
         for i in slots:
             inv_id = invocation_id(request.job_id, request.round, i, kind=kind, wave=request.wave)
-            event = {"job_id": request.job_id, "round": request.round, "policy_version": request.policy_version,
-                     "invocation_id": inv_id, "redis_url": self.actor_redis_url,
-                     CREDENTIALS_FIELD: function_credentials(self.hmac_key, request.job_id, inv_id,
-                                                             password).to_event()}
-            if kind == "actor":
-                event.update(env_id=request.env_id, num_steps=request.steps_per_actor, seed=(request.seed + i) % (2**62))
-                if request.reset_episodes:
-                    event["reset_episodes"] = True
-                if env_kwargs:
-                    event["env_kwargs"] = env_kwargs
-                # At most one env per MIN_STEPS_PER_ENV steps: no env's trajectory segment is shorter.
-                envs = min(request.envs_per_actor, max(1, request.steps_per_actor // MIN_STEPS_PER_ENV))
-                if envs > 1:
-                    event["envs_per_actor"] = envs
-            else:
-                event["payload_ref"] = request.payload_ref
-            invocations.append(Invocation(inv_id, event))
+            creds = function_credentials(self.hmac_key, request.job_id, inv_id, password)
+            event = invocation_event(request, kind, i, inv_id, creds, self.actor_redis_url, env_kwargs)
+            invocations.append(Invocation(inv_id, event.to_dict()))
         key = scaler_state_key(request.job_id)
         usd_total = cloud_usd_total = 0.0
         actors = kind == "actor"
