@@ -1,4 +1,4 @@
-"""The training spec: defaults, validation and conversion to/from the gRPC message.
+"""The training spec: defaults, validation and every conversion between it and the gRPC messages.
 
 The server validates every StartTraining request with `validate`; the SDK and
 CLI use the same code so a bad flag fails before anything is sent. Errors are
@@ -11,7 +11,9 @@ import dataclasses
 import math
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from nitro.config import BOUND_SCHEDULES, STALENESS_WEIGHTS
 from nitro.contracts import (
@@ -95,6 +97,12 @@ class ScalerSettings:
     kappa: float = NOISE_KAPPA  # "noise", "noise-adascale": kappa of kappa * sqrt(B_simple * a / c)
     grow_f1: float = GROW_FRACTIONS[0]  # "grow": the job's progress at which I_min doubles
     grow_f2: float = GROW_FRACTIONS[1]  # "grow": ... and doubles again
+
+    def fixed_count(self, algo: str) -> int:
+        """Actors per round of "fixed": the count given, else the algorithm's (nitro.contracts.default_fixed_actors).
+        The one place the per-algorithm default is applied: validate fills the spec with it, and the scaler
+        reads a ScalerSpec without a count by it."""
+        return self.fixed_actors or default_fixed_actors(algo)
 
 
 @dataclass
@@ -228,8 +236,7 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
         raise InvalidSpec("scaler.i_max", f"must be in [1, {MAX_ACTORS}], got {sc.i_max}")
     if sc.i_min > sc.i_max:
         raise InvalidSpec("scaler.i_min", f"must be <= scaler.i_max ({sc.i_max}), got {sc.i_min}")
-    if sc.fixed_actors == 0:
-        sc.fixed_actors = default_fixed_actors(spec.algo)
+    sc.fixed_actors = sc.fixed_count(spec.algo)
     if not 1 <= sc.fixed_actors <= MAX_ACTORS:
         raise InvalidSpec("scaler.fixed_actors", f"must be in [1, {MAX_ACTORS}] (0: the algorithm's default, "
                           f"{FIXED_ACTORS_BY_ALGO}), got {sc.fixed_actors}")
@@ -570,18 +577,100 @@ def from_proto(msg) -> TrainingSpec:
     explicit |= {n for n in ("steps_per_actor", "eval_episodes") if msg.HasField(n)}
     if msg.HasField("scaler"):
         explicit |= {f"scaler.{n}" for n in ("i_min", "i_max") if msg.scaler.HasField(n)}
-        if msg.scaler.policy:
-            spec.scaler.policy, count = parse_policy(msg.scaler.policy)
-            if count is not None:  # "fixed:16" shorthand
-                spec.scaler.fixed_actors = count
-        if msg.scaler.scheduler:
-            spec.scaler.scheduler = msg.scaler.scheduler
-        if msg.scaler.actors_by_round:
-            spec.scaler.actors_by_round = msg.scaler.actors_by_round
-        for name in _SCALER_FIELDS:
-            if msg.scaler.HasField(name):
-                setattr(spec.scaler, name, getattr(msg.scaler, name))
+        spec.scaler = scaler_from_proto(msg.scaler)
     return apply_env_preset(spec, explicit)
+
+
+def scaler_from_proto(msg) -> ScalerSettings:
+    """The settings of a ScalerSpec message, the inverse of scaler_to_proto: unset fields keep ScalerSettings'
+    defaults (nitro.contracts'), "fixed:16" is read by parse_policy, and fixed_actors stays 0 (the algorithm's
+    count, ScalerSettings.fixed_count) unless given. The learner's from_proto and the scaler's policy_params both
+    read a ScalerSpec here, so neither applies a default of its own."""
+    sc = ScalerSettings()
+    if msg.policy:
+        sc.policy, count = parse_policy(msg.policy)
+        if count is not None:  # "fixed:16" shorthand; a fixed_actors field, read below, wins
+            sc.fixed_actors = count
+    sc.scheduler = msg.scheduler
+    sc.actors_by_round = msg.actors_by_round
+    for name in _SCALER_FIELDS:
+        if msg.HasField(name):
+            setattr(sc, name, getattr(msg, name))
+    return sc
+
+
+def dict_to_proto(spec: Mapping[str, Any]):
+    """A partial spec as a dict (the CLI's, a spec file's, the SDK's) -> the TrainingSpec message, setting only the
+    fields it names so the server's defaults apply to the rest; InvalidSpec naming a bad or unknown field.
+
+    Keys are TrainingSpec's field names; "scaler" is a dict of ScalerSpec fields or a policy string ("nitro",
+    "fixed:16", ...); "stellaris" a dict of StellarisSpec fields; "hyperparameters" a dict of numeric overrides;
+    "hidden_sizes" a list of layer widths; "env_kwargs" a dict of JSON values.
+    """
+    from nitro.presets import is_env_preset
+    from nitro.v1 import training_pb2
+
+    fields = {f.name for f in dataclasses.fields(TrainingSpec)}
+    unknown = sorted(set(spec) - fields)
+    if unknown:
+        raise InvalidSpec(unknown[0], f"unknown field; allowed: {sorted(fields)}")
+    if (not isinstance(spec.get("env_id"), str) or not spec["env_id"]) and not is_env_preset(spec.get("preset", "")):
+        raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1' (or an environment preset "
+                                    "such as 'hopper-ppo')")
+    msg = training_pb2.TrainingSpec()
+    for name, value in spec.items():
+        if value is None:
+            continue
+        if name == "scaler":
+            _set_nested(msg.scaler, {"policy": value} if isinstance(value, str) else value, "scaler",
+                        "must be a policy name or a dict of scaler settings")
+        elif name == "stellaris":
+            _set_nested(msg.stellaris, value, "stellaris", "must be a dict of stellaris settings")
+        elif name == "hyperparameters":
+            if not isinstance(value, Mapping):
+                raise InvalidSpec(name, f"must be a dict of numeric overrides, e.g. {{'lr': 3e-4}}, got {value!r}")
+            for key, v in value.items():
+                _set(msg.hyperparameters, key, v, f"hyperparameters.{key}")
+        elif name == "hidden_sizes":
+            if not isinstance(value, list | tuple) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                              for h in value):
+                raise InvalidSpec("hidden_sizes", f"must be a list of layer widths, e.g. [64, 64], got {value!r}")
+            _set(msg.hidden_sizes, None, value, "hidden_sizes")
+        elif name == "env_kwargs":
+            msg.env_kwargs_json = env_kwargs_to_wire(value)
+        else:
+            _set(msg, name, value, name)
+    return msg
+
+
+def _set_nested(msg, value: object, group: str, what: str) -> None:
+    """Fill a nested message (ScalerSpec, StellarisSpec) from a dict or dataclass, naming bad fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(group, what)
+    fields = set(msg.DESCRIPTOR.fields_by_name)
+    unknown = sorted(set(value) - fields)
+    if unknown:
+        raise InvalidSpec(f"{group}.{unknown[0]}", f"unknown field; allowed: {sorted(fields)}")
+    for name, v in value.items():
+        if v is not None:
+            _set(msg, name, v, f"{group}.{name}")
+    msg.SetInParent()  # an empty dict still marks the field as given
+
+
+def _set(target, name: str | None, value: object, label: str) -> None:
+    """One field of a message (`name`), one entry of a map<string, double> (`name` a key), or a repeated field's
+    values (`name` None); InvalidSpec naming `label` when protobuf refuses the value."""
+    try:
+        if name is None:
+            target.extend(value)
+        elif hasattr(target, "DESCRIPTOR"):
+            setattr(target, name, value)
+        else:
+            target[name] = value
+    except (TypeError, ValueError) as exc:
+        raise InvalidSpec(label, f"bad value {value!r}: {exc}") from None
 
 
 def env_kwargs_from_wire(text: str) -> dict:

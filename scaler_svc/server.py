@@ -29,20 +29,12 @@ from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 from nitro.contracts import (
     DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_I_MAX,
-    DEFAULT_SCALING_POLICY,
-    FLOOR_ACTORS,
-    FLOOR_DECAY,
     FUNCTION_KINDS,
-    GROW_FRACTIONS,
-    HYDROZOA_PERIOD,
     JOB_ID_RULE,
     MAX_ENVS_PER_ACTOR,
     MIN_STEPS_PER_ENV,
-    NOISE_KAPPA,
     SCALER_STATE_TTL_S,
     SCALING_POLICIES,
-    SCORE_DECAY,
-    default_fixed_actors,
     function_credentials,
     invocation_id,
     is_job_id,
@@ -62,7 +54,7 @@ from nitro.scaling.base import FALLBACK_REASON, RoundInputs
 from nitro.scaling.budget import plan_within_budget
 from nitro.scaling.minions import OBS_NAMES, SchedulerCheckpointError, SchedulerMismatchError, observation
 from nitro.scaling.policies import fleet_actors, make_policy
-from nitro.spec import MAX_ACTORS, MAX_BUDGET_USD, InvalidSpec, env_kwargs_from_wire
+from nitro.spec import MAX_ACTORS, MAX_BUDGET_USD, InvalidSpec, ScalerSettings, env_kwargs_from_wire, scaler_from_proto
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc
 from scaler_svc.actor_users import ActorUsers
 from scaler_svc.invoker import Invocation, Invoker, lambda_client
@@ -112,27 +104,24 @@ _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
 
 
 def policy_params(sc, algo: str = "") -> tuple[str, dict]:
-    """The scaling policy's name and parameters of a ScalerSpec; unset fields get their defaults, "fixed" with no
-    count the count of the job's algorithm (`algo`), as the spec gives it (nitro.contracts.default_fixed_actors)."""
-    name = sc.policy or DEFAULT_SCALING_POLICY
-    if name == "fixed":
-        return name, {"actors": sc.fixed_actors or default_fixed_actors(algo)}
-    if name == "hydrozoa":
-        return name, {"every": sc.period or HYDROZOA_PERIOD}
-    if name == "minions":
-        return name, {"scheduler": sc.scheduler}
-    if name == "schedule":
-        return name, {"decay": sc.decay or SCORE_DECAY}
-    if name in ("replay", "noise-replay"):
-        return name, {"actors_by_round": sc.actors_by_round}
-    if name in ("noise", "noise-adascale"):
-        return name, {"kappa": sc.kappa or NOISE_KAPPA}
-    if name == "grow":  # unset fields: the defaults; a set 0 is a valid fraction (grow from the start)
-        return name, {"f1": sc.grow_f1 if sc.HasField("grow_f1") else GROW_FRACTIONS[0],
-                      "f2": sc.grow_f2 if sc.HasField("grow_f2") else GROW_FRACTIONS[1]}
-    if name == "nitro-floor":
-        return name, {"floor_actors": sc.floor_actors or FLOOR_ACTORS, "floor_decay": sc.floor_decay or FLOOR_DECAY}
-    return name, {}
+    """The scaling policy's name and parameters of a ScalerSpec (or its ScalerSettings), read by the spec's one
+    conversion (nitro.spec.scaler_from_proto): unset fields get ScalerSettings' defaults, nitro.contracts', and
+    "fixed" with no count the count of the job's algorithm `algo` (ScalerSettings.fixed_count). No default here."""
+    if not isinstance(sc, ScalerSettings):
+        sc = scaler_from_proto(sc)
+    params = {
+        "fixed": {"actors": sc.fixed_count(algo)},
+        "hydrozoa": {"every": sc.period},
+        "minions": {"scheduler": sc.scheduler},
+        "schedule": {"decay": sc.decay},
+        "replay": {"actors_by_round": sc.actors_by_round},
+        "noise-replay": {"actors_by_round": sc.actors_by_round},
+        "noise": {"kappa": sc.kappa},
+        "noise-adascale": {"kappa": sc.kappa},
+        "grow": {"f1": sc.grow_f1, "f2": sc.grow_f2},  # a set 0 is a valid fraction (grow from the start)
+        "nitro-floor": {"floor_actors": sc.floor_actors, "floor_decay": sc.floor_decay},
+    }
+    return sc.policy, params.get(sc.policy, {})
 
 
 def invocation_event(request, kind: str, slot: int, inv_id: str, creds, redis_url: str,
@@ -222,9 +211,12 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
     # -- RPCs ----------------------------------------------------------------------------
     def _check_plan(self, request, context) -> tuple[str, object, RoundInputs, str, int]:
         """(policy base name, policy, round inputs, budget clock, actor memory MB) of a valid PlanRequest."""
-        sc = request.scaler
+        try:
+            sc = scaler_from_proto(request.scaler)
+        except InvalidSpec as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         name, params = policy_params(sc, request.algo)
-        base = name.partition(":")[0]
+        base = name  # scaler_from_proto took any ":N" off (parse_policy)
         if base not in SCALING_POLICIES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"scaler.policy: unknown {name!r}; allowed: {list(SCALING_POLICIES)}")

@@ -37,8 +37,8 @@ import grpc
 
 from nitro.local import system_state
 from nitro.rpc import auth, grpc_util
-from nitro.spec import InvalidSpec, TrainingSpec, env_kwargs_to_wire, to_proto
-from nitro.v1 import common_pb2, training_pb2, training_pb2_grpc
+from nitro.spec import TrainingSpec, dict_to_proto, to_proto
+from nitro.v1 import training_pb2, training_pb2_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 TARGET_ENV = "NITRO_TARGET"
@@ -193,97 +193,16 @@ def message_to_dict(msg: Any) -> dict[str, Any]:
 
 # --- specs ------------------------------------------------------------------------------
 
-_SPEC_FIELDS = {f.name for f in dataclasses.fields(TrainingSpec)}
-_SCALER_FIELDS = set(common_pb2.ScalerSpec.DESCRIPTOR.fields_by_name)
-_STELLARIS_FIELDS = set(training_pb2.StellarisSpec.DESCRIPTOR.fields_by_name)
-
-
 def spec_to_proto(spec: TrainingSpec | Mapping[str, Any] | training_pb2.TrainingSpec) -> training_pb2.TrainingSpec:
-    """TrainingSpec dataclass, partial dict or proto -> proto.
-
-    A dict sets only the fields it names, so the server's defaults apply to the
-    rest. Its keys are TrainingSpec's field names; "scaler" is a dict of
-    ScalerSpec fields or a policy string ("nitro", "fixed:16", ...); "stellaris"
-    a dict of StellarisSpec fields; "hyperparameters" a dict of numeric overrides;
-    "hidden_sizes" a list of layer widths; "env_kwargs" a dict of JSON values.
-    """
+    """TrainingSpec dataclass, partial dict or proto -> proto, by the spec's own conversions (nitro.spec.to_proto,
+    nitro.spec.dict_to_proto: a dict sets only the fields it names, so the server's defaults apply to the rest)."""
     if isinstance(spec, training_pb2.TrainingSpec):
         return spec
     if isinstance(spec, TrainingSpec):
         return to_proto(spec)
     if not isinstance(spec, Mapping):
         raise TypeError(f"spec must be a TrainingSpec, a dict or a nitro.v1 TrainingSpec, not {type(spec).__name__}")
-    unknown = sorted(set(spec) - _SPEC_FIELDS)
-    if unknown:
-        raise InvalidSpec(unknown[0], f"unknown field; allowed: {sorted(_SPEC_FIELDS)}")
-    from nitro.presets import is_env_preset
-
-    if (not isinstance(spec.get("env_id"), str) or not spec["env_id"]) and not is_env_preset(spec.get("preset", "")):
-        raise InvalidSpec("env_id", "is required, e.g. 'Hopper-v5' or 'CartPole-v1' (or an environment preset "
-                                    "such as 'hopper-ppo')")
-    msg = training_pb2.TrainingSpec()
-    for name, value in spec.items():
-        if value is None:
-            continue
-        if name == "scaler":
-            _set_scaler(msg.scaler, value)
-        elif name == "stellaris":
-            _set_stellaris(msg.stellaris, value)
-        elif name == "hyperparameters":
-            if not isinstance(value, Mapping):
-                raise InvalidSpec(name, f"must be a dict of numeric overrides, e.g. {{'lr': 3e-4}}, got {value!r}")
-            for key, v in value.items():
-                _set(msg.hyperparameters, key, v, f"hyperparameters.{key}")
-        elif name == "hidden_sizes":
-            _set_hidden_sizes(msg, value)
-        elif name == "env_kwargs":
-            msg.env_kwargs_json = env_kwargs_to_wire(value)
-        else:
-            _set(msg, name, value, name)
-    return msg
-
-
-def _set_hidden_sizes(msg: Any, value: object) -> None:
-    if not isinstance(value, list | tuple) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
-        raise InvalidSpec("hidden_sizes", f"must be a list of layer widths, e.g. [64, 64], got {value!r}")
-    try:
-        msg.hidden_sizes.extend(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidSpec("hidden_sizes", f"bad value {value!r}: {exc}") from None
-
-
-def _set_scaler(msg: Any, value: object) -> None:
-    _set_nested(msg, {"policy": value} if isinstance(value, str) else value, "scaler", _SCALER_FIELDS,
-                "must be a policy name or a dict of scaler settings")
-
-
-def _set_stellaris(msg: Any, value: object) -> None:
-    _set_nested(msg, value, "stellaris", _STELLARIS_FIELDS, "must be a dict of stellaris settings")
-
-
-def _set_nested(msg: Any, value: object, group: str, fields: set[str], what: str) -> None:
-    """Fill a nested message (ScalerSpec, StellarisSpec) from a dict or dataclass, naming bad fields."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    if not isinstance(value, Mapping):
-        raise InvalidSpec(group, what)
-    unknown = sorted(set(value) - fields)
-    if unknown:
-        raise InvalidSpec(f"{group}.{unknown[0]}", f"unknown field; allowed: {sorted(fields)}")
-    for name, v in value.items():
-        if v is not None:
-            _set(msg, name, v, f"{group}.{name}")
-    msg.SetInParent()  # an empty dict still marks the field as given
-
-
-def _set(target: Any, name: str, value: object, label: str) -> None:
-    try:
-        if isinstance(target, training_pb2.TrainingSpec | common_pb2.ScalerSpec | training_pb2.StellarisSpec):
-            setattr(target, name, value)
-        else:  # map<string, double>
-            target[name] = value
-    except (TypeError, ValueError) as exc:
-        raise InvalidSpec(label, f"bad value {value!r}: {exc}") from None
+    return dict_to_proto(spec)
 
 
 # --- where the learner is, and its token --------------------------------------------------
