@@ -93,6 +93,7 @@ from nitro.contracts import (
 )
 from nitro.data import codec
 from nitro.rpc import metrics
+from nitro.spec import TrainingSpec
 from nitro.stellaris_records import decode_update, encode_staleness_record
 from nitro.v1 import scaler_pb2
 
@@ -141,6 +142,16 @@ class LearnerCall:
     ref: str  # its parcel's key
     base: int  # the version its update starts from
     round: int
+
+
+def learner_launch_request(spec: TrainingSpec, job_id: str, k: int, slot: int, base: int,
+                           ref: str) -> scaler_pb2.LaunchRequest:
+    """The Launch of one learner function (slot `slot` of round `k`, base version `base`, its parcel at `ref`), in
+    the learner's own fields (LaunchRequest.learner), none borrowed from an actor launch."""
+    learner = scaler_pb2.LearnerLaunch(payload_ref=ref, memory_mb=spec.stellaris.learner_memory_mb)
+    return scaler_pb2.LaunchRequest(job_id=job_id, round=k, policy_version=base, kind="learner", learner=learner,
+                                    slots=[slot], function_name=spec.stellaris.learner_function,
+                                    deadline_s=spec.round_deadline_s, wait=True)
 
 
 class StellarisLoop(PipelinedLoop[StellarisStats]):
@@ -327,19 +338,14 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             self.redis_call(lambda: self.deps.redis.set(ref, blob, ex=POLICY_TTL_S), "parcel write")
             if not self.counted_before.pop(e.entry_id, False):  # not already in the restored statistics
                 self.pending_obs[e.entry_id] = e.batch["obs"]
-            fut = self.learner_pool.submit(self._launch_learner, k, slot, base, ref, e.steps)
+            fut = self.learner_pool.submit(self._launch_learner, k, slot, base, ref)
             self.in_flight[fut] = LearnerCall(inv=inv, ref=ref, base=base, round=k)
             self.learners[inv] = e
             self.ledger.launch(base)
             acc.launched += 1
 
-    def _launch_learner(self, k: int, slot: int, base: int, ref: str, steps: int) -> scaler_pb2.LaunchResponse:
-        spec = self.spec
-        req = scaler_pb2.LaunchRequest(
-            job_id=self.job.job_id, round=k, policy_version=base, actors=1,
-            steps_per_actor=max(1, min(int(steps), 1_000_000)), env_id=spec.env_id, seed=0,
-            function_name=self.st.learner_function, deadline_s=spec.round_deadline_s,
-            actor_memory_mb=self.st.learner_memory_mb, wait=True, slots=[slot], kind="learner", payload_ref=ref)
+    def _launch_learner(self, k: int, slot: int, base: int, ref: str) -> scaler_pb2.LaunchResponse:
+        req = learner_launch_request(self.spec, self.job.job_id, k, slot, base, ref)
         return self.services.launch_request(req, "Launch (learner)")
 
     def _poll_learners(self, acc: StellarisStats) -> None:

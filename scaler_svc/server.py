@@ -90,14 +90,39 @@ def check_job_id(job_id: str, context) -> None:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: must be {JOB_ID_RULE}")
 
 
-def actor_memory(memory_mb: int, context) -> int:
-    """The request's actor memory in MB (0 means DEFAULT_ACTOR_MEMORY_MB); anything else outside Lambda's limits is
-    invalid."""
+def actor_memory(memory_mb: int, context, field: str = "actor_memory_mb") -> int:
+    """The request's function memory in MB (0 means DEFAULT_ACTOR_MEMORY_MB); anything else outside Lambda's limits
+    is invalid."""
     if memory_mb != 0 and not 128 <= memory_mb <= 10240:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"actor_memory_mb: must be in [128, 10240] (AWS Lambda limits) or 0 for "
+                      f"{field}: must be in [128, 10240] (AWS Lambda limits) or 0 for "
                       f"{DEFAULT_ACTOR_MEMORY_MB}, got {memory_mb}")
     return memory_mb or DEFAULT_ACTOR_MEMORY_MB
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchShape:
+    """What a LaunchRequest asks for, whatever its kind, with the request's name of each field (for errors)."""
+
+    kind: str
+    count: int  # invocations
+    steps: int | None  # an actor's environment steps (billed); None: a learner function's launch, which has none
+    memory_mb: int  # 0: DEFAULT_ACTOR_MEMORY_MB
+    payload_ref: str  # kind "learner": its parcel
+    fields: tuple[str, str, str, str]  # the request's names of count, steps, memory_mb and payload_ref (for errors)
+
+
+def launch_shape(request) -> LaunchShape:
+    """A learner launch reads its own fields (LaunchRequest.learner); one without them (a learner of the previous
+    version) the actor fields it used to borrow: actors, steps_per_actor (checked as before, never billed),
+    actor_memory_mb. The fallback goes with the next version."""
+    kind = request.kind or "actor"
+    if kind == "learner" and request.HasField("learner"):
+        ln = request.learner
+        return LaunchShape(kind, len(request.slots) or 1, None, ln.memory_mb, ln.payload_ref,
+                           ("slots", "", "learner.memory_mb", "learner.payload_ref"))
+    return LaunchShape(kind, request.actors, request.steps_per_actor, request.actor_memory_mb, request.payload_ref,
+                       ("actors", "steps_per_actor", "actor_memory_mb", "payload_ref"))
 
 
 _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
@@ -124,13 +149,13 @@ def policy_params(sc, algo: str = "") -> tuple[str, dict]:
     return sc.policy, params.get(sc.policy, {})
 
 
-def invocation_event(request, kind: str, slot: int, inv_id: str, creds, redis_url: str,
+def invocation_event(request, shape: LaunchShape, slot: int, inv_id: str, creds, redis_url: str,
                      env_kwargs: dict) -> ActorEvent | LearnerEvent:
     """The event of slot `slot` of a valid LaunchRequest (nitro.events: the handlers read the same type)."""
     common = dict(job_id=request.job_id, round=request.round, policy_version=request.policy_version,
                   invocation_id=inv_id, credentials=creds, redis_url=redis_url)
-    if kind != "actor":
-        return LearnerEvent(**common, payload_ref=request.payload_ref)
+    if shape.kind != "actor":
+        return LearnerEvent(**common, payload_ref=shape.payload_ref)
     # At most one env per MIN_STEPS_PER_ENV steps: no env's trajectory segment is shorter.
     envs = min(max(request.envs_per_actor, 1), max(1, request.steps_per_actor // MIN_STEPS_PER_ENV))
     return ActorEvent(**common, env_id=request.env_id, num_steps=request.steps_per_actor,
@@ -317,33 +342,35 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         check_job_id(request.job_id, context)
         if request.round < 0 or request.policy_version < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "round and policy_version: must be >= 0")
-        memory = actor_memory(request.actor_memory_mb, context)
-        if not 1 <= request.actors <= MAX_ACTORS:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actors: must be in [1, {MAX_ACTORS}], got {request.actors}")
-        if not 1 <= request.steps_per_actor <= 1_000_000:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps_per_actor: must be in [1, 1000000]")
+        shape = launch_shape(request)
+        n_field, steps_field, memory_field, ref_field = shape.fields
+        memory = actor_memory(shape.memory_mb, context, memory_field)
+        if not 1 <= shape.count <= MAX_ACTORS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{n_field}: must be in [1, {MAX_ACTORS}], got {shape.count}")
+        if shape.steps is not None and not 1 <= shape.steps <= 1_000_000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{steps_field}: must be in [1, 1000000], got {shape.steps}")
         if not 0 <= request.envs_per_actor <= MAX_ENVS_PER_ACTOR:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"envs_per_actor: must be in [1, {MAX_ENVS_PER_ACTOR}] "
                           f"(0: 1), got {request.envs_per_actor}")
-        kind = request.kind or "actor"
+        kind = shape.kind
         if kind not in FUNCTION_KINDS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"kind: unknown {request.kind!r}; allowed: {list(FUNCTION_KINDS)}")
         if not request.function_name or (kind == "actor" and not request.env_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_id and function_name are required")
-        if kind == "learner" and not (_PAYLOAD_REF_RE.fullmatch(request.payload_ref)
-                                      and is_learn_key(request.job_id, request.payload_ref)):
+        if kind == "learner" and not (_PAYLOAD_REF_RE.fullmatch(shape.payload_ref)
+                                      and is_learn_key(request.job_id, shape.payload_ref)):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"payload_ref: kind 'learner' needs a key '{learn_prefix(request.job_id)}...' of at most 256 "
-                          "letters, digits and '_:.#-'")
+                          f"{ref_field}: kind 'learner' needs a key '{learn_prefix(request.job_id)}...' of at most "
+                          "256 letters, digits and '_:.#-'")
         if not 0 < request.deadline_s <= 3600:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deadline_s: must be in (0, 3600]")
         try:
             env_kwargs = env_kwargs_from_wire(request.env_kwargs_json)
         except InvalidSpec as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"env_kwargs_json: {exc.detail}")
-        slots = list(request.slots) or list(range(request.actors))
-        if len(slots) != request.actors or len(set(slots)) != len(slots) or min(slots) < 0 or request.wave < 0:
+        slots = list(request.slots) or list(range(shape.count))
+        if len(slots) != shape.count or len(set(slots)) != len(slots) or min(slots) < 0 or request.wave < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "slots: must be distinct non-negative integers, as many as actors; wave must be >= 0")
         if self.hmac_key is None:
@@ -360,7 +387,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         for i in slots:
             inv_id = invocation_id(request.job_id, request.round, i, kind=kind, wave=request.wave)
             creds = function_credentials(self.hmac_key, request.job_id, inv_id, password)
-            event = invocation_event(request, kind, i, inv_id, creds, self.actor_redis_url, env_kwargs)
+            event = invocation_event(request, shape, i, inv_id, creds, self.actor_redis_url, env_kwargs)
             invocations.append(Invocation(inv_id, event.to_dict()))
         key = scaler_state_key(request.job_id)
         usd_total = cloud_usd_total = 0.0
@@ -386,7 +413,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 kind, requests=o.requests, billed_ms=o.billed_attempts_ms, modelled_ms=o.modelled_attempts_ms,
                 cpu_ms=o.modelled_cpu_attempts_ms,
                 init_ms=o.measured_init_ms or init_ms, cold=o.invocation_id in cold_ids,
-                steps=request.steps_per_actor if o.ok else 0, memory_mb=memory, prices=self.prices)
+                steps=(shape.steps or 0) if o.ok else 0, memory_mb=memory, prices=self.prices)
             cloud[o.invocation_id] = charge.cloud_seconds
             usd_total += charge.usd
             cloud_usd_total += charge.cloud_usd

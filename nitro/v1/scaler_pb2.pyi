@@ -76,7 +76,7 @@ class PlanResponse(_message.Message):
     def __init__(self, actors: _Optional[int] = ..., reason: _Optional[str] = ..., budget_exhausted: _Optional[bool] = ..., estimated_round_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave", "kind", "payload_ref", "reset_episodes", "env_kwargs_json", "envs_per_actor")
+    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave", "kind", "payload_ref", "reset_episodes", "env_kwargs_json", "envs_per_actor", "learner")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class LaunchRequest(_message.Message):
     RESET_EPISODES_FIELD_NUMBER: _ClassVar[int]
     ENV_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     ENVS_PER_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     policy_version: int
@@ -113,7 +114,16 @@ class LaunchRequest(_message.Message):
     reset_episodes: bool
     env_kwargs_json: str
     envs_per_actor: int
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ..., kind: _Optional[str] = ..., payload_ref: _Optional[str] = ..., reset_episodes: _Optional[bool] = ..., env_kwargs_json: _Optional[str] = ..., envs_per_actor: _Optional[int] = ...) -> None: ...
+    learner: LearnerLaunch
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ..., kind: _Optional[str] = ..., payload_ref: _Optional[str] = ..., reset_episodes: _Optional[bool] = ..., env_kwargs_json: _Optional[str] = ..., envs_per_actor: _Optional[int] = ..., learner: _Optional[_Union[LearnerLaunch, _Mapping]] = ...) -> None: ...
+
+class LearnerLaunch(_message.Message):
+    __slots__ = ("payload_ref", "memory_mb")
+    PAYLOAD_REF_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    payload_ref: str
+    memory_mb: int
+    def __init__(self, payload_ref: _Optional[str] = ..., memory_mb: _Optional[int] = ...) -> None: ...
 
 class InvocationResult(_message.Message):
     __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts", "modelled_ms", "modelled_init_ms", "modelled_cold")
