@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 
 import pytest
@@ -26,6 +27,18 @@ from nitro.local.redis_server import LocalRedis
 # is marked `system` here.
 # tests/test_test_tiers.py reads the test files and fails when a test that starts a system is not `system`.
 SYSTEM_FIXTURES = frozenset({"system", "system_dir", "endpoint"})
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`-n N`, a worker per process): torch on one thread in each worker and in the processes
+    it starts (OMP_NUM_THREADS; the services run one torch thread already, NITRO_TORCH_THREADS). Two workers on
+    two cores, each with torch's default of a thread per core, oversubscribe them and its OpenMP threads stall
+    each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` picks the tests
