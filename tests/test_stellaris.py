@@ -50,9 +50,9 @@ from nitro.policy.rollout import Sampler
 from nitro.spec import InvalidSpec, TrainingSpec, from_proto, to_proto, validate
 from nitro.stellaris_records import decode_staleness_record, decode_update, encode_staleness_record, encode_update
 from nitro.v1 import scaler_pb2
-from scaler_svc.invoker import InvocationOutcome
 from scaler_svc.server import ScalerServicer
 from tests.credentials import grant, read_key
+from tests.recording_invoker import RecordingInvoker
 
 ENV = "CartPole-v1"
 
@@ -718,21 +718,8 @@ class _Context:
         raise _Abort(code, details)
 
 
-class _FakeInvoker:
-    def __init__(self):
-        self.calls = []
-
-    def invoke_all(self, function_name, invocations, deadline_s, on_done=None):
-        self.calls.append((function_name, [i.event for i in invocations]))
-        outs = [InvocationOutcome(i.invocation_id, ok=True, duration_ms=400.0, billed_ms=400, attempts=1,
-                                  billed_attempts_ms=400, requests=1) for i in invocations]
-        for o in outs:
-            on_done(o)
-        return outs, 0.001
-
-
 def test_scaler_launches_and_bills_learner_functions(redis_client):
-    inv = _FakeInvoker()
+    inv = RecordingInvoker()
     prices = cost.Prices()
     svc = ScalerServicer(redis_client, inv, prices, "redis://127.0.0.1:1/0", hmac_key=b"m" * 32)
     ref = "nitro:bill-job:learn:parcel:bill-job-r2-g5"
@@ -767,7 +754,7 @@ def test_scaler_launches_and_bills_learner_functions(redis_client):
                                            ("learner", "nitro:other:learn:parcel:x", "payload_ref"),
                                            ("learner", "nitro:bad-job:policy:1", "payload_ref")])
 def test_scaler_rejects_bad_learner_launches(redis_client, kind, ref, what):
-    svc = ScalerServicer(redis_client, _FakeInvoker(), cost.Prices(), "redis://x", hmac_key=b"m" * 32)
+    svc = ScalerServicer(redis_client, RecordingInvoker(), cost.Prices(), "redis://x", hmac_key=b"m" * 32)
     with pytest.raises(_Abort) as err:
         svc.Launch(scaler_pb2.LaunchRequest(job_id="bad-job", round=0, policy_version=0, actors=1, steps_per_actor=1,
                                             function_name="nitro-learner", deadline_s=5.0, kind=kind,

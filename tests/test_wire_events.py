@@ -12,6 +12,7 @@ from nitro.contracts import CREDENTIALS_FIELD, FunctionCredentials, function_cre
 from nitro.data.store import REDIS_MAX_BULK_BYTES
 from nitro.errors import ConfigError
 from nitro.events import MAX_ENTRY_BYTES_LIMIT, ActorEvent, LearnerEvent
+from tests.recording_invoker import RecordingInvoker
 
 JOB = "wire-job"
 CREDS = function_credentials(b"m" * 32, JOB, "wire-job-r3-a1", "p" * 24)
@@ -120,23 +121,6 @@ def test_the_events_entry_bound_is_the_stores():
 
 # -- the producer (the scaler's Launch) and the consumers (the handlers) agree -------------------------
 
-class _Recorder:
-    """Stands in for the network leg only: keeps the payloads the scaler's Invoker would send (as JSON) and answers
-    as if every invocation succeeded."""
-
-    def __init__(self):
-        self.events = []
-
-    def invoke_all(self, function_name, invocations, deadline_s, on_done=None):
-        from scaler_svc.invoker import InvocationOutcome
-
-        self.events += [json.loads(json.dumps(i.event)) for i in invocations]
-        outs = [InvocationOutcome(i.invocation_id, ok=True, requests=1) for i in invocations]
-        for o in outs:
-            on_done(o)
-        return outs, 0.0
-
-
 class _Context:
     def time_remaining(self):
         return None
@@ -159,7 +143,7 @@ def launched_events(redis_client, redis_server) -> tuple[list[dict], list[dict]]
     from nitro.v1 import scaler_pb2
     from scaler_svc.server import ScalerServicer
 
-    rec = _Recorder()
+    rec = RecordingInvoker()
     svc = ScalerServicer(redis_client, rec, cost.Prices(), redis_server.url, hmac_key=b"k" * 32)
     svc.Launch(scaler_pb2.LaunchRequest(job_id=JOB, round=1, policy_version=0, actors=2, steps_per_actor=64,
                                         env_id="CartPole-v1", function_name="nitro-actor", deadline_s=10.0,

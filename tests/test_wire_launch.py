@@ -10,27 +10,11 @@ from learner_svc.stellaris import learner_launch_request
 from nitro import cost
 from nitro.spec import StellarisSettings, TrainingSpec
 from nitro.v1 import scaler_pb2
-from scaler_svc.invoker import InvocationOutcome
 from scaler_svc.server import ScalerServicer, launch_shape
+from tests.recording_invoker import RecordingInvoker
 
 JOB = "ll-job"
 REF = f"nitro:{JOB}:learn:parcel:{JOB}-r2-g5"
-
-
-class _Recorder:
-    """Stands in for the network leg only: keeps the payloads the Invoker would send, each invocation succeeding
-    with 400 ms billed."""
-
-    def __init__(self):
-        self.calls = []
-
-    def invoke_all(self, function_name, invocations, deadline_s, on_done=None):
-        self.calls.append((function_name, [i.event for i in invocations]))
-        outs = [InvocationOutcome(i.invocation_id, ok=True, duration_ms=400.0, billed_ms=400, attempts=1,
-                                  billed_attempts_ms=400, requests=1) for i in invocations]
-        for o in outs:
-            on_done(o)
-        return outs, 0.0
 
 
 class _Context:
@@ -53,7 +37,7 @@ def test_the_learner_sends_its_own_fields_and_borrows_none():
 
 
 def bill(redis_client, job: str, request) -> tuple[list, dict]:
-    rec = _Recorder()
+    rec = RecordingInvoker()
     svc = ScalerServicer(redis_client, rec, cost.Prices(), "redis://127.0.0.1:1/0", hmac_key=b"m" * 32)
     resp = svc.Launch(request, _Context())
     assert resp.succeeded == 1
@@ -85,7 +69,7 @@ def test_the_new_and_the_old_form_launch_and_bill_the_same(redis_client):
     ({"payload_ref": REF, "memory_mb": 64}, "learner.memory_mb"),
 ])
 def test_a_bad_learner_field_is_named(redis_client, learner, field):
-    svc = ScalerServicer(redis_client, _Recorder(), cost.Prices(), "redis://127.0.0.1:1/0", hmac_key=b"m" * 32)
+    svc = ScalerServicer(redis_client, RecordingInvoker(), cost.Prices(), "redis://127.0.0.1:1/0", hmac_key=b"m" * 32)
     req = scaler_pb2.LaunchRequest(job_id=JOB, round=2, kind="learner", learner=scaler_pb2.LearnerLaunch(**learner),
                                    slots=[5], function_name="nitro-learner", deadline_s=10.0)
     with pytest.raises(grpc.RpcError, match=f"INVALID_ARGUMENT: {field}:"):
