@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.harness import finished_as_planned
+from experiments.harness import finished_as_planned, runs_dir
 from experiments.protocol import (
     BOOTSTRAP_REPS,
     EVAL_EVERY,
@@ -107,7 +107,7 @@ def load_runs(grids: list[Path]) -> list[PricedRun]:
         if not gj.exists():
             raise SystemExit(f"--grids {g}: no grid.json (not a protocol grid directory)")
         scale = json.loads(gj.read_text()).get("scale", {})
-        for d in sorted((g / "runs").glob("*")):
+        for d in sorted(runs_dir(g).glob("*")):
             summ, spec = d / "summary.json", d / "run.json"
             if not summ.exists() or not spec.exists():
                 continue

@@ -27,6 +27,15 @@ from nitro.cost import Prices, ReferenceRates, delivered_actors, reference_evalu
 from nitro.local.system import LocalSystem
 
 
+def runs_dir(out: Path | str) -> Path:
+    """Where a grid's per-run files live. A grid published under docs/results/grids/NAME keeps its tables and
+    plots there and its raw runs (run.json, rounds.jsonl, summary.json per run) in data/grids/NAME/runs of the
+    same repository, so docs/ holds documentation; any other grid directory holds them in OUT/runs."""
+    out = Path(out)
+    if len(out.parents) >= 4 and [p.name for p in out.parents[:3]] == ["grids", "results", "docs"]:
+        return out.parents[3] / "data" / "grids" / out.name / "runs"
+    return out / "runs"
+
 @dataclass(frozen=True)
 class Run:
     figure: str

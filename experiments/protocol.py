@@ -70,7 +70,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.harness import Run, finished_as_planned, load_rounds, run_one
+from experiments.harness import Run, finished_as_planned, load_rounds, run_one, runs_dir
 
 ROOT = Path(__file__).resolve().parents[1]  # the code that runs (a clone in --clone mode)
 
@@ -330,10 +330,6 @@ class Planned:
     seed: int
     run: Run | None  # None: waits for its nitro run
     why: str = ""
-
-
-def runs_dir(out: Path) -> Path:
-    return Path(out) / "runs"
 
 
 def is_done(out: Path, run: Run) -> bool:

@@ -1,0 +1,24 @@
+"""Where a grid's files live (issue 42): tables, plots and plans in docs/results/grids/NAME, the raw runs in
+data/grids/NAME/runs, so docs/ holds documentation. experiments.harness.runs_dir is the one rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.harness import runs_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_published_grid_keeps_its_runs_under_data_and_any_other_beside_itself(tmp_path):
+    assert runs_dir(ROOT / "docs/results/grids/g") == ROOT / "data/grids/g/runs"
+    assert runs_dir("docs/results/grids/g") == Path("data/grids/g/runs")
+    assert runs_dir(tmp_path / "grid") == tmp_path / "grid/runs"
+    assert runs_dir(ROOT / "results/experiments/g") == ROOT / "results/experiments/g/runs"
+
+
+def test_no_raw_runs_are_left_in_docs_and_every_grid_with_runs_is_documented():
+    docs = ROOT / "docs/results/grids"
+    assert not list(docs.glob("*/runs")), "raw runs belong in data/grids (experiments.harness.runs_dir)"
+    for runs in (ROOT / "data/grids").glob("*/runs"):
+        assert (docs / runs.parent.name / "grid.json").exists(), f"{runs} has no grid in docs/results/grids"
