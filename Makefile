@@ -26,13 +26,16 @@ demo: setup
 demo-nitro: DEMO_FLAGS = --scaler nitro --i-min 4 --i-max 16
 demo-nitro: demo
 
+# Two workers (pytest-xdist): most tests wait on the processes they start, so one worker leaves a core idle.
+# --dist loadfile keeps a module's tests, and the local system its fixtures start, on one worker.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # While developing: the suite less its `system` and `slow` tests (the rule: tests/conftest.py), in under two
 # minutes on two cores; `make test` (CI: .ci/run) runs every test.
 test-fast: setup
-	$(BIN)/python -m pytest -m "not system and not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not system and not slow"
 
 # The documentation site over docs/ (mkdocs.yml), with the API reference from the docstrings, at http://127.0.0.1:8000.
 docs: setup
