@@ -15,13 +15,17 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 # Train PPO on Hopper-v5 with the default scaler (examples/demo.yaml) through the real local system (Redis, the
-# local Lambda endpoint, three gRPC services), stop it, then evaluate the best policy on 10 episodes and record one.
+# local Lambda endpoint, three gRPC services), stop it, then evaluate the best policy on 10 episodes, record one, and
+# write results/<job>/summary.md: the return against a random policy on the same episodes and against
+# Stable-Baselines3's PPO at the same env steps (DEMO_REFERENCE, measured by bench/sb3_reference.py), and both costs.
 # bench/demo_outcome.py measures what this gives; `make demo-nitro` is the same job with the paper's boosting scaler.
 DEMO_JOB := demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_FLAGS ?=
+DEMO_REFERENCE := docs/results/evidence/sb3-ppo-default-hopper-v5.json
 demo: setup
 	$(BIN)/nitro train --local --config examples/demo.yaml --job-id $(DEMO_JOB) $(DEMO_FLAGS)
-	$(BIN)/nitro eval results/$(DEMO_JOB)/best.pt --episodes 10 --seed 10000 --video results/$(DEMO_JOB)/best.mp4
+	$(BIN)/nitro eval results/$(DEMO_JOB)/best.pt --episodes 10 --seed 10000 --video results/$(DEMO_JOB)/best.mp4 \
+	  --vs-random --reference $(DEMO_REFERENCE) --summary results/$(DEMO_JOB)/summary.md
 
 demo-nitro: DEMO_FLAGS = --scaler nitro --i-min 4 --i-max 16
 demo-nitro: demo

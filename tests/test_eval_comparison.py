@@ -107,3 +107,18 @@ def test_eval_refuses_a_bad_reference_or_summary_path_before_running_episodes(re
     assert cli.main(["eval", str(results_dir), "--summary", str(tmp_path / "no" / "dir" / "s.md")]) == 2
     err = capsys.readouterr().err
     assert "--summary" in err and "does not exist" in err and "episodes" not in err
+
+
+def test_make_demos_reference_file_is_a_valid_reference_for_its_job():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    name = re.search(r"^DEMO_REFERENCE := (\S+)$", (root / "Makefile").read_text(), re.M).group(1)
+    ref = load_reference(root / name)
+    demo = yaml.safe_load((root / "examples/demo.yaml").read_text())
+    assert ref.env_id == demo["env_id"]
+    assert ref.env_steps == demo["rounds"] * demo["steps_per_actor"] * 8  # the default scaler: fixed:8
+    assert len(ref.returns) >= 30  # 3 training seeds x 10 evaluation episodes
