@@ -302,7 +302,7 @@ def test_train_backend_aws_starts_the_local_system_without_the_local_endpoint(aw
 
     class FakeSystem:
         def __init__(self, state_dir, ports=None, *, concurrency=64, startup_timeout_s=180.0, lambda_backend="local",
-                     actor_redis_url=None, aws_region=None, redis_bind=None, restart_policy=None):
+                     actor_redis_url=None, aws_region=None, redis_bind=None, restart_policy=None, monitoring=False):
             seen.update(ports=ports, lambda_backend=lambda_backend, actor_redis_url=actor_redis_url,
                         aws_region=aws_region, redis_bind=redis_bind)
 
