@@ -636,6 +636,32 @@ class LocalRunner:
         self.system = self.client = None
 
 
+def adopt_runs(out: Path, commit: bool = False) -> list[str]:
+    """Move the runs a clone whose code predates runs_dir wrote beside a published grid (OUT/runs) to where they
+    live (runs_dir: data/grids/NAME/runs), replacing a copy there; the run ids moved. A run still being written
+    is not there: the clone has exited when this runs."""
+    legacy, home = Path(out) / "runs", runs_dir(out)
+    if legacy.resolve() == home.resolve() or not legacy.is_dir():
+        return []
+    home.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for d in sorted(p for p in legacy.iterdir() if p.is_dir()):
+        if (home / d.name).exists():
+            shutil.rmtree(home / d.name)
+        shutil.move(str(d), str(home / d.name))
+        moved.append(d.name)
+    shutil.rmtree(legacy)
+    if commit and moved:
+        message = f"protocol {Path(out).name}: {', '.join(moved)} moved to {home.parent.name}'s data folder"
+        top = git_toplevel(home)
+        if top is not None:  # both sides of the move in one commit
+            subprocess.run(["git", "-C", str(top), "add", "-A", "--", str(legacy.relative_to(top)),
+                            str(home.relative_to(top))], capture_output=True)
+            subprocess.run(["git", "-C", str(top), "commit", "-q", "-m", message, "--",
+                            str(legacy.relative_to(top)), str(home.relative_to(top))], capture_output=True)
+    return moved
+
+
 def git_toplevel(path: Path) -> Path | None:
     """The work tree holding `path` when git tracks it (None outside a repository or under an ignored path)."""
     path = Path(path).resolve()
@@ -1447,6 +1473,7 @@ def main(figure: str, argv: list[str] | None = None) -> int:
                 return child.wait()
         finally:
             (clone / LOCK_NAME).unlink(missing_ok=True)
+        adopt_runs(out, commit=args.commit_results)  # a clone's code may predate runs_dir: its runs move home
         if rc == 0:  # the clone's code may predate whole_grid: its table covers only this command's schemes
             report_whole_grid(proto, out, command, reps=args.reps, commit=args.commit_results)
         return rc

@@ -22,3 +22,20 @@ def test_no_raw_runs_are_left_in_docs_and_every_grid_with_runs_is_documented():
     assert not list(docs.glob("*/runs")), "raw runs belong in data/grids (experiments.harness.runs_dir)"
     for runs in (ROOT / "data/grids").glob("*/runs"):
         assert (docs / runs.parent.name / "grid.json").exists(), f"{runs} has no grid in docs/results/grids"
+
+
+def test_runs_an_older_clone_wrote_beside_a_published_grid_move_home(tmp_path):
+    """The grids run their jobs from a clone at a fixed commit, whose code may predate runs_dir: it writes its runs
+    to OUT/runs; the orchestrating protocol moves them to data/grids/NAME/runs when the clone exits."""
+    from experiments.protocol import adopt_runs
+
+    out = tmp_path / "docs/results/grids/g"
+    (out / "runs/run-s2").mkdir(parents=True)
+    (out / "runs/run-s2/summary.json").write_text("{}")
+    old = tmp_path / "data/grids/g/runs/run-s2"
+    old.mkdir(parents=True)
+    (old / "partial.txt").write_text("cut short")
+    assert adopt_runs(out) == ["run-s2"]
+    assert not (out / "runs").exists()
+    assert sorted(p.name for p in old.iterdir()) == ["summary.json"], "the new run replaces the old copy"
+    assert adopt_runs(out) == [] and adopt_runs(tmp_path / "elsewhere") == []
