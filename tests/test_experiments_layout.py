@@ -18,8 +18,16 @@ def test_a_published_grid_keeps_its_runs_under_data_and_any_other_beside_itself(
 
 
 def test_no_raw_runs_are_left_in_docs_and_every_grid_with_runs_is_documented():
+    """What the repository holds (a grid running here may have a run in progress beside its grid: adopt_runs moves
+    it when the run ends)."""
+    import subprocess
+
     docs = ROOT / "docs/results/grids"
-    assert not list(docs.glob("*/runs")), "raw runs belong in data/grids (experiments.harness.runs_dir)"
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "docs/results/grids"], capture_output=True,
+                             text=True)
+    in_docs = ([f for f in tracked.stdout.splitlines() if "/runs/" in f] if tracked.returncode == 0
+               else list(docs.glob("*/runs")))
+    assert not in_docs, "raw runs belong in data/grids (experiments.harness.runs_dir)"
     for runs in (ROOT / "data/grids").glob("*/runs"):
         assert (docs / runs.parent.name / "grid.json").exists(), f"{runs} has no grid in docs/results/grids"
 
