@@ -1412,12 +1412,19 @@ def _auto_budget(args, vals: dict, stem: str) -> float:
     return round(iqm(costs), 6)
 
 
+def portable(text: str, main_repo: Path) -> str:
+    """A recorded command without this machine's paths: the repository's own as relative paths, its siblings'
+    (the grids' clones) as ../NAME, so the tables in docs/ read the same on any machine."""
+    root = str(Path(main_repo).resolve())
+    return text.replace(root + "/", "").replace(str(Path(root).parent) + "/", "../")
+
+
 def main(figure: str, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[2:] if argv is None else argv)
     args = build_parser(figure).parse_args(argv)
-    command = os.environ.get("NITRO_PROTOCOL_COMMAND") or shlex.join(
-        ["python", "-m", "experiments", figure, *_strip(argv, {"--background": False})])
     main_repo = Path(os.environ.get("NITRO_PROTOCOL_MAIN_REPO", ROOT))
+    command = os.environ.get("NITRO_PROTOCOL_COMMAND") or portable(shlex.join(
+        ["python", "-m", "experiments", figure, *_strip(argv, {"--background": False})]), main_repo)
     try:
         proto = protocol_from_args(args, figure)
     except ValueError as exc:

@@ -47,3 +47,11 @@ def test_runs_an_older_clone_wrote_beside_a_published_grid_move_home(tmp_path):
     assert not (out / "runs").exists()
     assert sorted(p.name for p in old.iterdir()) == ["summary.json"], "the new run replaces the old copy"
     assert adopt_runs(out) == [] and adopt_runs(tmp_path / "elsewhere") == []
+
+
+def test_recorded_commands_name_no_machine_paths():
+    from experiments.protocol import portable
+
+    repo = Path("/srv/x/main")
+    assert portable("python -m experiments protocol --clone /srv/x/grid-clone --out /srv/x/main/docs/g",
+                    repo) == "python -m experiments protocol --clone ../grid-clone --out docs/g"
