@@ -174,9 +174,10 @@ class Reference:
 def load_reference(path) -> Reference:
     """Read a reference file; every problem is a ConfigError that names the file and the field."""
     import json
+    from pathlib import Path
 
     try:
-        doc = json.loads(open(path, encoding="utf-8").read())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"reference: cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
