@@ -38,6 +38,7 @@ from nitro.contracts import (
 )
 from nitro.cost import CLOCKS
 from nitro.errors import ConfigError, UnknownEnvironmentError
+from nitro.scaling.policies import split_policy
 
 ALGOS = ("ppo", "impact")
 ASYNCHRONOUS_ALGOS = ("impact",)  # the learner trains while the actors sample (off-policy loop, V-trace)
@@ -66,19 +67,12 @@ class InvalidSpec(ConfigError):
 
 
 def parse_policy(text: str, field_name: str = "scaler.policy") -> tuple[str, int | None]:
-    """A scaling policy as written ("nitro", "fixed", "fixed:16"): its name and the actor count written after ':'
-    (None without one). Only "fixed" takes a count. The one parser of the shorthand: the CLI's --scaler, spec
-    files and the wire all read it here. InvalidSpec naming `field_name` otherwise (names are checked by
-    validate)."""
-    policy, sep, count = str(text).strip().partition(":")
-    if not sep:
-        return policy, None
-    if policy != "fixed":
-        raise InvalidSpec(field_name, f"{text!r}: only 'fixed' takes an actor count, e.g. 'fixed:16'")
+    """nitro.scaling.policies.split_policy, the one parser of "fixed:N", as the CLI's --scaler, spec files and the
+    wire read it: InvalidSpec naming `field_name` instead of its ConfigError (names are checked by validate)."""
     try:
-        return policy, int(count)
-    except ValueError:
-        raise InvalidSpec(field_name, f"{text!r}: the count after ':' must be an integer, e.g. 'fixed:16'") from None
+        return split_policy(text)
+    except ConfigError as exc:
+        raise InvalidSpec(field_name, str(exc)) from None
 
 
 @dataclass

@@ -281,3 +281,22 @@ def test_budget_run_ends_with_exhaustion():
 def test_budget_invalid_arguments(args, field):
     with pytest.raises(ConfigError, match=field):
         plan_within_budget(*args)
+
+
+@pytest.mark.parametrize("written", ["fixed:16", " fixed:4 ", "fixed", "nitro", "fixed:x", "fixed:", "nitro:4", "max:"])
+def test_make_policy_reads_fixed_n_as_the_spec_does(written):
+    """One parser of "fixed:N" (split_policy): the scaler's make_policy and the spec's parse_policy (CLI, spec files,
+    the wire) take the same count from a name and refuse the same names with the same words."""
+    from nitro.scaling.policies import split_policy
+    from nitro.spec import InvalidSpec, parse_policy
+
+    try:
+        parsed = parse_policy(written)
+    except InvalidSpec as exc:
+        with pytest.raises(ConfigError) as err:
+            make_policy(written)
+        assert str(err.value) == exc.detail and exc.field == "scaler.policy"
+        return
+    assert parsed == split_policy(written)
+    policy = make_policy(written)
+    assert policy.name == parsed[0] and (parsed[1] is None or policy.actors == parsed[1])

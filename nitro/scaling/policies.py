@@ -298,7 +298,7 @@ class NoisePolicy:
 
 def scales_update(name: str) -> bool:
     """Whether the policy called `name` has the learner scale its update to the round's size (AdaScale)."""
-    return str(name).partition(":")[0] == "noise-adascale"
+    return split_policy(name)[0] == "noise-adascale"
 
 
 def fleet_actors(policy: ScalingPolicy, i_max: int) -> int:
@@ -315,8 +315,25 @@ def reads_score(name: str) -> bool:
     By name, without building the policy (minions' checkpoint lives with the scaler, not the learner).
     """
     score_readers = {"nitro": NitroPolicy, "nitro-floor": NitroFloorPolicy}
-    cls = score_readers.get(str(name).partition(":")[0])
+    cls = score_readers.get(split_policy(name)[0])
     return bool(cls is not None and cls.reads_score)
+
+
+def split_policy(text: str) -> tuple[str, int | None]:
+    """A scaling policy as written ("nitro", "fixed", "fixed:16"): its name and the actor count written after ':'
+    (None without one). The one parser of the "fixed:N" shorthand: make_policy reads names with it, and
+    nitro.spec.parse_policy (the CLI's --scaler, spec files, the wire) wraps it to name the field. Only "fixed"
+    takes a count; ConfigError otherwise, or for a count that is no integer. Names are not checked here."""
+    policy, sep, count = str(text).strip().partition(":")
+    if not sep:
+        return policy, None
+    if policy != "fixed":
+        raise ConfigError(f"{text!r}: only 'fixed' takes an actor count, e.g. 'fixed:16'")
+    try:
+        return policy, int(count)
+    except ValueError:
+        raise ConfigError(f"{text!r}: fixed.actors, the count after ':', must be an integer, e.g. 'fixed:16'") \
+            from None
 
 
 def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
@@ -327,21 +344,15 @@ def make_policy(name: str, params: dict | None = None) -> ScalingPolicy:
     for a missing or corrupt file, SchedulerMismatchError for one of another format or layout.
     """
     params = dict(params or {})
-    base, _, arg = str(name).partition(":")
+    base, count = split_policy(name)
     if base not in SCALING_POLICIES:
         raise ConfigError(f"unknown scaling policy {name!r}; allowed: {list(SCALING_POLICIES)} (or 'fixed:N')")
-    if arg and base != "fixed":
-        raise ConfigError(f"invalid scaling policy {name!r}: only 'fixed' takes a ':N' suffix")
     if base == "fixed":
         check_params(base, params, {"actors"})
-        if arg:
-            try:
-                n = int(arg)
-            except ValueError:
-                raise ConfigError(f"invalid value for fixed.actors: must be an integer >= 1, got {arg!r}") from None
-            if "actors" in params and params["actors"] != n:
+        if count is not None:
+            if "actors" in params and params["actors"] != count:
                 raise ConfigError(f"fixed.actors given twice: {name!r} and actors={params['actors']!r}")
-            params["actors"] = n
+            params["actors"] = count
         return FixedPolicy(_positive_int(base, "actors", params.get("actors", FIXED_ACTORS)))
     if base == "hydrozoa":
         check_params(base, params, {"every"})
