@@ -173,6 +173,16 @@ def test_envelope_layout_and_mac(hmac_key):
     assert blob[BODY + first : BODY + first + 10] == np.arange(5, dtype=np.int16).tobytes()
 
 
+def test_large_arrays_signed_where_they_lie_carry_the_aead_tag(hmac_key):
+    """encode tags the pieces before joining them: with arrays big enough to be fed in 128-byte chunks, at
+    sizes that leave every kind of partial block, the envelope is the AEAD's."""
+    obj = {f"a{n}": np.arange(n, dtype=np.uint8) for n in (255, 256, 300, 1000, 4099, 70_001)}
+    obj["f"] = np.arange(4096 * 11, dtype=np.float32).reshape(4096, 11)
+    blob = encode(obj, hmac_key)
+    assert envelopes.sign(envelopes.body_of(blob), hmac_key, nonce=blob[HEADER:BODY]) == blob
+    _assert_same(obj, decode(blob, hmac_key))
+
+
 @pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 63, 64, 127, 128, 129, 191, 4096 + 80, 287_313, 287_361])
 def test_the_incremental_tag_is_the_aead_tag(hmac_key, size):
     """codec feeds Poly1305 in pieces (whole 128-byte chunks, the tail, the padding and lengths): at every
@@ -182,7 +192,14 @@ def test_the_incremental_tag_is_the_aead_tag(hmac_key, size):
     nonce = os.urandom(12)
     by_aead = envelopes.sign(body, hmac_key, nonce=nonce)
     signed = by_aead[:-16]
-    assert codec._poly1305(hmac_key, nonce, memoryview(signed)).finalize() == by_aead[-16:]
+    assert codec._poly1305(hmac_key, nonce, (memoryview(signed),)).finalize() == by_aead[-16:]
+    # encode signs the envelope's pieces where they lie (header, pickle, padding, each array): cut anywhere, at
+    # odd offsets and around the 128-byte chunks, the pieces give the same tag.
+    rng = np.random.default_rng(size)
+    for _ in range(4):
+        cuts = sorted({0, len(signed), *rng.integers(0, len(signed) + 1, size=int(rng.integers(1, 8))).tolist()})
+        pieces = [signed[a:b] for a, b in zip(cuts, cuts[1:])]
+        assert codec._poly1305(hmac_key, nonce, pieces).finalize() == by_aead[-16:], cuts
     with pytest.raises(codec.MalformedPayloadError):  # verified, then refused as a body: not a bad signature
         decode(by_aead, hmac_key)
     with pytest.raises(codec.BadSignatureError):

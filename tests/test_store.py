@@ -174,7 +174,10 @@ def test_duplicate_in_same_read(redis_client, hmac_key):
     got = reader.read(count=10, block_ms=100)
     assert [e.invocation_id for e in got] == [inv(1), inv(2)]
     assert reader.duplicates == 1
-    assert redis_client.xlen(stream_key(JOB)) == 2  # the duplicate is already deleted
+    assert redis_client.xlen(stream_key(JOB)) == 3  # the duplicate's ack is held back, to ride with the next read
+    assert reader.read(count=10, block_ms=10) == []
+    assert redis_client.xlen(stream_key(JOB)) == 2  # the duplicate is deleted, the two kept entries wait
+    assert reader.duplicates == 1 and reader.pending_count() == 2
 
 
 def test_duplicate_across_reads_and_readers(redis_client, hmac_key):
@@ -263,8 +266,50 @@ def test_a_held_back_ack_rides_with_the_next_read(redis_client, hmac_key, monkey
     assert [e.invocation_id for e in got] == [inv(2)]
     assert redis_client.zscore(seen_key(JOB), inv(1)) is not None
     assert reader.read(count=10, block_ms=100) == [] and reader.duplicates == 1  # the retry, dropped
+    assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 2  # its ack too waits for a read
+    reader.flush()
     assert redis_client.xpending(stream_key(JOB), "learner")["pending"] == 1  # only inv-2 waits
     assert redis_client.xlen(stream_key(JOB)) == 1
+
+
+@pytest.mark.parametrize("dropped", ["duplicate", "rejected"])
+def test_a_dropped_entry_costs_no_round_trip_of_its_own(redis_client, hmac_key, monkeypatch, dropped):
+    """Per batch the reader makes one round trip: the ack of an entry it drops (a retry's duplicate, a
+    rejected one) goes with the next read, as a held-back commit ack does; a crash before then only brings
+    the entry back, to be dropped again."""
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    stream = stream_key(JOB)
+
+    def add_dropped() -> None:
+        if dropped == "duplicate":
+            _append(writer, inv(1))  # a retry of an invocation this reader has handed out
+        else:
+            redis_client.xadd(stream, {b"inv": inv(9).encode(), b"round": b"1", b"version": b"3", b"steps": b"64",
+                                       b"payload": b"not an envelope"})
+
+    _append(writer, inv(1))
+    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == [inv(1)]
+    add_dropped()
+    sends = _count_sends(monkeypatch)
+    assert reader.read(count=10, block_ms=100) == []
+    assert len(sends) == 1, "the read that dropped the entry made one round trip, no ack of its own"
+    assert redis_client.xlen(stream) == 2  # the dropped entry is still there, its ack held back
+    _append(writer, inv(2))
+    sends.clear()
+    assert [e.invocation_id for e in reader.read(count=10, block_ms=100)] == [inv(2)]
+    assert len(sends) == 1, "the held-back ack went in front of the next read"
+    assert redis_client.xlen(stream) == 2  # inv-1 and inv-2 wait for their commit; the dropped entry is gone
+    assert (reader.duplicates, dict(reader.rejected)) == ((1, {}) if dropped == "duplicate" else (0, {"unsigned": 1}))
+    # The process dies with a dropped entry's ack held back: the restarted reader drops it again.
+    add_dropped()
+    assert reader.read(count=10, block_ms=100) == [] and redis_client.xlen(stream) == 3
+    restarted = TrajectoryReader(redis_client, JOB, hmac_key)  # the same consumer: its backlog comes first
+    assert [e.invocation_id for e in restarted.read(count=10, block_ms=100)] == [inv(1), inv(2)]
+    assert (restarted.duplicates, dict(restarted.rejected)) == ((1, {}) if dropped == "duplicate"
+                                                                else (0, {"unsigned": 1}))
+    restarted.flush()
+    assert redis_client.xlen(stream) == 2 and restarted.pending_count() == 2
 
 
 def test_an_ack_sent_at_once_or_by_flush(redis_client, hmac_key):

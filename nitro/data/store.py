@@ -248,9 +248,9 @@ class _RecentIds:
 
 
 class _HeldAcks:
-    """Acks that `TrajectoryReader.ack(defer=True)` held back, until sent: entry ids, dedup id -> ack time, the
-    seen record's trim point. A send takes a snapshot and forgets exactly it, so an ack added meanwhile (from
-    another thread) is kept for the next send."""
+    """Acks held back until sent (`TrajectoryReader.ack(defer=True)`'s, and those of the entries the reader
+    dropped): entry ids, dedup id -> ack time, the seen record's trim point. A send takes a snapshot and
+    forgets exactly it, so an ack added meanwhile (from another thread) is kept for the next send."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -289,7 +289,13 @@ class TrajectoryReader:
 
     An entry stays pending until `ack`, so a learner that dies mid-batch gets it
     back (same consumer name: on its first `read`; another consumer: `claim_stale`).
-    Rejected and duplicate entries are acked and deleted at once and only counted.
+    Rejected and duplicate entries are only counted; their ack and delete are held back like
+    `ack(defer=True)`'s and go with the next read (or `flush`, `claim_stale`, `pending_count`).
+
+    Per batch, on the path the learner takes: one MAC pass (the envelope's tag, checked in `decode`), one
+    round trip (XREADGROUP, with every held-back ack in front of it in one pipeline), and no dedup round trip
+    (the `seen` record is read once per reader, below); the actor side's `append_batch` is one tag pass and
+    one XADD.
 
     Dedup reads the job's `seen` record once, when the first batch arrives, and
     keeps it in memory from then on (every id this reader acks goes to both), so
@@ -466,7 +472,11 @@ class TrajectoryReader:
                 drop.append(entry_id)
         entries = self._drop_duplicates(entries, drop)
         if drop:
-            self._consume(drop, {})
+            # Held back like a commit's ack: it rides with the next read (no round trip of its own). Unlike a
+            # commit's, it needs no checkpoint: if this process dies first, the entries come back and are
+            # dropped again (a rejected one fails again; a duplicate meets the same dedup record or, if its
+            # original was not consumed either, the first of the two to be read is kept).
+            self._held.add(drop, {}, None)
         return entries
 
     def _consume(self, entry_ids: list, seen: dict[str, float], trim_before: float | None = None) -> int:
