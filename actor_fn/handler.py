@@ -1,4 +1,8 @@
-"""The serverless actor: an AWS Lambda handler that samples with one policy version.
+"""The serverless actor: an AWS Lambda handler that samples with one policy version, or evaluates one.
+
+An event whose "kind" is "eval" (nitro.events.EvalEvent) runs deterministic evaluation episodes of a published
+version instead and answers with their returns (evaluation off the learner's critical path, docs/evaluation.md):
+the same function, so it shares the actors' warm sandboxes and deployment.
 
 Event (JSON): nitro.events.ActorEvent, its fields and their rules, read with ActorEvent.from_dict (a ConfigError
 naming the field for a missing, unknown or bad one). In short: job_id, round, policy_version, invocation_id,
@@ -31,11 +35,11 @@ from actor_fn.runtime import redis_url, warm_client
 from nitro.clock import InvocationClock
 from nitro.data.store import DEFAULT_MAX_ENTRY_BYTES, REDIS_MAX_BULK_BYTES, PolicyStore, TrajectoryWriter
 from nitro.errors import ConfigError
-from nitro.events import ActorEvent
+from nitro.events import ActorEvent, EvalEvent, is_eval_event
 from nitro.policy.ale_vector import ALEVecSampler
 from nitro.policy.inference import PolicyRunner
 from nitro.policy.model_spec import blob_to_doc
-from nitro.policy.rollout import Sampler, VecSampler, make_sampler
+from nitro.policy.rollout import Sampler, VecSampler, evaluate, make_sampler
 
 
 class _Warm:
@@ -87,6 +91,8 @@ def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int,
 
 
 def handler(event: dict, context=None) -> dict:
+    if is_eval_event(event):
+        return evaluation_handler(event, context)
     clock = InvocationClock()
     t0 = time.perf_counter()
     ev = ActorEvent.from_dict(event)  # ConfigError naming the field
@@ -130,4 +136,33 @@ def handler(event: dict, context=None) -> dict:
         "push_ms": round((t_pushed - t_sampled) * 1e3, 3),
         "duration_ms": round((t_pushed - t0) * 1e3, 3),
         "clock": clock.report(cold),  # the cloud clock's measurements (docs/cost.md)
+    }
+
+
+def evaluation_handler(event: dict, context=None) -> dict:
+    """Run an EvalEvent's episodes with the verified policy version (nitro.policy.rollout.evaluate: a fresh
+    environment, deterministic actions, episode j on seed + j) and answer with their returns."""
+    clock = InvocationClock()
+    t0 = time.perf_counter()
+    ev = EvalEvent.from_dict(event)  # ConfigError naming the field
+    creds = ev.credentials
+    cold = _Warm.invocations == 0
+    _Warm.invocations += 1
+    client = warm_client(redis_url(event, creds), clock)
+    runner = _runner(client, ev.job_id, ev.policy_version, creds.read_key_bytes, clock)
+    t_loaded = time.perf_counter()
+    returns = evaluate(runner, ev.env_id, ev.episodes, ev.seed, env_kwargs=ev.env_kwargs)
+    t_done = time.perf_counter()
+    return {
+        "ok": True,
+        "job_id": ev.job_id,
+        "invocation_id": ev.invocation_id,
+        "round": ev.round,
+        "policy_version": ev.policy_version,
+        "episode_returns": [float(r) for r in returns],
+        "cold": cold,
+        "load_ms": round((t_loaded - t0) * 1e3, 3),
+        "eval_ms": round((t_done - t_loaded) * 1e3, 3),
+        "duration_ms": round((t_done - t0) * 1e3, 3),
+        "clock": clock.report(cold),
     }

@@ -15,7 +15,7 @@ import redis
 from learner_svc.constants import COST_PATIENCE_S, LAUNCH_TIMEOUT_SLACK_S, WAVE_RECORD_TTL_S
 from learner_svc.resilience import RPC_RETRYABLE, DependencyUnavailable, JobAborted, redis_call, rpc_call
 from nitro import launches
-from nitro.contracts import launch_owner_key, launches_key, waves_key
+from nitro.contracts import eval_episodes_per_function, launch_owner_key, launches_key, waves_key
 from nitro.rpc.grpc_util import DEADLINES
 from nitro.seeds import derived_seed
 from nitro.spec import TrainingSpec, env_kwargs_to_wire, scaler_to_proto
@@ -139,6 +139,18 @@ class Services:
             slots=slots, wave=wave, reset_episodes=spec.reproducible,
             env_kwargs_json=env_kwargs_to_wire(spec.env_kwargs), envs_per_actor=spec.envs_per_actor)
         return self.launch_request(req, "Launch")
+
+    def launch_eval(self, round_index: int, policy_version: int, seed: int) -> scaler_pb2.LaunchResponse:
+        """Run round `round_index`'s evaluation episodes of `policy_version` as evaluation functions (kind "eval"):
+        episode j on seed `seed + j`, spread over at most MAX_EVAL_FUNCTIONS functions."""
+        spec = self.spec
+        req = scaler_pb2.LaunchRequest(
+            job_id=self.job_id, round=round_index, policy_version=policy_version, kind="eval", env_id=spec.env_id,
+            seed=seed, function_name=spec.function_name, deadline_s=spec.round_deadline_s,
+            actor_memory_mb=spec.actor_memory_mb, wait=True, env_kwargs_json=env_kwargs_to_wire(spec.env_kwargs),
+            evaluation=scaler_pb2.EvalLaunch(episodes=spec.eval_episodes,
+                                             episodes_per_function=eval_episodes_per_function(spec.eval_episodes)))
+        return self.launch_request(req, "Launch (evaluation)")
 
     def launch_request(self, req: scaler_pb2.LaunchRequest, what: str) -> scaler_pb2.LaunchResponse:
         """A blocking Launch, retried while the scaler is briefly unavailable within the round deadline."""

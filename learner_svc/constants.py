@@ -11,7 +11,10 @@ LOST_BATCH_GRACE_S = 5.0  # a launched actor whose batch is still missing this l
 TAKEOVER_POLL_S = 1.0  # a resumed learner reads this often whether the waves it took over still run (nitro.launches)
 WAVE_RECORD_TTL_S = 7 * 24 * 3600  # a round's wave records outlive any resume of it
 RECENT_EPISODES = 20  # train_return and mean_episode_length average the latest this many episodes
-EVAL_SEED_TAG = 2  # evaluation seeds: (seed, round, 2, 0), four parts, never an actor launch's (seed, round, wave)
+# Evaluation seeds: derived from (seed, round, 2, 1). Not (seed, round, 2, 0): numpy's SeedSequence ignores trailing
+# zeros, so that was the seed of an actor launch's (seed, round, wave 2) and evaluated on its replacement actors'
+# episode seeds. Four parts ending in 1 are never a three-part actor launch's.
+EVAL_SEED_TAG = 2
 
 # -- reading the trajectory stream: (entries per read, block ms) ----------------------------------------
 ONPOLICY_READ = (64, 100)  # the on-policy loop only waits for its round's batches
@@ -28,7 +31,7 @@ UPDATE_STREAM_TTL_S = 24 * 3600
 # -- data plane and durability ------------------------------------------------------------------------
 POLICY_TTL_S = 3600  # published policies, sample subsets and parcels
 CHECKPOINT_FORMAT = 2
-IO_THREADS = 3  # a loop's background calls: launch, score, commit
+IO_THREADS = 4  # a loop's background calls: launch, score, commit, evaluation functions
 
 # -- riding out outages -----------------------------------------------------------------------------
 # How long a Redis outage (restart) is ridden out before the job fails, resumable.

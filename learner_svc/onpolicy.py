@@ -31,6 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import grpc
@@ -39,7 +40,7 @@ import numpy as np
 from learner_svc.collector import Collector
 from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
 from learner_svc.learner import GradientLearner
-from learner_svc.reporting import DIAGNOSTICS
+from learner_svc.reporting import DIAGNOSTICS, add_evaluation
 from learner_svc.rounds import End, RoundLoop
 from learner_svc.state import Ingest, Round
 from nitro.algos.ppo import PPOLearner
@@ -157,6 +158,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
     def __init__(self, job, deps):
         super().__init__(job, deps)
         self.collector = Collector(self)
+        self.held: tuple[training_pb2.RoundReport, Future] | None = None  # a report waiting for its evaluation
 
     # -- sampling ---------------------------------------------------------------------------
     def _collect(self, k: int, actors: int, phases: dict, cloud: dict) -> Collected:
@@ -303,8 +305,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             if pending is not None:  # died after the update, before the report: finish that round
                 k = self.next_round - 1
                 self.publish()
-                report, self.next_plan = self._finish_round(k, pending)
-                self.append_report(report)
+                report, self.next_plan, evaluation = self._finish_round(k, pending)
+                self._report(report, evaluation)
                 return None
             self.publish()
             self.next_plan = self.plan(self.next_round, self.last_score(), 0.0)
@@ -337,9 +339,44 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         return rnd.steps == 0
 
     def close_round(self, k: int, rnd: SampledRound) -> End | None:
-        report, self.next_plan = self._finish_round(k, self._learn(k, rnd), to_ack=rnd.got.entries)
+        pending = self._learn(k, rnd)
+        # Round k-1's evaluation ran while this round sampled and updated: its report goes out now, before
+        # round k's commit replaces the checkpoint it evaluated (best.pt is copied from it).
+        self._report_held(pending)
+        report, self.next_plan, evaluation = self._finish_round(k, pending, to_ack=rnd.got.entries)
+        if evaluation is None or evaluation.done():
+            self._report(report, evaluation)
+        else:
+            self.held = (report, evaluation)
+        return self.end_after(k + 1, self.last_eval(math.nan), self.next_plan)
+
+    def settle(self) -> None:
+        self._report_held(None)
+
+    def _report_held(self, pending: dict | None) -> None:
+        """Report the round held back for its evaluation; the wait (normally none: it ran beside this round)
+        counts in this round's `pending` phases, on the cloud clock only as far as the evaluation functions
+        outlast this round so far."""
+        if self.held is None:
+            return
+        (report, evaluation), self.held = self.held, None
+        t0 = time.perf_counter()
+        result = evaluation.result()
+        if pending is not None:
+            phases, cloud = pending["phases"], pending["cloud_phases"]
+            phases["evaluate"] = phases.get("evaluate", 0.0) + (time.perf_counter() - t0)
+            cloud["evaluate"] = cloud.get("evaluate", 0.0) + max(0.0, result.cloud_seconds - cloud_round_seconds(cloud))
+        self._report(report, evaluation)
+
+    def _report(self, report: training_pb2.RoundReport, evaluation) -> None:
+        """Append a round's report with its evaluation (waited for)."""
+        if evaluation is not None:
+            add_evaluation(report, evaluation.result())
+        log.info("job %s round %d: actors %d steps %d eval %s score %.3f cost $%.4f (%.2fs)%s", self.job.job_id,
+                 report.round, report.actors_launched, report.env_steps,
+                 f"{report.eval_return:.1f}" if report.evaluated else "-", report.score, report.total_cost_usd,
+                 report.round_seconds, f" notes: {list(report.notes)}" if report.notes else "")
         self.append_report(report)
-        return self.end_after(k + 1, report.eval_return, self.next_plan)
 
     def _learn(self, k: int, rnd: SampledRound) -> dict:
         """Update on the round's batches; the round's pending report (what the checkpoint keeps of it)."""
@@ -386,8 +423,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         }
 
     def _finish_round(self, k: int, pending: dict, to_ack: list | None = None):
-        """Publish, checkpoint, score + evaluate, plan the next round, build the report."""
-        job = self.job
+        """Publish, checkpoint, score, start the evaluation, plan the next round, build the report; the report
+        (its evaluation still to fill in), the plan and the evaluation's Future (None: not evaluated)."""
         phases = dict(pending["phases"])
         cloud = dict(pending.get("cloud_phases", {}))
         notes = list(pending["notes"])
@@ -399,8 +436,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             score_future = self.pool.submit(self.score, k, ref) if ref else None
             commit_future = self.pool.submit(self.commit, k, pending, to_ack or [])
         try:
-            with metrics.timed("evaluate", phases, cloud):
-                eval_return = self.evaluate_policy(k)
+            with metrics.timed("evaluate", phases, cloud):  # "functions": only its launch; "learner": all of it
+                evaluation = self.start_evaluation(k)
         finally:  # even when evaluation fails: no commit may still be running (and holding an ack) after it
             with metrics.timed("publish", phases, cloud):
                 commit_future.result()  # a round is reported only once it can be resumed from
@@ -414,8 +451,10 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             except (grpc.RpcError, TimeoutError) as exc:
                 detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
                 fallback = self.detector_fallback(detail, notes)
-        # On the cloud the detector scores on the learner server while the learner evaluates.
+        # On the cloud the detector scores on the learner server while the learner evaluates (if it does).
         cloud["detect"] = cloud_detect_wait(score_resp.cpu_seconds, cloud.get("evaluate", 0.0))
+        # The plan reads this round's return when it is in already (evaluation "learner"), else the latest one.
+        eval_return = evaluation.result().eval_return if evaluation is not None and evaluation.done() else math.nan
         with metrics.timed("plan", phases):
             # A learned scheduler reads times on the cloud clock: they do not move with this machine's load.
             last = self.plan_inputs(cloud, loss=pending["policy_loss"] + pending["value_loss"], kl=pending["kl"],
@@ -425,9 +464,9 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                                     policy_trace_sigma=pending.get("policy_trace_sigma", 0.0))
             next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last,
                                   cloud_seconds=cloud_round_seconds(cloud))
-        if next_plan.budget_exhausted and math.isnan(eval_return):  # the job's last round: always evaluated
+        if next_plan.budget_exhausted and evaluation is None:  # the job's last round: always evaluated
             with metrics.timed("evaluate", phases, cloud):
-                eval_return = self.evaluate_policy(k, last=True)
+                evaluation = self.start_evaluation(k, last=True)
         round_seconds = max(time.time() - pending["t_round"], sum(phases.values()))
         keep = {key: pending[key] for key in (
             "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "actors_replaced",
@@ -441,10 +480,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         keep["minibatch_size"] = int(pending.get("minibatch_size", 0))
         report = training_pb2.RoundReport(
             **keep, resumed=resumed,
-            **self.closing_report_fields(eval_return=eval_return, score_resp=score_resp, next_plan=next_plan,
+            **self.closing_report_fields(eval_return=math.nan, score_resp=score_resp, next_plan=next_plan,
                                          phases=phases, round_seconds=round_seconds, notes=notes,
                                          fallback=fallback, cloud_phases=cloud))
-        log.info("job %s round %d: actors %d steps %d eval %.1f score %.3f cost $%.4f (%.2fs)%s", job.job_id, k,
-                 report.actors_launched, report.env_steps, eval_return if not math.isnan(eval_return) else -1,
-                 score_resp.score, report.total_cost_usd, round_seconds, f" notes: {notes}" if notes else "")
-        return report, next_plan
+        return report, next_plan, evaluation

@@ -61,6 +61,7 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
             pending = self.restore()
             self.resumed = True
             if pending:
+                self.publish()  # the version it evaluates (evaluation functions read it from Redis)
                 end = self.finish_async_round(PendingRound.from_dict(pending), dict(pending["phases"]), {})
                 if end is not None:
                     return end
@@ -159,14 +160,15 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
             report = training_pb2.RoundReport.FromString(pending.extra["report"])
             self.write_report(report)
             return self.end_after(k + 1, report.eval_return, next_plan)
+        eval_notes: list[str] = []
         with metrics.timed("evaluate", phases, carried):
-            eval_return = self.evaluate_policy(k, last=pending.ending)
+            eval_return = self.evaluate_policy(k, last=pending.ending, notes=eval_notes)
         self.keep_best(eval_return)
         end = self.end_after(k + 1, eval_return, next_plan)
         settled = None
         if end is not None and not pending.ending:  # the target is reached: the job ends before its rounds
             pending, settled = self.settle_at_end(pending, phases)
-        notes = list(pending.notes)
+        notes = list(pending.notes) + eval_notes
         resumed = self.take_resumed(notes)
         report = training_pb2.RoundReport(
             **pending.fields, resumed=resumed,

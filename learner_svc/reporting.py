@@ -55,6 +55,16 @@ def closing_report_fields(*, job_id: str, scaler_policy: str, cost: scaler_pb2.G
         cloud_phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in cloud_phases.items()])
 
 
+def add_evaluation(report: training_pb2.RoundReport, result) -> None:
+    """Fill a round's evaluation (a learner_svc.evaluation.Evaluated) into its report, once it is in."""
+    report.eval_return = result.eval_return
+    report.evaluated = math.isfinite(result.eval_return)
+    report.eval_cost_usd, report.cloud_eval_cost_usd = result.usd, result.cloud_usd
+    report.notes.extend(result.notes)
+    if report.evaluated:
+        metrics.set_job(metrics.EVAL_RETURN, report.job_id, result.eval_return)
+
+
 def export_diagnostics(report: training_pb2.RoundReport) -> None:
     """The round's learner diagnostics as per-job gauges (dropped with the job's other series), and the
     faults it records (replaced actors, a resume) as counters."""

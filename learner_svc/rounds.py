@@ -35,14 +35,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, NamedTuple, TypeVar
 
 import numpy as np
 
-from learner_svc.clients import LastRound, LearnerDeps, Services, derived_seed, end_job
-from learner_svc.constants import DRAIN_END_JOB_PATIENCE_S, EVAL_SEED_TAG, IO_THREADS, MAX_WAVES, RECENT_EPISODES
+from learner_svc import evaluation
+from learner_svc.clients import LastRound, LearnerDeps, Services, end_job
+from learner_svc.constants import DRAIN_END_JOB_PATIENCE_S, IO_THREADS, MAX_WAVES, RECENT_EPISODES
 from learner_svc.durability import CommittedEntry, JobFiles, job_dir, load_reports
+from learner_svc.evaluation import eval_seed
 from learner_svc.jobs import Job
 from learner_svc.learner import Learner, LearnerFactory
 from learner_svc.publishing import Publisher, detector_subset
@@ -187,7 +189,12 @@ class RoundLoop(Generic[R]):
         job.set_state(end_state, end_message)
 
     def train(self, resume: bool) -> End:
-        """The skeleton of every loop: returns how the job ends."""
+        """The skeleton of every loop: returns how the job ends, once every round it closed is reported."""
+        end = self._rounds(resume)
+        self.settle()
+        return end
+
+    def _rounds(self, resume: bool) -> End:
         job = self.job
         end = self.open(resume)
         if end is not None:
@@ -244,6 +251,9 @@ class RoundLoop(Generic[R]):
     def close_round(self, k: int, rnd: R) -> End | None:
         """Learn from, commit and report round k and plan the next; how the job ends, or None."""
         raise NotImplementedError
+
+    def settle(self) -> None:
+        """The job ends: report what is still held back (a round whose evaluation was running). Nothing by default."""
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -404,14 +414,30 @@ class RoundLoop(Generic[R]):
         return spec.eval_episodes > 0 and (last or (round_index + 1) % spec.eval_every == 0
                                            or round_index + 1 >= spec.rounds)
 
-    def evaluate_policy(self, round_index: int, last: bool = False) -> float:
-        """Mean deterministic return over eval_episodes, each on its own eval seed; NaN when not evaluated."""
+    def start_evaluation(self, round_index: int, last: bool = False) -> Future | None:
+        """Evaluate the current version if round `round_index` is evaluated (else None): a Future of its
+        Evaluated. With evaluation "functions" it runs as evaluation functions while the caller goes on; with
+        "learner" it runs here, now, and the Future is done."""
         if not self.evaluates(round_index, last):
-            return float("nan")
+            return None
+        seed = eval_seed(self.spec.seed, round_index)
+        if self.spec.evaluation == "functions":
+            return self.pool.submit(lambda v=self.version: evaluation.from_launch(
+                self.services.launch_eval(round_index, v, seed), self.spec.eval_episodes))
         runner = PolicyRunner(self.model_spec, self.learner.policy.numpy_state(), self.version)
-        return float(np.mean(evaluate(runner, self.spec.env_id, self.spec.eval_episodes,
-                                      seed=derived_seed(self.spec.seed, round_index, EVAL_SEED_TAG, 0) % (2**31),
-                                      env_kwargs=self.spec.env_kwargs)))
+        return evaluation.done(evaluation.from_returns(evaluate(
+            runner, self.spec.env_id, self.spec.eval_episodes, seed=seed, env_kwargs=self.spec.env_kwargs)))
+
+    def evaluate_policy(self, round_index: int, last: bool = False, notes: list[str] | None = None) -> float:
+        """Mean deterministic return over eval_episodes of the current version, waited for; NaN when the round is
+        not evaluated (or no episode came back: `notes` says why)."""
+        future = self.start_evaluation(round_index, last)
+        if future is None:
+            return float("nan")
+        result = future.result()
+        if notes is not None:
+            notes.extend(result.notes)
+        return result.eval_return
 
     # -- durability: one rule for every loop -------------------------------------------------
     def commit(self, round_index: int, pending: dict, entries: list, counted: dict | None = None) -> None:

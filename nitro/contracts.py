@@ -170,14 +170,34 @@ def actor_key_patterns(job_id: str) -> tuple[str, ...]:
     return stream_key(job_id), _key(check_job_id(job_id), "policy", "*"), learn_prefix(job_id) + "*"
 
 
+# -- evaluation functions ------------------------------------------------------------------------------
+MAX_EVAL_FUNCTIONS = 16  # an evaluation's episodes are spread over at most this many functions
+
+
+def eval_episodes_per_function(episodes: int) -> int:
+    """Episodes each evaluation function runs: one each, up to MAX_EVAL_FUNCTIONS functions."""
+    return max(1, -(-episodes // MAX_EVAL_FUNCTIONS))
+
+
+def eval_slices(episodes: int, per_function: int) -> list[tuple[int, int]]:
+    """(first episode, episodes) of each evaluation function's slot: slot i runs episodes [i * per_function,
+    min((i + 1) * per_function, episodes)), so together they run episodes 0 .. episodes - 1 exactly once."""
+    if episodes < 1 or not 1 <= per_function <= episodes:
+        raise ValueError(f"episodes must be >= 1 and per_function in [1, episodes], got {episodes}, {per_function}")
+    return [(start, min(per_function, episodes - start)) for start in range(0, episodes, per_function)]
+
+
 # -- invocation ids ---------------------------------------------------------------------------------
 # "{job}-r{round}-{a|g}{slot}" plus "-x{wave}" for a replacement wave: deterministic, so a retried
 # invocation carries the same id and the stream drops the copy.
 
-KIND_LETTERS = {"actor": "a", "learner": "g"}
-FUNCTION_KINDS = tuple(KIND_LETTERS)  # what a launch invokes: actors, or learner functions (stellaris)
+KIND_LETTERS = {"actor": "a", "learner": "g", "eval": "e"}
+# What a launch invokes: actors, learner functions (stellaris), or evaluation functions (the actor function
+# running deterministic episodes of a published version, off the learner's critical path).
+FUNCTION_KINDS = tuple(KIND_LETTERS)
 _KINDS = {v: k for k, v in KIND_LETTERS.items()}
-_INVOCATION_ID = re.compile(rf"({JOB_ID_PATTERN})-r(\d+)-([ag])(\d+)(?:-x([1-9]\d*))?")
+_LETTERS = "".join(KIND_LETTERS.values())
+_INVOCATION_ID = re.compile(rf"({JOB_ID_PATTERN})-r(\d+)-([{_LETTERS}])(\d+)(?:-x([1-9]\d*))?")
 
 
 @dataclass(frozen=True)
@@ -185,7 +205,7 @@ class InvocationId:
     job_id: str
     round_index: int
     slot: int
-    kind: str = "actor"  # "actor" samples; "learner" is a Stellaris learner function
+    kind: str = "actor"  # "actor" samples; "learner" is a Stellaris learner function; "eval" evaluates
     wave: int = 0
 
     def __str__(self) -> str:
@@ -358,6 +378,10 @@ SCORE_DECAY = 0.96
 # and no learning comparison at equal steps has been run yet (docs/algorithms.md).
 MAX_ENVS_PER_ACTOR = 256
 DEFAULT_ENVS_PER_ACTOR = 1
+# Where a job's evaluation episodes run (TrainingSpec.evaluation): serverless evaluation functions in parallel with
+# the next round, or the learner between rounds (docs/evaluation.md).
+EVALUATIONS = ("functions", "learner")
+DEFAULT_EVALUATION = "functions"
 MIN_STEPS_PER_ENV = 32  # an actor runs at most steps_per_actor // 32 envs (at least 1): no segment is shorter
 
 # A learner loop fails the job after this many consecutive rounds without a single batch.

@@ -261,10 +261,11 @@ class Bill:
     learner_fn_usd: float
     seconds: float  # learner time billed
     serverful_usd: float
+    eval_fn_usd: float = 0.0  # evaluation functions (TrainingSpec.evaluation "functions")
 
     @property
     def total_usd(self) -> float:
-        return self.actor_usd + self.learner_usd + self.learner_fn_usd
+        return self.actor_usd + self.learner_usd + self.learner_fn_usd + self.eval_fn_usd
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,9 @@ class CostLedger:
     learner_fn_cost_usd: float = 0.0
     learner_fn_invocations: int = 0
     learner_fn_billed_ms: int = 0
+    eval_fn_cost_usd: float = 0.0  # evaluation functions
+    eval_fn_invocations: int = 0
+    eval_fn_billed_ms: int = 0
     learner_cost_usd: float = 0.0  # the learner server
     wall_seconds: float = 0.0  # the learner server's billed time
     # the cloud clock (counts of invocations and steps are the same on both)
@@ -288,6 +292,8 @@ class CostLedger:
     cloud_billed_ms: int = 0
     cloud_learner_fn_cost_usd: float = 0.0
     cloud_learner_fn_billed_ms: int = 0
+    cloud_eval_fn_cost_usd: float = 0.0
+    cloud_eval_fn_billed_ms: int = 0
     cloud_learner_cost_usd: float = 0.0
     cloud_seconds: float = 0.0
 
@@ -322,13 +328,16 @@ class CostLedger:
         p = "cloud_" if clock == "cloud" else ""
         seconds = self.cloud_seconds if clock == "cloud" else self.wall_seconds
         return Bill(getattr(self, f"{p}actor_cost_usd"), getattr(self, f"{p}learner_cost_usd"),
-                    getattr(self, f"{p}learner_fn_cost_usd"), seconds, serverful_job_cost(seconds, i_max, prices))
+                    getattr(self, f"{p}learner_fn_cost_usd"), seconds, serverful_job_cost(seconds, i_max, prices),
+                    getattr(self, f"{p}eval_fn_cost_usd"))
 
     def budget_left(self, budget_usd: float, clock: str) -> float:
         """The budget minus the bill `clock` names (the one a job's budget binds on)."""
-        machine = self.actor_cost_usd + self.learner_cost_usd + self.learner_fn_cost_usd
-        cloud = self.cloud_actor_cost_usd + self.cloud_learner_cost_usd + self.cloud_learner_fn_cost_usd
-        return budget_usd - budget_spent(machine, cloud, clock)
+        return budget_usd - budget_spent(self._spent(""), self._spent("cloud_"), clock)
+
+    def _spent(self, p: str) -> float:
+        """Every component of the bill whose fields start with `p` ("" this machine, "cloud_" the cloud)."""
+        return sum(getattr(self, f"{p}{c}_cost_usd") for c in ("actor", "learner", "learner_fn", "eval_fn"))
 
 
 def learner_charge(seconds: float, cloud_seconds: float, prices: Prices) -> Charge:
@@ -344,8 +353,8 @@ def invocation_charge(kind: str, *, requests: int, billed_ms: int, modelled_ms: 
     and `modelled_ms` (the cloud clock on a full vCPU, of which `cpu_ms` is CPU-bound, plus `init_ms` when
     `cold`), and the env `steps` it delivered (0 when it failed; counted for actors only). The cloud clock runs
     the CPU-bound work (and the init) at the CPU share of `memory_mb` (`lambda_cpu_slowdown`). Learner functions
-    are billed at the same prices in counters of their own, so the actors' cost per step stays theirs. An
-    invocation that never reached the platform costs nothing."""
+    and evaluation functions are billed at the same prices in counters of their own, so the actors' cost per
+    step stays theirs. An invocation that never reached the platform costs nothing."""
     if kind not in FUNCTION_KINDS:
         raise ConfigError(f"invalid value for kind: must be one of {list(FUNCTION_KINDS)}, got {kind!r}")
     slow = lambda_cpu_slowdown(memory_mb, prices)
@@ -360,9 +369,9 @@ def invocation_charge(kind: str, *, requests: int, billed_ms: int, modelled_ms: 
         if steps:
             amounts["steps_billed"] = int(steps)
     else:
-        amounts = {"learner_fn_cost_usd": usd, "learner_fn_invocations": int(requests),
-                   "learner_fn_billed_ms": int(billed_ms), "cloud_learner_fn_cost_usd": cloud_usd,
-                   "cloud_learner_fn_billed_ms": cloud_ms}
+        p = "learner_fn" if kind == "learner" else "eval_fn"
+        amounts = {f"{p}_cost_usd": usd, f"{p}_invocations": int(requests), f"{p}_billed_ms": int(billed_ms),
+                   f"cloud_{p}_cost_usd": cloud_usd, f"cloud_{p}_billed_ms": cloud_ms}
     return Charge(amounts, usd, cloud_usd, seconds)
 
 

@@ -1,6 +1,7 @@
 """The invocation events: what the scaler sends a Lambda function, typed and validated in one place.
 
-The scaler builds an event (ActorEvent for an actor, LearnerEvent for a Stellaris learner function), sends
+The scaler builds an event (ActorEvent for an actor, LearnerEvent for a Stellaris learner function, EvalEvent for
+an evaluation function), sends
 `to_dict()` as the JSON payload, and the handler reads it back with `from_dict`. Both directions run the same
 checks (the dataclass's __post_init__), so a field the producer sets and the consumer does not know, a missing
 field or a value out of range is a ConfigError naming the field and what is allowed, on either side. An unknown
@@ -26,6 +27,8 @@ from nitro.contracts import (
 from nitro.errors import ConfigError
 
 MAX_STEPS = 1_000_000  # an actor invocation's num_steps (the scaler's steps_per_actor bound too)
+MAX_EVAL_EPISODES = 1000  # an evaluation's episodes (TrainingSpec.eval_episodes' bound too)
+EVAL_KIND = "eval"  # the field that tells the actor function an event is an evaluation (EvalEvent.kind)
 # Redis's default proto-max-bulk-len (nitro.data.store.REDIS_MAX_BULK_BYTES, not imported: the scaler and the
 # functions read this module without the data plane's imports); tests/test_wire_events.py checks they agree.
 MAX_ENTRY_BYTES_LIMIT = 512 << 20
@@ -166,4 +169,33 @@ class LearnerEvent(_Event):
             raise ConfigError(f"event field 'payload_ref' must name a key under {learn_prefix(self.job_id)}")
 
 
-EVENT_TYPES = {"actor": ActorEvent, "learner": LearnerEvent}  # by nitro.contracts.FUNCTION_KINDS
+@dataclass(frozen=True, kw_only=True)
+class EvalEvent(_Event):
+    """An evaluation-function invocation (the actor function, actor_fn/handler.py evaluation_handler): `episodes` deterministic
+    episodes of policy `policy_version` on `env_id`, episode j on seed `seed + j`, answered with their returns
+    (nothing is written to Redis). `kind` is always "eval": the actor function tells the two events apart by it."""
+
+    kind: str
+    env_id: str
+    episodes: int
+    seed: int
+    env_kwargs: dict = field(default_factory=dict)
+
+    def _check(self) -> None:
+        if self.kind != EVAL_KIND:
+            raise _fail("kind", repr(EVAL_KIND), self.kind)
+        _str("env_id", self.env_id)
+        _int("episodes", self.episodes, 1, MAX_EVAL_EPISODES)
+        _int("seed", self.seed)
+        if self.env_kwargs is None:
+            object.__setattr__(self, "env_kwargs", {})
+        if not isinstance(self.env_kwargs, dict):
+            raise _fail("env_kwargs", "an object", self.env_kwargs)
+
+
+def is_eval_event(event: object) -> bool:
+    """Whether the actor function got an evaluation (EvalEvent) rather than a sampling event (ActorEvent)."""
+    return isinstance(event, dict) and event.get("kind") == EVAL_KIND
+
+
+EVENT_TYPES = {"actor": ActorEvent, "learner": LearnerEvent, "eval": EvalEvent}  # by nitro.contracts.FUNCTION_KINDS

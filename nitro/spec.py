@@ -19,9 +19,11 @@ from nitro.config import BOUND_SCHEDULES, STALENESS_WEIGHTS
 from nitro.contracts import (
     DEFAULT_ACTOR_MEMORY_MB,
     DEFAULT_ENVS_PER_ACTOR,
+    DEFAULT_EVALUATION,
     DEFAULT_I_MAX,
     DEFAULT_I_MIN,
     DEFAULT_SCALING_POLICY,
+    EVALUATIONS,
     FIXED_ACTORS_BY_ALGO,
     FLOOR_ACTORS,
     FLOOR_DECAY,
@@ -156,6 +158,10 @@ class TrainingSpec:
     # minibatch step) or "target" (the target network's, with the actors' bootstrap values); empty: the preset's
     # ("online"). nitro.config.IMPACTConfig.vtrace_critic, docs/algorithms.md.
     vtrace_critic: str = ""
+    # Where evaluation episodes run: "functions" (serverless evaluation functions on the version just published,
+    # in parallel with the next round: off the learner's critical path and bill) or "learner" (on the learner,
+    # between rounds). docs/evaluation.md.
+    evaluation: str = DEFAULT_EVALUATION
 
     def __post_init__(self) -> None:
         if isinstance(self.stellaris, dict):  # from a saved job.json or checkpoint
@@ -260,6 +266,8 @@ def validate(spec: TrainingSpec) -> TrainingSpec:
         raise InvalidSpec("eval_episodes", f"must be in [0, 1000], got {spec.eval_episodes}")
     if not 1 <= spec.eval_every <= MAX_ROUNDS:
         raise InvalidSpec("eval_every", f"must be in [1, {MAX_ROUNDS}], got {spec.eval_every}")
+    if spec.evaluation not in EVALUATIONS:
+        raise InvalidSpec("evaluation", f"unknown {spec.evaluation!r}; allowed: {list(EVALUATIONS)}")
     if spec.budget_clock not in CLOCKS:
         raise InvalidSpec("budget_clock", f"unknown {spec.budget_clock!r}; allowed: {list(CLOCKS)}")
     _finite("round_deadline_s", spec.round_deadline_s)
@@ -552,6 +560,8 @@ def from_proto(msg) -> TrainingSpec:
         spec.learner_mode = msg.learner_mode
     if msg.budget_clock:
         spec.budget_clock = msg.budget_clock
+    if msg.evaluation:
+        spec.evaluation = msg.evaluation
     spec.hidden_sizes = list(msg.hidden_sizes)
     spec.activation = msg.activation
     spec.vtrace_critic = msg.vtrace_critic
@@ -706,7 +716,7 @@ def to_proto(spec: TrainingSpec):
         env_id=spec.env_id, algo=spec.algo, preset=spec.preset, hyperparameters=spec.hyperparameters,
         scaler=scaler_to_proto(spec.scaler),
         job_id=spec.job_id, function_name=spec.function_name, detector_fallback=spec.detector_fallback,
-        learner_mode=spec.learner_mode, budget_clock=spec.budget_clock,
+        learner_mode=spec.learner_mode, budget_clock=spec.budget_clock, evaluation=spec.evaluation,
         hidden_sizes=spec.hidden_sizes, activation=spec.activation, vtrace_critic=spec.vtrace_critic,
         env_kwargs_json=env_kwargs_to_wire(spec.env_kwargs),
         stellaris=training_pb2.StellarisSpec(**{n: getattr(st, n) for n in _STELLARIS_STRINGS + _STELLARIS_OPTIONAL}),

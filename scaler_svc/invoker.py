@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,16 @@ log = logging.getLogger(__name__)
 RETRYABLE_ERRORS = {"TooManyRequestsException", "Sandbox.Timedout", "Runtime.ExitError", "ServiceException",
                     "RedisUnavailableError", "EndpointConnectionError", "ReadTimeoutError", "ConnectionError",
                     "AuthenticationError"}
+
+
+def episode_returns(body: dict) -> list[float]:
+    """The returns an evaluation function answered with: finite numbers only (anything else is dropped, so a
+    broken answer counts as fewer episodes, never as a made-up return)."""
+    values = body.get("episode_returns")
+    if not isinstance(values, list):
+        return []
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v)]
 
 
 @dataclass
@@ -58,6 +69,7 @@ class InvocationOutcome:
     modelled_cpu_attempts_ms: float = 0.0  # the CPU-bound part of it (slowed by the memory's CPU share)
     measured_init_ms: float = 0.0  # init CPU reported by an attempt that ran in a fresh process
     retried: list[tuple[str, str]] = field(default_factory=list)  # (error type, message) of each retried attempt
+    episode_returns: list[float] = field(default_factory=list)  # an evaluation function's answer (kind "eval")
 
 
 def lambda_client(endpoint_url: str | None, region: str, *, max_connections: int, read_timeout: float):
@@ -121,6 +133,8 @@ class Invoker:
                 out.modelled_ms = float(out.billed_ms) if report else 0.0
             out.modelled_attempts_ms += out.modelled_ms
             out.ok, out.error_type, out.error_message = ok, etype, emsg
+            if ok and isinstance(body, dict):
+                out.episode_returns = episode_returns(body)
             if ok or etype not in RETRYABLE_ERRORS:
                 break
             pause = self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())

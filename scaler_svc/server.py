@@ -35,6 +35,7 @@ from nitro.contracts import (
     MIN_STEPS_PER_ENV,
     SCALER_STATE_TTL_S,
     SCALING_POLICIES,
+    eval_slices,
     function_credentials,
     invocation_id,
     is_job_id,
@@ -46,7 +47,7 @@ from nitro.contracts import (
 from nitro.data import codec
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials
 from nitro.errors import ConfigError
-from nitro.events import ActorEvent, LearnerEvent
+from nitro.events import EVAL_KIND, MAX_EVAL_EPISODES, ActorEvent, EvalEvent, LearnerEvent
 from nitro.rpc import auth, metrics
 from nitro.rpc.grpc_util import REPLICA_CONNECTION_AGE_S, Service, configure_logging
 from nitro.rpc.metrics import serve_metrics
@@ -73,6 +74,10 @@ def strip_password(url: str) -> str:
 # The state hash's fields each handler reads (docs/architecture.md lists the hash).
 PLAN_FIELDS = (*cost.CostLedger.field_names(), "policy_state", "rounds_planned")
 COST_FIELDS = (*cost.CostLedger.field_names(), "budget_usd", "budget_clock", "fleet_actors", "i_max")
+
+
+# The cost metrics' component of each kind of function (nitro_cost_usd_total{component=...}).
+COST_COMPONENTS = {"actor": "actors", "learner": "learner_functions", "eval": "eval_functions"}
 
 
 def launch_fields(kind: str) -> tuple[str, str]:
@@ -117,12 +122,22 @@ def launch_shape(request) -> LaunchShape:
     version) the actor fields it used to borrow: actors, steps_per_actor (checked as before, never billed),
     actor_memory_mb. The fallback goes with the next version."""
     kind = request.kind or "actor"
+    if kind == "eval":
+        ev = request.evaluation
+        slices = len(eval_slices(ev.episodes, ev.episodes_per_function)) if valid_eval(ev) else 0
+        return LaunchShape(kind, len(request.slots) or slices, None, request.actor_memory_mb, "",
+                           ("slots", "", "actor_memory_mb", ""))
     if kind == "learner" and request.HasField("learner"):
         ln = request.learner
         return LaunchShape(kind, len(request.slots) or 1, None, ln.memory_mb, ln.payload_ref,
                            ("slots", "", "learner.memory_mb", "learner.payload_ref"))
     return LaunchShape(kind, request.actors, request.steps_per_actor, request.actor_memory_mb, request.payload_ref,
                        ("actors", "steps_per_actor", "actor_memory_mb", "payload_ref"))
+
+
+def valid_eval(ev) -> bool:
+    """Whether an EvalLaunch's episodes and episodes_per_function are within their ranges."""
+    return 1 <= ev.episodes <= MAX_EVAL_EPISODES and 1 <= ev.episodes_per_function <= ev.episodes
 
 
 _PAYLOAD_REF_RE = re.compile(r"[A-Za-z0-9_:.#-]{1,256}")
@@ -150,10 +165,14 @@ def policy_params(sc, algo: str = "") -> tuple[str, dict]:
 
 
 def invocation_event(request, shape: LaunchShape, slot: int, inv_id: str, creds, redis_url: str,
-                     env_kwargs: dict) -> ActorEvent | LearnerEvent:
+                     env_kwargs: dict) -> ActorEvent | LearnerEvent | EvalEvent:
     """The event of slot `slot` of a valid LaunchRequest (nitro.events: the handlers read the same type)."""
     common = dict(job_id=request.job_id, round=request.round, policy_version=request.policy_version,
                   invocation_id=inv_id, credentials=creds, redis_url=redis_url)
+    if shape.kind == "eval":
+        start, episodes = eval_slices(request.evaluation.episodes, request.evaluation.episodes_per_function)[slot]
+        return EvalEvent(**common, kind=EVAL_KIND, env_id=request.env_id, episodes=episodes,
+                         seed=(request.seed + start) % (2**62), env_kwargs=env_kwargs)
     if shape.kind != "actor":
         return LearnerEvent(**common, payload_ref=shape.payload_ref)
     # At most one env per MIN_STEPS_PER_ENV steps: no env's trajectory segment is shorter.
@@ -201,7 +220,8 @@ def result_fields(o, *, cold: bool) -> dict:
     """An invocation's outcome as nitro.v1.InvocationResult's fields (the response's and the record's)."""
     return {"invocation_id": o.invocation_id, "ok": o.ok, **error_fields(o), "duration_ms": o.duration_ms,
             "billed_ms": o.billed_ms, "init_ms": o.init_ms, "attempts": o.attempts, "modelled_ms": o.modelled_ms,
-            "modelled_init_ms": o.measured_init_ms, "modelled_cold": cold}
+            "modelled_init_ms": o.measured_init_ms, "modelled_cold": cold,
+            **({"episode_returns": list(o.episode_returns)} if o.episode_returns else {})}
 
 
 def still_running(invocation_id: str) -> dict:
@@ -343,6 +363,11 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if request.round < 0 or request.policy_version < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "round and policy_version: must be >= 0")
         shape = launch_shape(request)
+        if shape.kind == "eval" and not valid_eval(request.evaluation):
+            ev = request.evaluation
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"evaluation: kind 'eval' needs episodes in [1, {MAX_EVAL_EPISODES}] and "
+                          f"episodes_per_function in [1, episodes], got {ev.episodes} and {ev.episodes_per_function}")
         n_field, steps_field, memory_field, ref_field = shape.fields
         memory = actor_memory(shape.memory_mb, context, memory_field)
         if not 1 <= shape.count <= MAX_ACTORS:
@@ -356,7 +381,7 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if kind not in FUNCTION_KINDS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"kind: unknown {request.kind!r}; allowed: {list(FUNCTION_KINDS)}")
-        if not request.function_name or (kind == "actor" and not request.env_id):
+        if not request.function_name or (kind in ("actor", "eval") and not request.env_id):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_id and function_name are required")
         if kind == "learner" and not (_PAYLOAD_REF_RE.fullmatch(shape.payload_ref)
                                       and is_learn_key(request.job_id, shape.payload_ref)):
@@ -373,6 +398,10 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         if len(slots) != shape.count or len(set(slots)) != len(slots) or min(slots) < 0 or request.wave < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "slots: must be distinct non-negative integers, as many as actors; wave must be >= 0")
+        if kind == "eval" and max(slots) >= len(eval_slices(request.evaluation.episodes,
+                                                            request.evaluation.episodes_per_function)):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "slots: an evaluation's slots are 0 .. "
+                          "ceil(episodes / episodes_per_function) - 1")
         if self.hmac_key is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "the scaler has no master key (NITRO_HMAC_KEY): it cannot give invocations their keys")
@@ -428,10 +457,11 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                 self._init_ms[request.function_name] = o.measured_init_ms
             pipe.expire(key, SCALER_STATE_TTL_S)
             pipe.execute()
-            component = "actors" if actors else "learner_functions"
+            component = COST_COMPONENTS[kind]
             metrics.inc_job(metrics.COST_USD, request.job_id, charge.usd, component)
             metrics.inc_job(metrics.CLOUD_COST_USD, request.job_id, charge.cloud_usd, component)
-            (metrics.INVOCATIONS if actors else metrics.LEARNER_INVOCATIONS).inc(o.requests)
+            {"actor": metrics.INVOCATIONS, "learner": metrics.LEARNER_INVOCATIONS,
+             "eval": metrics.EVAL_INVOCATIONS}[kind].inc(o.requests)
             if o.attempts > 1:
                 metrics.INVOCATION_RETRIES.inc(o.attempts - 1)
             if not o.ok:
@@ -505,7 +535,8 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             actor_cost_usd=machine.actor_usd, learner_cost_usd=machine.learner_usd, total_cost_usd=machine.total_usd,
             serverful_cost_usd=machine.serverful_usd, invocations=ledger.invocations, billed_ms=ledger.billed_ms,
             budget_usd=budget, budget_left_usd=ledger.budget_left(budget, clock),
-            learner_function_cost_usd=machine.learner_fn_usd,
+            learner_function_cost_usd=machine.learner_fn_usd, eval_function_cost_usd=machine.eval_fn_usd,
+            eval_function_invocations=ledger.eval_fn_invocations, cloud_eval_function_cost_usd=cloud.eval_fn_usd,
             learner_function_invocations=ledger.learner_fn_invocations,
             cloud_actor_cost_usd=cloud.actor_usd, cloud_learner_cost_usd=cloud.learner_usd,
             cloud_learner_function_cost_usd=cloud.learner_fn_usd, cloud_total_cost_usd=cloud.total_usd,

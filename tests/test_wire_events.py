@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from nitro.contracts import CREDENTIALS_FIELD, FunctionCredentials, function_credentials, parcel_key
+from nitro.contracts import CREDENTIALS_FIELD, FunctionCredentials, eval_slices, function_credentials, parcel_key
 from nitro.data.store import REDIS_MAX_BULK_BYTES
 from nitro.errors import ConfigError
-from nitro.events import MAX_ENTRY_BYTES_LIMIT, ActorEvent, LearnerEvent
+from nitro.events import MAX_ENTRY_BYTES_LIMIT, ActorEvent, EvalEvent, LearnerEvent, is_eval_event
 from tests.recording_invoker import RecordingInvoker
 
 JOB = "wire-job"
@@ -28,6 +28,12 @@ def learner(**kw) -> LearnerEvent:
                            "credentials": CREDS, "payload_ref": parcel_key(JOB, "wire-job-r3-a1"), **kw})
 
 
+def evaluation(**kw) -> EvalEvent:
+    return EvalEvent(**{"job_id": JOB, "round": 3, "policy_version": 2, "invocation_id": "wire-job-r3-e1",
+                        "credentials": CREDS, "kind": "eval", "env_id": "CartPole-v1", "episodes": 2, "seed": 9,
+                        **kw})
+
+
 def wire(ev) -> dict:
     """What a function receives: the JSON payload the invoker sends (scaler_svc.invoker)."""
     return json.loads(json.dumps(ev.to_dict()))
@@ -39,7 +45,9 @@ def wire(ev) -> dict:
           reset_episodes=True, envs_per_actor=2),
     learner(),
     learner(redis_url="redis://h:6379/0"),
-], ids=["actor", "actor-every-option", "learner", "learner-url"])
+    evaluation(),
+    evaluation(env_kwargs={"frameskip": 4}),
+], ids=["actor", "actor-every-option", "learner", "learner-url", "eval", "eval-kwargs"])
 def test_an_event_survives_its_json_round_trip(ev):
     back = type(ev).from_dict(wire(ev))
     assert back == ev and isinstance(back.credentials, FunctionCredentials)
@@ -89,7 +97,34 @@ def test_a_bad_learner_field_is_named_with_what_is_allowed(field, value, allowed
         LearnerEvent.from_dict({**learner().to_dict(), field: value})
 
 
-@pytest.mark.parametrize("make", [actor, learner], ids=["actor", "learner"])
+@pytest.mark.parametrize("field,value,allowed", [
+    ("kind", "actor", "'eval'"),
+    ("episodes", 0, r"\[1, 1000\]"),
+    ("episodes", 1001, r"\[1, 1000\]"),
+    ("seed", -1, "non-negative integer"),
+    ("env_id", "", "non-empty string"),
+])
+def test_a_bad_eval_field_is_named_with_what_is_allowed(field, value, allowed):
+    with pytest.raises(ConfigError, match=rf"event field '{field}' must .*{allowed}"):
+        EvalEvent.from_dict({**evaluation().to_dict(), field: value})
+
+
+def test_only_an_eval_event_is_taken_for_one():
+    assert is_eval_event(evaluation().to_dict()) and is_eval_event(wire(evaluation()))
+    assert not is_eval_event(actor().to_dict()) and not is_eval_event(learner().to_dict())
+    assert not is_eval_event([evaluation().to_dict()])
+
+
+@pytest.mark.parametrize("episodes,per", [(1, 1), (5, 1), (10, 3), (33, 3), (7, 7)])
+def test_eval_slices_run_every_episode_exactly_once(episodes, per):
+    slices = eval_slices(episodes, per)
+    covered = [start + j for start, n in slices for j in range(n)]
+    assert covered == list(range(episodes)) and all(1 <= n <= per for _, n in slices)
+    with pytest.raises(ValueError):
+        eval_slices(episodes, episodes + 1)
+
+
+@pytest.mark.parametrize("make", [actor, learner, evaluation], ids=["actor", "learner", "eval"])
 def test_missing_unknown_and_non_object_events_are_named(make):
     d = make().to_dict()
     required = [f.name for f in dataclasses.fields(type(make()))
@@ -137,8 +172,9 @@ NOT_PRODUCED = {
 }
 
 
-def launched_events(redis_client, redis_server) -> tuple[list[dict], list[dict]]:
-    """The actor and learner-function events of real Launch calls (every option the request has set)."""
+def launched_events(redis_client, redis_server, *, evals: bool = False):
+    """The actor and learner-function events of real Launch calls (every option the request has set); with
+    `evals`, the events of an evaluation launch too."""
     from nitro import cost
     from nitro.v1 import scaler_pb2
     from scaler_svc.server import ScalerServicer
@@ -153,7 +189,43 @@ def launched_events(redis_client, redis_server) -> tuple[list[dict], list[dict]]
     svc.Launch(scaler_pb2.LaunchRequest(job_id=JOB, round=1, policy_version=0, actors=1, steps_per_actor=64,
                                         kind="learner", function_name="nitro-learner", deadline_s=10.0,
                                         payload_ref=parcel_key(JOB, "wire-job-r1-a0")), _Context())
-    return actors, rec.events[len(actors):]
+    learners = rec.events[len(actors):]
+    if not evals:
+        return actors, learners
+    svc.Launch(scaler_pb2.LaunchRequest(job_id=JOB, round=1, policy_version=0, kind="eval", env_id="CartPole-v1",
+                                        function_name="nitro-actor", deadline_s=10.0, seed=40,
+                                        env_kwargs_json='{"sutton_barto_reward": true}',
+                                        evaluation=scaler_pb2.EvalLaunch(episodes=5, episodes_per_function=2)),
+               _Context())
+    return actors, learners, rec.events[len(actors) + len(learners):]
+
+
+def test_an_eval_launch_sends_each_function_its_slice_of_the_episodes(redis_client, redis_server):
+    _, _, evals = launched_events(redis_client, redis_server, evals=True)
+    assert all(EvalEvent.from_dict(e).to_dict() == e for e in evals)
+    assert set().union(*evals) == {f.name for f in dataclasses.fields(EvalEvent)}
+    # Episode j of the evaluation runs on seed 40 + j, as the learner's own evaluation would run it.
+    assert sorted((e["seed"], e["episodes"]) for e in evals) == [(40, 2), (42, 2), (44, 1)]
+    assert {e["invocation_id"] for e in evals} == {f"{JOB}-r1-e{i}" for i in range(3)}
+
+
+@pytest.mark.parametrize("evaluation,message", [
+    (None, "evaluation: kind 'eval' needs episodes in"),
+    ({"episodes": 3, "episodes_per_function": 4}, "episodes_per_function in \\[1, episodes\\], got 3 and 4"),
+    ({"episodes": 1001, "episodes_per_function": 1}, "episodes in \\[1, 1000\\]"),
+])
+def test_a_bad_eval_launch_is_refused_naming_the_field(redis_client, redis_server, evaluation, message):
+    from nitro import cost
+    from nitro.v1 import scaler_pb2
+    from scaler_svc.server import ScalerServicer
+
+    svc = ScalerServicer(redis_client, RecordingInvoker(), cost.Prices(), redis_server.url, hmac_key=b"k" * 32)
+    req = scaler_pb2.LaunchRequest(job_id=JOB, round=1, policy_version=0, kind="eval", env_id="CartPole-v1",
+                                   function_name="nitro-actor", deadline_s=10.0)
+    if evaluation is not None:
+        req.evaluation.CopyFrom(scaler_pb2.EvalLaunch(**evaluation))
+    with pytest.raises(AssertionError, match=message):
+        svc.Launch(req, _Context())
 
 
 def test_every_field_the_scaler_sends_is_one_the_handlers_read_and_back(redis_client, redis_server):
@@ -176,9 +248,11 @@ def test_the_handlers_accept_the_scalers_events(redis_client, redis_server):
     from actor_fn import handler, learner_handler
     from nitro.data.store import PolicyNotFoundError
 
-    actors, learners = launched_events(redis_client, redis_server)
+    actors, learners, evals = launched_events(redis_client, redis_server, evals=True)
     with pytest.raises(PolicyNotFoundError):
         handler.handler(actors[0])
+    with pytest.raises(PolicyNotFoundError):  # the actor function evaluates too
+        handler.handler(evals[0])
     with pytest.raises(learner_handler.ParcelNotFoundError):
         learner_handler.handler(learners[0])
     with pytest.raises(ConfigError, match="unknown field"):

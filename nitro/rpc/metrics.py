@@ -97,6 +97,7 @@ GRADIENTS_APPLIED = Counter("nitro_gradients_applied_total", "Learner-function u
 GRADIENTS_DROPPED = Counter("nitro_gradients_dropped_total", "Learner-function updates dropped.", ["reason"])
 STALENESS_BOUND = Gauge("nitro_staleness_bound", "Largest staleness a job applies in its current round.", [JOB_LABEL])
 LEARNER_INVOCATIONS = Counter("nitro_learner_function_invocations_total", "Learner function invocations started.")
+EVAL_INVOCATIONS = Counter("nitro_eval_function_invocations_total", "Evaluation function invocations started.")
 SCALER_LAUNCH_SECONDS = Histogram(
     "nitro_scaler_launch_seconds", "Wall time of one Launch in the scaler, until every invocation returned.",
     ["kind"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600))

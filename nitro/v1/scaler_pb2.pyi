@@ -76,7 +76,7 @@ class PlanResponse(_message.Message):
     def __init__(self, actors: _Optional[int] = ..., reason: _Optional[str] = ..., budget_exhausted: _Optional[bool] = ..., estimated_round_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave", "kind", "payload_ref", "reset_episodes", "env_kwargs_json", "envs_per_actor", "learner")
+    __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave", "kind", "payload_ref", "reset_episodes", "env_kwargs_json", "envs_per_actor", "learner", "evaluation")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class LaunchRequest(_message.Message):
     ENV_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     ENVS_PER_ACTOR_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     policy_version: int
@@ -115,7 +116,16 @@ class LaunchRequest(_message.Message):
     env_kwargs_json: str
     envs_per_actor: int
     learner: LearnerLaunch
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ..., kind: _Optional[str] = ..., payload_ref: _Optional[str] = ..., reset_episodes: _Optional[bool] = ..., env_kwargs_json: _Optional[str] = ..., envs_per_actor: _Optional[int] = ..., learner: _Optional[_Union[LearnerLaunch, _Mapping]] = ...) -> None: ...
+    evaluation: EvalLaunch
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., policy_version: _Optional[int] = ..., actors: _Optional[int] = ..., steps_per_actor: _Optional[int] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., function_name: _Optional[str] = ..., deadline_s: _Optional[float] = ..., actor_memory_mb: _Optional[int] = ..., wait: _Optional[bool] = ..., slots: _Optional[_Iterable[int]] = ..., wave: _Optional[int] = ..., kind: _Optional[str] = ..., payload_ref: _Optional[str] = ..., reset_episodes: _Optional[bool] = ..., env_kwargs_json: _Optional[str] = ..., envs_per_actor: _Optional[int] = ..., learner: _Optional[_Union[LearnerLaunch, _Mapping]] = ..., evaluation: _Optional[_Union[EvalLaunch, _Mapping]] = ...) -> None: ...
+
+class EvalLaunch(_message.Message):
+    __slots__ = ("episodes", "episodes_per_function")
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_PER_FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    episodes: int
+    episodes_per_function: int
+    def __init__(self, episodes: _Optional[int] = ..., episodes_per_function: _Optional[int] = ...) -> None: ...
 
 class LearnerLaunch(_message.Message):
     __slots__ = ("payload_ref", "memory_mb")
@@ -126,7 +136,7 @@ class LearnerLaunch(_message.Message):
     def __init__(self, payload_ref: _Optional[str] = ..., memory_mb: _Optional[int] = ...) -> None: ...
 
 class InvocationResult(_message.Message):
-    __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts", "modelled_ms", "modelled_init_ms", "modelled_cold")
+    __slots__ = ("invocation_id", "ok", "error_type", "error_message", "duration_ms", "billed_ms", "init_ms", "attempts", "modelled_ms", "modelled_init_ms", "modelled_cold", "episode_returns")
     INVOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +148,7 @@ class InvocationResult(_message.Message):
     MODELLED_MS_FIELD_NUMBER: _ClassVar[int]
     MODELLED_INIT_MS_FIELD_NUMBER: _ClassVar[int]
     MODELLED_COLD_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_RETURNS_FIELD_NUMBER: _ClassVar[int]
     invocation_id: str
     ok: bool
     error_type: str
@@ -149,7 +160,8 @@ class InvocationResult(_message.Message):
     modelled_ms: float
     modelled_init_ms: float
     modelled_cold: bool
-    def __init__(self, invocation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., duration_ms: _Optional[float] = ..., billed_ms: _Optional[int] = ..., init_ms: _Optional[float] = ..., attempts: _Optional[int] = ..., modelled_ms: _Optional[float] = ..., modelled_init_ms: _Optional[float] = ..., modelled_cold: _Optional[bool] = ...) -> None: ...
+    episode_returns: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, invocation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., duration_ms: _Optional[float] = ..., billed_ms: _Optional[int] = ..., init_ms: _Optional[float] = ..., attempts: _Optional[int] = ..., modelled_ms: _Optional[float] = ..., modelled_init_ms: _Optional[float] = ..., modelled_cold: _Optional[bool] = ..., episode_returns: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class LaunchResponse(_message.Message):
     __slots__ = ("launched", "succeeded", "failed", "invocations", "cost_usd", "seconds", "retries", "dispatch_seconds", "cloud_seconds", "cloud_cost_usd", "recorded")
@@ -184,7 +196,7 @@ class GetCostRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class GetCostResponse(_message.Message):
-    __slots__ = ("actor_cost_usd", "learner_cost_usd", "total_cost_usd", "serverful_cost_usd", "invocations", "billed_ms", "budget_usd", "budget_left_usd", "learner_function_cost_usd", "learner_function_invocations", "cloud_actor_cost_usd", "cloud_learner_cost_usd", "cloud_learner_function_cost_usd", "cloud_total_cost_usd", "cloud_serverful_cost_usd", "cloud_billed_ms", "cloud_seconds", "budget_clock")
+    __slots__ = ("actor_cost_usd", "learner_cost_usd", "total_cost_usd", "serverful_cost_usd", "invocations", "billed_ms", "budget_usd", "budget_left_usd", "learner_function_cost_usd", "learner_function_invocations", "cloud_actor_cost_usd", "cloud_learner_cost_usd", "cloud_learner_function_cost_usd", "cloud_total_cost_usd", "cloud_serverful_cost_usd", "cloud_billed_ms", "cloud_seconds", "budget_clock", "eval_function_cost_usd", "eval_function_invocations", "cloud_eval_function_cost_usd")
     ACTOR_COST_USD_FIELD_NUMBER: _ClassVar[int]
     LEARNER_COST_USD_FIELD_NUMBER: _ClassVar[int]
     TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +215,9 @@ class GetCostResponse(_message.Message):
     CLOUD_BILLED_MS_FIELD_NUMBER: _ClassVar[int]
     CLOUD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_CLOCK_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FUNCTION_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FUNCTION_INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_EVAL_FUNCTION_COST_USD_FIELD_NUMBER: _ClassVar[int]
     actor_cost_usd: float
     learner_cost_usd: float
     total_cost_usd: float
@@ -221,7 +236,10 @@ class GetCostResponse(_message.Message):
     cloud_billed_ms: int
     cloud_seconds: float
     budget_clock: str
-    def __init__(self, actor_cost_usd: _Optional[float] = ..., learner_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., invocations: _Optional[int] = ..., billed_ms: _Optional[int] = ..., budget_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., learner_function_cost_usd: _Optional[float] = ..., learner_function_invocations: _Optional[int] = ..., cloud_actor_cost_usd: _Optional[float] = ..., cloud_learner_cost_usd: _Optional[float] = ..., cloud_learner_function_cost_usd: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ..., cloud_serverful_cost_usd: _Optional[float] = ..., cloud_billed_ms: _Optional[int] = ..., cloud_seconds: _Optional[float] = ..., budget_clock: _Optional[str] = ...) -> None: ...
+    eval_function_cost_usd: float
+    eval_function_invocations: int
+    cloud_eval_function_cost_usd: float
+    def __init__(self, actor_cost_usd: _Optional[float] = ..., learner_cost_usd: _Optional[float] = ..., total_cost_usd: _Optional[float] = ..., serverful_cost_usd: _Optional[float] = ..., invocations: _Optional[int] = ..., billed_ms: _Optional[int] = ..., budget_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., learner_function_cost_usd: _Optional[float] = ..., learner_function_invocations: _Optional[int] = ..., cloud_actor_cost_usd: _Optional[float] = ..., cloud_learner_cost_usd: _Optional[float] = ..., cloud_learner_function_cost_usd: _Optional[float] = ..., cloud_total_cost_usd: _Optional[float] = ..., cloud_serverful_cost_usd: _Optional[float] = ..., cloud_billed_ms: _Optional[int] = ..., cloud_seconds: _Optional[float] = ..., budget_clock: _Optional[str] = ..., eval_function_cost_usd: _Optional[float] = ..., eval_function_invocations: _Optional[int] = ..., cloud_eval_function_cost_usd: _Optional[float] = ...) -> None: ...
 
 class EndJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -68,6 +68,8 @@ TRAIN_FIELDS = [
     ("--seed", "seed", int, "random seed"),
     ("--eval-episodes", "eval_episodes", int, "deterministic evaluation episodes per evaluated round"),
     ("--eval-every", "eval_every", int, "evaluate after every N-th round and after the last (default 1)"),
+    ("--evaluation", "evaluation", str, "where evaluation episodes run: functions (serverless, in parallel with the "
+     "next round; default) or learner (on the learner, between rounds); docs/evaluation.md"),
     ("--round-deadline", "round_deadline_s", float, "seconds a round waits for its actors"),
     ("--job-id", "job_id", str, "job id (generated when not given)"),
     ("--actor-memory", "actor_memory_mb", int, "actor function memory in MB (billing)"),
