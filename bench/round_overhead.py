@@ -13,7 +13,8 @@ learner evaluates, and early episodes are short (Hopper falls within tens of
 steps), so evaluation hides little of the detector's ~11 Hessian-vector
 products; and the median of the detector service's Score time per round
 against the evaluation it overlaps (what the detector wait is made of).
-NITRO_BENCH_ROUNDS shortens the job (e.g. 8 for a quick look).
+NITRO_BENCH_ROUNDS shortens the job (e.g. 8 for a quick look); NITRO_BENCH_EVALUATION=learner evaluates on the
+learner as every job did before 2026-12-03 (docs/evaluation.md), for a before/after.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from nitro.rpc.metrics import sample_value, scrape  # noqa: E402
 ROUNDS = int(__import__("os").environ.get("NITRO_BENCH_ROUNDS", "80"))
 I_MIN, I_MAX, STEPS, BUDGET, SEED, TARGET, EARLY = 4, 16, 512, 5.0, 1, 0.03, 8
 EVAL_EPISODES = int(__import__("os").environ.get("NITRO_BENCH_EVAL_EPISODES", "3"))
+# Where the evaluation runs (docs/evaluation.md): "functions" (the default since 2026-12-03) or "learner" (before).
+EVALUATION = __import__("os").environ.get("NITRO_BENCH_EVALUATION", "functions")
 WORK = ("sample", "update", "evaluate")
 
 
@@ -55,7 +58,7 @@ def main() -> None:
         try:
             with NitroClient(system.learner_address) as client:
                 spec = {"env_id": "Hopper-v5", "preset": "tuned", "rounds": ROUNDS, "steps_per_actor": STEPS,
-                        "eval_episodes": EVAL_EPISODES, "budget_usd": BUDGET, "seed": SEED,
+                        "eval_episodes": EVAL_EPISODES, "budget_usd": BUDGET, "seed": SEED, "evaluation": EVALUATION,
                         "scaler": {"policy": "nitro", "i_min": I_MIN, "i_max": I_MAX}}
                 t0 = time.time()
                 job = client.start_training(spec)
@@ -87,7 +90,8 @@ def main() -> None:
     print(f"overhead fraction outside sample/update/evaluate: {fraction:.4f} (target <= {TARGET}); first {len(early)} "
           f"rounds alone: {early_fraction:.4f} (detector wait {early_detect:.4f})")
     print(json.dumps({"benchmark": "round_overhead", "rounds": int(count), "i_min": I_MIN, "i_max": I_MAX, "actors": actors,
-                      "steps_per_actor": STEPS, "eval_episodes": EVAL_EPISODES, "overhead_seconds": round(overhead, 4),
+                      "steps_per_actor": STEPS, "eval_episodes": EVAL_EPISODES, "evaluation": EVALUATION,
+                      "cloud_total_cost_usd": reports[-1].cloud_total_cost_usd, "overhead_seconds": round(overhead, 4),
                       "reference_round_wall_seconds": round(wall, 4), "ratio": round(fraction, 4),
                       "phases_seconds": {k: round(v, 4) for k, v in sums.items()},
                       "early_rounds": len(early), "early_ratio": round(early_fraction, 4),
