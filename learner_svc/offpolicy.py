@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from learner_svc.constants import MAX_REPLAYS_PER_FRESH, PIPELINED_READ
-from learner_svc.learner import GradientLearner
 from learner_svc.pipelined import OpenRound, PipelinedLoop
+from learner_svc.policy_owner import GradientLearner
 from learner_svc.reporting import DIAGNOSTICS
 from learner_svc.state import Ingest, Round, RoundStats
 from nitro.algos.impact import IMPACTLearner

@@ -15,7 +15,7 @@ from learner_svc.durability import JobFiles, job_dir, load_reports
 from learner_svc.jobs import Job, JobManager
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
-from learner_svc.stellaris import StellarisLoop
+from learner_svc.parameter_service import StellarisLoop
 from nitro.cmdline import REDIS_PASSWORD_INSTEAD, URLWithoutPassword
 from nitro.data import codec
 from nitro.data.redis_client import connect, url_from_env, warn_if_not_persistent, with_credentials

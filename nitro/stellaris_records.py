@@ -1,5 +1,5 @@
 """Stellaris's signed records, as they travel through Redis between the parameter service
-(learner_svc/stellaris.py) and the learner functions (actor_fn/learner_handler.py): a learner's update or
+(learner_svc/parameter_service.py) and the learner functions (actor_fn/learner_handler.py): a learner's update or
 skip record (`encode_update`, `decode_update`; signed with the invocation's key) and the service's staleness
 record (`encode_staleness_record`, `decode_staleness_record`; signed with the job's read key).
 

@@ -10,8 +10,8 @@ from concurrent.futures import Future
 import grpc
 
 from learner_svc import state
+from learner_svc.parameter_service import StellarisStats
 from learner_svc.state import Ingest, LaunchSummary, PendingRound, Round
-from learner_svc.stellaris import StellarisStats
 from nitro.contracts import invocation_id
 from nitro.data.store import TrajectoryEntry
 from nitro.v1 import scaler_pb2

@@ -16,8 +16,8 @@ from learner_svc import state
 from learner_svc.clients import LearnerDeps
 from learner_svc.jobs import Job
 from learner_svc.offpolicy import OffPolicyLoop, OffPolicyStats
+from learner_svc.parameter_service import StellarisLoop
 from learner_svc.state import Round
-from learner_svc.stellaris import StellarisLoop
 from nitro.contracts import stream_key
 from nitro.data.store import TrajectoryWriter
 from nitro.spec import TrainingSpec, validate

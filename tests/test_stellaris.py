@@ -17,7 +17,7 @@ import torch
 from actor_fn import learner_handler
 from learner_svc.clients import LearnerDeps
 from learner_svc.jobs import Job
-from learner_svc.stellaris import StellarisLoop
+from learner_svc.parameter_service import StellarisLoop
 from nitro import cost
 from nitro.algos.impact import IMPACTLearner
 from nitro.algos.ppo import PPOLearner
@@ -375,7 +375,7 @@ def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key
     # a learner this service did not launch (one launched before a resume): its batch is learned from again
     _push(redis_client, hmac_key, "agg-job", UpdateRecord("agg-job-r0-g9", 0, 3, 64, updates[1], {"kl": 0.0}))
     for i in range(5):  # the learners this service launched, each for its batch's stream entry
-        loop.learners[f"agg-job-r{i // 4}-g{i}"] = SimpleNamespace(entry_id=f"{i}-0")
+        loop.learner_fns[f"agg-job-r{i // 4}-g{i}"] = SimpleNamespace(entry_id=f"{i}-0")
     before = flat_parameters(loop.learner.policy)
     acc = loop._new_acc(0)
     loop.bound = 2  # as if this were a later round's bound
@@ -385,7 +385,7 @@ def test_service_applies_weighted_updates_read_from_redis(redis_client, hmac_key
     assert torch.allclose(before - flat_parameters(loop.learner.policy), torch.as_tensor(expect), atol=1e-5)
     assert (acc.produced, acc.applied, acc.dropped, acc.duplicates, acc.skipped) == (3, 2, 1, 1, 1)
     assert acc.discarded == 1 and [e.entry_id for e in loop.settled] == ["0-0", "1-0", "2-0", "3-0"]
-    assert list(loop.learners) == ["agg-job-r1-g4"]  # settled batches are acked at the next commit
+    assert list(loop.learner_fns) == ["agg-job-r1-g4"]  # settled batches are acked at the next commit
     assert acc.staleness == [1, 3, 0] and loop.version == 4  # one aggregation, one version
     assert "agg-job-r0-g3" not in loop.expected and "agg-job-r0-g3" in loop.received
     assert PolicyStore(redis_client, "agg-job").latest() == 4  # the new version is published
@@ -404,7 +404,7 @@ def test_service_boosted_round_of_siblings_is_one_step(redis_client, hmac_key, t
     """16 batches dispatched at one version: 16 learners from one base whose updates all apply, as one step."""
     loop = _stellaris_loop(redis_client, hmac_key, tmp_path, "boost-job")
     loop.publish()
-    monkeypatch.setattr(loop, "_launch_learner", lambda *args: scaler_pb2.LaunchResponse())
+    monkeypatch.setattr(loop, "_launch_learner_fn", lambda *args: scaler_pb2.LaunchResponse())
     loop.version, loop.max_in_flight = 5, 16
     acc = loop._new_acc(0)
     loop.bound = 4  # the bound the old arrival-order staleness met with s = 0..15: 11 of 16 dropped
@@ -441,7 +441,7 @@ def test_service_siblings_arriving_one_per_poll_are_one_step(redis_client, hmac_
     assert decode_staleness_record(redis_client.get(staleness_record_key("poll-job")),
                                    read_key(hmac_key, "poll-job")) == {
         "format": 1, "version": 5, "staleness": {}}
-    monkeypatch.setattr(loop, "_launch_learner", lambda *args: scaler_pb2.LaunchResponse())
+    monkeypatch.setattr(loop, "_launch_learner_fn", lambda *args: scaler_pb2.LaunchResponse())
     loop.max_in_flight = 16
     acc = loop._new_acc(0)
     loop.bound = 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from learner_svc.stellaris import learner_launch_request
+from learner_svc.parameter_service import learner_fn_launch_request
 from nitro import cost
 from nitro.spec import StellarisSettings, TrainingSpec
 from nitro.v1 import scaler_pb2
@@ -28,7 +28,7 @@ class _Context:
 def test_the_learner_sends_its_own_fields_and_borrows_none():
     spec = TrainingSpec(env_id="CartPole-v1", learner_mode="stellaris",
                         stellaris=StellarisSettings(learner_function="my-learner", learner_memory_mb=3008))
-    req = learner_launch_request(spec, JOB, 2, 5, 7, REF)
+    req = learner_fn_launch_request(spec, JOB, 2, 5, 7, REF)
     assert (req.kind, list(req.slots), req.function_name) == ("learner", [5], "my-learner")
     assert (req.learner.payload_ref, req.learner.memory_mb) == (REF, 3008)
     assert (req.actors, req.steps_per_actor, req.actor_memory_mb, req.payload_ref, req.env_id) == (0, 0, 0, "", "")
@@ -48,7 +48,7 @@ def bill(redis_client, job: str, request) -> tuple[list, dict]:
 def test_the_new_and_the_old_form_launch_and_bill_the_same(redis_client):
     spec = TrainingSpec(env_id="CartPole-v1", learner_mode="stellaris",
                         stellaris=StellarisSettings(learner_memory_mb=3008))
-    new = learner_launch_request(spec, JOB, 2, 5, 7, REF)
+    new = learner_fn_launch_request(spec, JOB, 2, 5, 7, REF)
     old_job = "ll-old"
     old_ref = REF.replace(JOB, old_job)
     old = scaler_pb2.LaunchRequest(  # what a learner of the previous version sends

@@ -1,4 +1,8 @@
-"""learner_mode "stellaris": the learner service as parameter service, learners as serverless functions.
+"""learner_mode "stellaris": the learner service as Stellaris's parameter service, learners as serverless functions.
+
+Names (docs/architecture.md, "Which learner"): here a learner is a learner function (actor_fn/learner_handler.py;
+`learner_fn` in names); the loop's policy owner (RoundLoop.learner) is the parameter server, ParameterServer
+of nitro.algos.stellaris, the algorithm's layer; this module is the service's.
 
 The service keeps the authoritative policy and its version clock and computes
 no gradients itself. Round k launches the planned actors with the current
@@ -70,8 +74,8 @@ from learner_svc.constants import (
     POLICY_TTL_S,
     UPDATE_STREAM_TTL_S,
 )
-from learner_svc.learner import ParameterAggregator
 from learner_svc.pipelined import OpenRound, PipelinedLoop
+from learner_svc.policy_owner import ParameterAggregator
 from learner_svc.reporting import DIAGNOSTICS
 from learner_svc.state import Ingest, LaunchSummary, PendingRound, Round, RoundStats
 from nitro.algos.ppo import collate, standardize_batch
@@ -135,7 +139,7 @@ class StellarisStats(RoundStats):
 
 
 @dataclass
-class LearnerCall:
+class LearnerFnCall:
     """A learner function in flight."""
 
     inv: str  # its invocation id
@@ -144,7 +148,7 @@ class LearnerCall:
     round: int
 
 
-def learner_launch_request(spec: TrainingSpec, job_id: str, k: int, slot: int, base: int,
+def learner_fn_launch_request(spec: TrainingSpec, job_id: str, k: int, slot: int, base: int,
                            ref: str) -> scaler_pb2.LaunchRequest:
     """The Launch of one learner function (slot `slot` of round `k`, base version `base`, its parcel at `ref`), in
     the learner's own fields (LaunchRequest.learner), none borrowed from an actor launch."""
@@ -163,11 +167,11 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
         super().__init__(job, deps)
         self.st = self.spec.stellaris
         threads = min(self.st.max_learners, MAX_LEARNER_THREADS)
-        self.learner_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{job.job_id}-learn")
+        self.learner_fn_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{job.job_id}-learn")
         self.max_in_flight = threads
         self.waiting: deque = deque()  # (round, entry) batches waiting for a learner slot
-        self.in_flight: dict[Future, LearnerCall] = {}
-        self.learners: dict[str, object] = {}  # learner invocation id -> its batch's entry, outcome not yet known
+        self.in_flight: dict[Future, LearnerFnCall] = {}
+        self.learner_fns: dict[str, object] = {}  # invocation id -> its batch's entry, outcome not yet known
         self.settled: list = []  # entries whose learner's outcome is known, acked at the next commit
         self.expected: dict[str, tuple[float, int]] = {}  # learner said OK, update not here: (give-up time, round)
         self.received: set[str] = set()  # learner invocation ids whose update arrived (dedup)
@@ -184,7 +188,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
 
     def shutdown(self) -> None:
         super().shutdown()
-        self.learner_pool.shutdown(wait=False, cancel_futures=True)
+        self.learner_fn_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the round: PipelinedLoop's hooks --------------------------------------------------------
     def sample_round(self, k: int) -> OpenRound[StellarisStats]:
@@ -221,7 +225,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
         (entries waiting or with a learner: {entry id: its observations are in the statistics})."""
         settled, self.settled = self.settled, []
         counted = {e.entry_id: self.counted_before.get(e.entry_id, False) for _, e in self.waiting}
-        counted.update({e.entry_id: e.entry_id not in self.pending_obs for e in self.learners.values()})
+        counted.update({e.entry_id: e.entry_id not in self.pending_obs for e in self.learner_fns.values()})
         return settled, counted
 
     def settle_at_end(self, pending: PendingRound, phases: dict) -> tuple[PendingRound, tuple]:
@@ -256,7 +260,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
 
         def step(entries, pumped) -> None:
             pumped.timed("ingest", lambda: [self._ingest(e, outcome, acc) for e, outcome in entries])
-            self._poll_learners(acc)
+            self._poll_learner_fns(acc)
             t_u = time.perf_counter()
             if self._collect_updates(acc):
                 pumped.add("update", time.perf_counter() - t_u)
@@ -279,11 +283,11 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
                                 f"learner(s) in flight and {len(self.expected)} missing update(s)")
             acc.failed += len(self.in_flight) + len(self.expected)
             # The job ends: these batches are settled as they are, counted but not learned from.
-            self.settled += [e for _, e in self.waiting] + list(self.learners.values())
+            self.settled += [e for _, e in self.waiting] + list(self.learner_fns.values())
             self.waiting.clear()
             self.in_flight.clear()
             self.expected.clear()
-            self.learners.clear()
+            self.learner_fns.clear()
 
     def _wait_for_rounds_before(self, k: int, rnd: Round, acc: StellarisStats, phases: dict) -> None:
         """Backpressure: learners of rounds < k finish (and their updates arrive) before round k+1 samples."""
@@ -338,17 +342,17 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             self.redis_call(lambda: self.deps.redis.set(ref, blob, ex=POLICY_TTL_S), "parcel write")
             if not self.counted_before.pop(e.entry_id, False):  # not already in the restored statistics
                 self.pending_obs[e.entry_id] = e.batch["obs"]
-            fut = self.learner_pool.submit(self._launch_learner, k, slot, base, ref)
-            self.in_flight[fut] = LearnerCall(inv=inv, ref=ref, base=base, round=k)
-            self.learners[inv] = e
+            fut = self.learner_fn_pool.submit(self._launch_learner_fn, k, slot, base, ref)
+            self.in_flight[fut] = LearnerFnCall(inv=inv, ref=ref, base=base, round=k)
+            self.learner_fns[inv] = e
             self.ledger.launch(base)
             acc.launched += 1
 
-    def _launch_learner(self, k: int, slot: int, base: int, ref: str) -> scaler_pb2.LaunchResponse:
-        req = learner_launch_request(self.spec, self.job.job_id, k, slot, base, ref)
+    def _launch_learner_fn(self, k: int, slot: int, base: int, ref: str) -> scaler_pb2.LaunchResponse:
+        req = learner_fn_launch_request(self.spec, self.job.job_id, k, slot, base, ref)
         return self.services.launch_request(req, "Launch (learner)")
 
-    def _poll_learners(self, acc: StellarisStats) -> None:
+    def _poll_learner_fns(self, acc: StellarisStats) -> None:
         now = time.monotonic()
         done = [f for f in self.in_flight if f.done()]
         for fut in done:
@@ -379,7 +383,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
 
     def _settle(self, inv: str) -> None:
         """The learner's outcome is known: its batch is acked at the next commit."""
-        self.settled.append(self.learners.pop(inv))
+        self.settled.append(self.learner_fns.pop(inv))
 
     # -- aggregation ------------------------------------------------------------------------
     def _collect_updates(self, acc: StellarisStats) -> bool:
@@ -403,7 +407,7 @@ class StellarisLoop(PipelinedLoop[StellarisStats]):
             if rec.invocation_id in self.received:
                 acc.duplicates += 1  # a retried learner pushed again
                 continue
-            if rec.invocation_id not in self.learners:
+            if rec.invocation_id not in self.learner_fns:
                 # Launched before a resume (its batch is learned from again) or given up on as lost (counted
                 # failed): applying it would learn from a batch twice.
                 acc.discarded += 1

@@ -1,6 +1,7 @@
-"""Each round loop declares the Learner protocol its learner must satisfy (learner_svc/learner.py); the learner
-each loop builds (nitro/algos: PPO, IMPACT, the Stellaris parameter service) satisfies it: every member is
-there, and every method accepts the protocol's arguments by the same names."""
+"""Each round loop declares the PolicyOwner protocol its policy owner (RoundLoop.learner) must satisfy
+(learner_svc/policy_owner.py); the owner each loop builds (nitro/algos: PPOLearner, IMPACTLearner, Stellaris's
+ParameterServer) satisfies it: every member is there, and every method accepts the protocol's arguments by the
+same names."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import typing
 
 import pytest
 
-from learner_svc.learner import GradientLearner, Learner, ParameterAggregator
 from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
-from learner_svc.stellaris import StellarisLoop
+from learner_svc.parameter_service import StellarisLoop
+from learner_svc.policy_owner import GradientLearner, ParameterAggregator, PolicyOwner
 from nitro.policy.envs import env_spaces
 from nitro.policy.models import spec_for_spaces
 from nitro.spec import TrainingSpec, algo_config, validate
@@ -25,7 +26,7 @@ LOOPS = {
 
 
 def _build(loop, overrides: dict):
-    """The loop's learner, built as RoundLoop.__init__ builds it."""
+    """The loop's policy owner, built as RoundLoop.__init__ builds it."""
     spec = validate(TrainingSpec(env_id="CartPole-v1", preset="fast", **overrides))
     cfg = algo_config(spec)
     obs_space, act_space = env_spaces(spec.env_id)
@@ -47,10 +48,10 @@ def _methods(protocol) -> dict[str, inspect.Signature]:
 
 
 @pytest.mark.parametrize("mode", LOOPS)
-def test_each_loop_declares_the_protocol_its_learner_satisfies(mode):
+def test_each_loop_declares_the_protocol_its_policy_owner_satisfies(mode):
     loop, overrides, protocol = LOOPS[mode]
     declared = typing.get_type_hints(loop)["learner"]
-    assert declared is protocol and Learner in protocol.__mro__
+    assert declared is protocol and PolicyOwner in protocol.__mro__
     learner = _build(loop, overrides)
     assert isinstance(learner, protocol), f"{type(learner).__name__} lacks a member of {protocol.__name__}"
     for name, wanted in _methods(protocol).items():
@@ -64,7 +65,7 @@ def test_each_loop_declares_the_protocol_its_learner_satisfies(mode):
         assert not extra, f"{type(learner).__name__}.{name} needs arguments the protocol does not pass: {extra}"
 
 
-def test_a_learner_missing_a_member_is_refused():
+def test_an_owner_missing_a_member_is_refused():
     class NoUpdate:
         policy, kl_coeff, last_data = None, 0.0, None
 
@@ -74,5 +75,5 @@ def test_a_learner_missing_a_member_is_refused():
         def load_state(self, state: dict) -> None:
             pass
 
-    assert isinstance(NoUpdate(), Learner)
+    assert isinstance(NoUpdate(), PolicyOwner)
     assert not isinstance(NoUpdate(), GradientLearner) and not isinstance(NoUpdate(), ParameterAggregator)
