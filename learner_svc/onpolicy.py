@@ -39,7 +39,7 @@ import numpy as np
 
 from learner_svc.collector import Collector
 from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
-from learner_svc.learner import GradientLearner
+from learner_svc.policy_owner import GradientLearner
 from learner_svc.reporting import DIAGNOSTICS, add_evaluation
 from learner_svc.rounds import End, RoundLoop
 from learner_svc.state import Ingest, Round

@@ -1,5 +1,5 @@
 """The asynchronous loops' round, written once: off-policy IMPACT (offpolicy.py) and the Stellaris parameter
-service (stellaris.py) supply only how they learn while a round is open.
+service (parameter_service.py) supply only how they learn while a round is open.
 
 Round k's actors are launched as soon as round k-1 closed and was planned. The loop pumps the stream until
 round k closes (every actor's batch is in, failed or lost, or its deadline passed); then it publishes and

@@ -10,7 +10,7 @@
 
 The on-policy loop (onpolicy.py) supplies the hooks with a synchronous round; the asynchronous loops share a
 pipelined close (pipelined.py: the next round launches before this one is evaluated) and supply their own
-pump: off-policy IMPACT (offpolicy.py) and the Stellaris parameter service (stellaris.py).
+pump: off-policy IMPACT (offpolicy.py) and the Stellaris parameter service (parameter_service.py).
 
 Durability, one rule for every loop (`RoundLoop.commit`): a stream entry is acked
 only after the checkpoint that holds what was learned from it, and that
@@ -27,7 +27,7 @@ from them again; one that dies before the report finishes that round on resume
 The rest lives beside this module, one job each: constants.py (every loop constant), resilience.py (retries,
 the errors that end a job), clients.py (the scaler and detector), publishing.py (policies and sample
 subsets), durability.py (the job's files), reporting.py (round-report fields and metrics), state.py (typed
-round state), learner.py (the Learner protocols).
+round state), policy_owner.py (the PolicyOwner protocols).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from learner_svc.constants import DRAIN_END_JOB_PATIENCE_S, IO_THREADS, MAX_WAVE
 from learner_svc.durability import CommittedEntry, JobFiles, job_dir, load_reports
 from learner_svc.evaluation import eval_seed
 from learner_svc.jobs import Job
-from learner_svc.learner import Learner, LearnerFactory
+from learner_svc.policy_owner import PolicyOwner, PolicyOwnerFactory
 from learner_svc.publishing import Publisher, detector_subset
 from learner_svc.reporting import closing_report_fields, export_diagnostics
 from learner_svc.resilience import (
@@ -102,8 +102,8 @@ R = TypeVar("R")  # a loop's round while it is open: what sample_round hands to 
 class RoundLoop(Generic[R]):
     """The skeleton of every loop (`train`) and what they share; subclasses supply the hooks."""
 
-    learner_class: LearnerFactory  # set by subclasses
-    learner: Learner
+    learner_class: PolicyOwnerFactory  # set by subclasses
+    learner: PolicyOwner
     cpu_only = False  # True where the model stays on the CPU whatever the learner's device
     # How many of its newest published versions a loop keeps in Redis, deleting older ones as it publishes;
     # None: all, until they expire (POLICY_TTL_S). A long job otherwise holds an hour of versions.

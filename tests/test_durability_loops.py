@@ -304,7 +304,7 @@ def test_an_evaluation_that_fails_waits_for_the_commit_running_beside_it(redis_c
         raise RuntimeError("environment crashed")
 
     monkeypatch.setattr(loop, "_write_checkpoint", slow_write)
-    monkeypatch.setattr(loop, "evaluate_policy", failing_evaluation)
+    monkeypatch.setattr(loop, "start_evaluation", failing_evaluation)  # evaluation "learner" failing
     monkeypatch.setattr(loop, "publish", lambda: None)
     pending = {"phases": {}, "notes": [], "t_round": time.time()}
     with pytest.raises(RuntimeError, match="environment crashed"):

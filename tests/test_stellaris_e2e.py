@@ -84,8 +84,9 @@ def test_learner_functions_are_billed_and_redis_is_clean(system, finished):
     launched = sum(r.learner_functions_launched for r in reports)
     assert cost.learner_function_invocations == launched
     assert cost.learner_function_cost_usd > 0
+    assert cost.eval_function_invocations > 0  # its evaluation ran as evaluation functions (the default)
     assert cost.total_cost_usd == pytest.approx(cost.actor_cost_usd + cost.learner_cost_usd
-                                                + cost.learner_function_cost_usd)
+                                                + cost.learner_function_cost_usd + cost.eval_function_cost_usd)
     assert reports[-1].total_cost_usd == pytest.approx(cost.total_cost_usd)
     r = connect(system.redis_url)
     try:
