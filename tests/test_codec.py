@@ -183,6 +183,22 @@ def test_large_arrays_signed_where_they_lie_carry_the_aead_tag(hmac_key):
     _assert_same(obj, decode(blob, hmac_key))
 
 
+def test_an_array_changed_while_it_is_encoded_is_refused_not_delivered_changed(hmac_key, monkeypatch):
+    arr = np.zeros(4096, dtype=np.float32)
+    tag_over_pieces = codec._poly1305
+
+    def then_change(*args):  # another thread writes into the batch between the tag and the copy
+        mac = tag_over_pieces(*args)
+        arr[7] = 1.0
+        return mac
+
+    monkeypatch.setattr(codec, "_poly1305", then_change)
+    blob = encode({"obs": arr}, hmac_key)
+    monkeypatch.undo()
+    with pytest.raises(codec.BadSignatureError):
+        decode(blob, hmac_key)
+
+
 @pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 63, 64, 127, 128, 129, 191, 4096 + 80, 287_313, 287_361])
 def test_the_incremental_tag_is_the_aead_tag(hmac_key, size):
     """codec feeds Poly1305 in pieces (whole 128-byte chunks, the tail, the padding and lengths): at every

@@ -156,7 +156,9 @@ def encode(obj, key: bytes, *, compress: bool = False) -> bytes:
     the whole uncompressed path; bench/trajectory_path.py --compress).
 
     The arrays' bytes are read twice, once by the tag and once by the one copy that
-    makes the envelope (the tag is computed over the pieces before they are joined).
+    makes the envelope (the tag is computed over the pieces before they are joined). So
+    an array changed meanwhile (by another thread) makes an envelope decode refuses as
+    bad_signature, never one it accepts with the changed bytes.
     """
     _check_key(key)
     buffers: list[pickle.PickleBuffer] = []
