@@ -122,6 +122,7 @@ class Protocol:
     kappa: float | None = None  # noise, noise-adascale: scaler.kappa (None: the system's NOISE_KAPPA)
     grow_f1: float | None = None  # grow: scaler.grow_f1 / grow_f2 (None: the system's GROW_FRACTIONS)
     grow_f2: float | None = None
+    envs_per_actor: int | None = None  # TrainingSpec.envs_per_actor (None: the system's default)
     # The harness stops each job once its bill at the reference rates `stop_rates` (nitro.cost.ReferenceRates
     # fields) reaches stop_usd (experiments/harness.py reference_bill): runs end at equal reference dollars,
     # whatever the machine's load does to the job's own cloud clock. None: jobs end on rounds or budget.
@@ -168,7 +169,7 @@ class Protocol:
             d.pop(k)
         if not d["vtrace_critic"]:  # grids made before the option existed do not name it
             d.pop("vtrace_critic")
-        for k in ("kappa", "grow_f1", "grow_f2", "stop_usd", "stop_rates"):  # likewise
+        for k in ("kappa", "grow_f1", "grow_f2", "stop_usd", "stop_rates", "envs_per_actor"):  # likewise
             if d[k] is None:
                 d.pop(k)
         return d
@@ -184,6 +185,7 @@ class Protocol:
                 + (f", learner mode {self.learner_mode}" if self.learner_mode != "central" else "")
                 + (f", V-trace from the {self.vtrace_critic} critic" if self.vtrace_critic else "")
                 + (f", kappa {self.kappa:g}" if self.kappa is not None else "")
+                + (f", {self.envs_per_actor} envs per actor" if self.envs_per_actor is not None else "")
                 + (f", each job stopped at ${self.stop_usd:g} at reference rates" if self.stop_usd else "")
                 + (f", grow at {self.grow_f1 if self.grow_f1 is not None else 'default'}/"
                    f"{self.grow_f2 if self.grow_f2 is not None else 'default'}"
@@ -201,6 +203,8 @@ class Protocol:
             extra["learner_mode"] = self.learner_mode
         if self.vtrace_critic:
             extra["vtrace_critic"] = self.vtrace_critic
+        if self.envs_per_actor is not None:
+            extra["envs_per_actor"] = self.envs_per_actor
         if scheme in NOISE_SCHEMES and self.kappa is not None:
             extra["scaler"]["kappa"] = self.kappa
         if scheme == "grow":
@@ -1306,6 +1310,8 @@ def build_parser(figure: str) -> argparse.ArgumentParser:
     g.add_argument("--stop-at-reference-usd", type=float, dest="stop_usd",
                    help="stop each job once its bill at the reference rates (--rates) reaches this many USD")
     g.add_argument("--rates", help="a JSON file of nitro.cost.ReferenceRates fields (with --stop-at-reference-usd)")
+    g.add_argument("--envs-per-actor", type=int, help="environments each actor steps in lockstep (default: the "
+                                                      "system's); a grid's runs all use one")
     g.add_argument("--grow-f1", type=float, help="f1 of the scheme grow (default: the system's)")
     g.add_argument("--grow-f2", type=float, help="f2 of the scheme grow (default: the system's)")
     g.add_argument("--scheduler", metavar="PATH",
@@ -1370,6 +1376,7 @@ def protocol_from_args(args, figure: str) -> Protocol:
                      budget_usd=budget, reproducible=args.reproducible, shuffle_seed=args.shuffle_seed,
                      learner_mode=args.learner_mode, vtrace_critic=args.vtrace_critic or "",
                      kappa=args.kappa, grow_f1=args.grow_f1, grow_f2=args.grow_f2, stop_usd=args.stop_usd,
+                     envs_per_actor=args.envs_per_actor,
                      stop_rates=json.loads(Path(args.rates).read_text()) if args.rates else None,
                      scheduler=scheduler or "", **vals)
     check_specs(proto)

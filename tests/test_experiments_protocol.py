@@ -623,3 +623,11 @@ def test_an_impact_grid_can_name_the_critic_v_trace_reads(tmp_path):
         cli_protocol(tmp_path, "--vtrace-critic", "online", "--name", "t3")
     with pytest.raises(SystemExit):
         P.build_parser("protocol").parse_args(["--vtrace-critic", "actor"])
+
+
+def test_a_grid_can_name_its_envs_per_actor(tmp_path):
+    on = cli_protocol(tmp_path, "--schemes", "fixed:8", "--envs-per-actor", "16", "--name", "e16")
+    assert on.run("fixed:8", 0).spec()["envs_per_actor"] == 16
+    assert on.scale()["envs_per_actor"] == 16 and "16 envs per actor" in on.describe()
+    plain = cli_protocol(tmp_path, "--schemes", "fixed:8", "--name", "e1")
+    assert "envs_per_actor" not in plain.run("fixed:8", 0).spec() and "envs_per_actor" not in plain.scale()
