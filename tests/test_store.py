@@ -628,3 +628,20 @@ def test_a_single_entry_is_appended_without_a_transaction(redis_client, hmac_key
                               "bootstrap_value": 0.0})
     assert redis_client.info("commandstats")["cmdstat_multi"]["calls"] == 1  # the parts stay atomic
     assert redis_client.xlen(stream_key(JOB)) > 2
+
+
+def test_an_ack_sent_at_once_sends_held_back_drops_even_for_no_entries(redis_client, hmac_key, monkeypatch):
+    writer = TrajectoryWriter(redis_client, JOB, signer(hmac_key, JOB))
+    _append(writer, inv(1))
+    _append(writer, inv(1))  # a retry: dropped, its ack held back
+    reader = TrajectoryReader(redis_client, JOB, hmac_key)
+    got = reader.read(count=10, block_ms=100)
+    assert [e.invocation_id for e in got] == [inv(1)] and redis_client.xlen(stream_key(JOB)) == 2
+    sends = _count_sends(monkeypatch)
+    reader.ack([], defer=True)
+    assert sends == []
+    reader.ack([])
+    assert len(sends) == 1
+    reader.ack([])
+    assert len(sends) == 1, "nothing held back: nothing sent"
+    assert redis_client.xlen(stream_key(JOB)) == 1  # the retry is gone, inv-1 waits

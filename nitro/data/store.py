@@ -378,9 +378,12 @@ class TrajectoryReader:
         `claim_stale`, `pending_count`, `flush` or ack sent at once, rather than now: one round trip fewer. Only for a
         caller that has recorded the entries durably first, as the learner's checkpoint does (it names them
         and a restored learner acks them again), since a process that dies before that call leaves them
-        pending. This reader's own dedup knows them at once either way.
+        pending. This reader's own dedup knows them at once either way. An ack sent at once sends every
+        ack held back too (those of dropped entries included), even for no entries.
         """
         if not entries:
+            if not defer:
+                self.flush()
             return
         now = time.time()
         acked = {e.dedup_id: now for e in entries}
