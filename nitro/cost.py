@@ -392,7 +392,7 @@ def estimate_round(ledger: CostLedger, clock: str, *, rounds_planned: int, last_
     per env step (DEFAULT_MS_PER_STEP until an actor succeeded), plus each learner function's mean cost
     (stellaris: one per actor's batch); the learner's time per round padded by LEARNER_ROUND_MARGIN (its mean
     over the `rounds_planned` rounds or its latest, `last_learner_seconds`, the larger; FIRST_ROUND_LEARNER_S
-    before the first plan)."""
+    before the first plan), plus the evaluation functions' mean bill per round so far."""
     if clock not in CLOCKS:
         raise ConfigError(f"invalid value for clock: must be one of {list(CLOCKS)}, got {clock!r}")
     cloud = clock == "cloud"
@@ -406,7 +406,11 @@ def estimate_round(ledger: CostLedger, clock: str, *, rounds_planned: int, last_
     if ledger.learner_fn_invocations:
         fn_usd = ledger.cloud_learner_fn_cost_usd if cloud else ledger.learner_fn_cost_usd
         per_actor += fn_usd / ledger.learner_fn_invocations
-    return RoundEstimate(per_actor, learner_cost(learner_s, prices))
+    # Evaluation functions (docs/evaluation.md) are billed after the round they evaluate was planned: the mean per
+    # round so far goes into the fixed part, so a budget also pays for the evaluations its rounds bring.
+    eval_usd = ledger.cloud_eval_fn_cost_usd if cloud else ledger.eval_fn_cost_usd
+    per_round_eval = eval_usd / rounds_planned if rounds_planned > 0 else 0.0
+    return RoundEstimate(per_actor, learner_cost(learner_s, prices) + per_round_eval)
 
 
 def round_and_sample_costs(per_actor_usd: float, round_seconds: float, update_seconds: float, env_steps: int,

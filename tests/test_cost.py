@@ -204,6 +204,17 @@ def test_later_rounds_are_estimated_from_what_the_job_measured(clock):
                        memory_mb=2048, prices=P)
 
 
+@pytest.mark.parametrize("clock", ["cloud", "machine"])
+def test_the_evaluation_functions_mean_bill_per_round_is_in_the_estimate(clock):
+    led = CostLedger(wall_seconds=40.0, cloud_seconds=8.0)
+    evaluated = CostLedger(wall_seconds=40.0, cloud_seconds=8.0, eval_fn_invocations=10, eval_fn_cost_usd=0.006,
+                           cloud_eval_fn_cost_usd=0.002)
+    args = dict(rounds_planned=4, last_learner_seconds=1.0, steps_per_actor=100, memory_mb=2048, prices=P)
+    without, with_eval = estimate_round(led, clock, **args), estimate_round(evaluated, clock, **args)
+    assert with_eval.fixed_usd - without.fixed_usd == pytest.approx((0.002 if clock == "cloud" else 0.006) / 4)
+    assert with_eval.per_actor_usd == without.per_actor_usd
+
+
 def test_prices_from_mapping_and_validation():
     doc = yaml.safe_load("learner_usd_per_hour: 1.5\nactor_vm_billing: per_hour\nactor_vm_vcpus: 36\n")
     p = Prices.from_mapping(doc)
