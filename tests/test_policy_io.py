@@ -16,14 +16,13 @@ import pytest
 import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from learner_svc.constants import EVAL_SEED_TAG
+from learner_svc.evaluation import eval_seed
 from nitro import load_policy
 from nitro.client import cli, results
 from nitro.client.commands import follow
 from nitro.errors import ConfigError, PolicyError
 from nitro.policy.evaluation import evaluate_policy, iqm_interval
 from nitro.policy.trained import export_policy
-from nitro.seeds import derived_seed
 from tests.system import module_system
 
 pytestmark = pytest.mark.timeout(300)
@@ -91,7 +90,7 @@ def test_best_pt_is_the_best_evaluated_round(trained, checkpoint):
     assert torch.load(best_path, weights_only=True)["round"] == best.round
     assert torch.load(checkpoint, weights_only=True)["round"] == 3
     # The learner's evaluation of that round, reproduced from best.pt on the same seeds.
-    seed = derived_seed(SEED, best.round, EVAL_SEED_TAG, 0) % (2**31)
+    seed = eval_seed(SEED, best.round)
     again = evaluate_policy(load_policy(best_path), episodes=2, seed=seed)
     assert again.mean == best.eval_return
     summary = results.summarize(status, reports, 1.0)
