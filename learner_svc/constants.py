@@ -44,3 +44,5 @@ COST_PATIENCE_S = 30.0  # GetCost retried this long
 # SIGTERMs every component) and its next start asks again, so the shutdown is not held COST_PATIENCE_S.
 DRAIN_END_JOB_PATIENCE_S = 2.0
 LAUNCH_TIMEOUT_SLACK_S = 30.0  # a blocking Launch's RPC deadline beyond the round deadline
+
+DRAIN_STOP_REASON = "learner shutting down"  # a job's stop reason when its learner drains (resumable, not reported)

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from learner_svc.constants import DRAIN_STOP_REASON
 from nitro.rpc import metrics
 from nitro.spec import TrainingSpec
 from nitro.v1 import training_pb2
@@ -143,7 +144,7 @@ class JobManager:
         self.draining = True
         jobs = [j for j in self.list() if not j.done]
         for j in jobs:
-            j.request_stop("learner shutting down")
+            j.request_stop(DRAIN_STOP_REASON)
         deadline = time.time() + timeout
         for j in jobs:
             if j.thread is not None:

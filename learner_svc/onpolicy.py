@@ -38,7 +38,7 @@ import grpc
 import numpy as np
 
 from learner_svc.collector import Collector
-from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
+from learner_svc.constants import DRAIN_STOP_REASON, LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
 from learner_svc.policy_owner import GradientLearner
 from learner_svc.reporting import DIAGNOSTICS, add_evaluation
 from learner_svc.rounds import End, RoundLoop
@@ -351,6 +351,12 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         return self.end_after(k + 1, self.last_eval(math.nan), self.next_plan)
 
     def settle(self) -> None:
+        if self.held is not None and self.job.stop_reason == DRAIN_STOP_REASON:
+            # Not waited for: the held round is the checkpoint's unreported one, which the resume finishes.
+            log.info("job %s: round %d's report waits for the resume (its evaluation was running)",
+                     self.job.job_id, self.held[0].round)
+            self.held = None
+            return
         self._report_held(None)
 
     def _report_held(self, pending: dict | None) -> None:

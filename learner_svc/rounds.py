@@ -42,7 +42,7 @@ import numpy as np
 
 from learner_svc import evaluation
 from learner_svc.clients import LastRound, LearnerDeps, Services, end_job
-from learner_svc.constants import DRAIN_END_JOB_PATIENCE_S, IO_THREADS, MAX_WAVES, RECENT_EPISODES
+from learner_svc.constants import DRAIN_END_JOB_PATIENCE_S, DRAIN_STOP_REASON, IO_THREADS, MAX_WAVES, RECENT_EPISODES
 from learner_svc.durability import CommittedEntry, JobFiles, job_dir, load_reports
 from learner_svc.evaluation import eval_seed
 from learner_svc.jobs import Job
@@ -171,7 +171,7 @@ class RoundLoop(Generic[R]):
             self.send_held_acks()
             self.shutdown()
             metrics.forget_job(job.job_id)  # a finished job leaves no series behind
-        if end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == "learner shutting down":
+        if end_state == training_pb2.JOB_STATE_STOPPED and job.stop_reason == DRAIN_STOP_REASON:
             resumable = job.interrupted = True
             end_message += f"; resume with `nitro train --resume {job.job_id}`"
         elif end_state == failed and end_message.startswith(NO_SAMPLES):
@@ -517,7 +517,7 @@ class RoundLoop(Generic[R]):
         never changes how the job ends. A job that ends while its learner shuts down asks only briefly
         (DRAIN_END_JOB_PATIENCE_S)."""
         try:
-            if self.job.stop_reason == "learner shutting down":
+            if self.job.stop_reason == DRAIN_STOP_REASON:
                 return end_job(self.deps, self.job.job_id, patience=DRAIN_END_JOB_PATIENCE_S)
             return end_job(self.deps, self.job.job_id)
         except Exception as exc:  # noqa: BLE001 - e.g. no scaler at all; the next start asks again
