@@ -2,8 +2,8 @@
 
 Figure: ms per batch through the full signed path. Per iteration:
 TrajectoryWriter.append_batch, as the actor calls it (pickle protocol 5 with
-out-of-band buffers, one ChaCha20-Poly1305 tag under the invocation's own key
-over the pieces where they lie, one copy into the envelope, one XADD), then
+out-of-band buffers, one copy into the envelope, one ChaCha20-Poly1305 tag
+under the invocation's own key written into its end, one XADD), then
 TrajectoryReader.read (XREADGROUP, the invocation's key derived from the
 master key, one tag check, one copy of the body, restricted unpickle, dedup
 against the reader's copy of `seen`) and ack (XACK + XDEL + seen record in one
@@ -157,11 +157,11 @@ def main() -> None:
             record = ("inv-x", 1, 1, STEPS, batch)
             blob = codec.encode(record, key, compress=args.compress)
             n = max(args.iterations // 2, 20)
-            encode_ms = _median_ms(lambda: codec.encode(record, key, compress=args.compress), n)
+            encode_ms = _median_ms(lambda: codec.encode_buffer(record, key, compress=args.compress), n)  # what the writer sends
             decode_ms = _median_ms(lambda: codec.decode(blob, key), n)
             hmac_ms = _median_ms(lambda: hmac.new(key, blob, hashlib.sha256).digest(), n)
             signed, nonce = memoryview(blob)[:-codec._TAG_LEN], blob[codec._HEADER_LEN:codec._BODY_OFFSET]
-            tag_ms = _median_ms(lambda: codec._poly1305(key, nonce, (signed,)).finalize(), n)
+            tag_ms = _median_ms(lambda: codec._poly1305(key, nonce, signed).finalize(), n)
             ping_ms = _median_ms(client.ping, n)
         finally:
             gc.enable()

@@ -18,7 +18,8 @@ envelopes (docs/security.md).
 
 The pickle is protocol 5 with out-of-band buffers: numpy arrays travel as raw
 bytes after it (a strided one as a contiguous copy), so encoding neither copies
-contiguous ones into the pickle nor walks them, and decoding makes one copy of
+contiguous ones into the pickle nor walks them (encode_buffer copies them once,
+into the envelope, and writes the tag into its end), and decoding makes one copy of
 the body (arrays come back writable, as views into it, each at a 16-byte
 aligned offset). A dtype is pickled as numpy.dtype("<f4"), with no state to
 BUILD. Flag bit 0: the body is zlib-compressed (the tag covers the compressed
@@ -120,29 +121,18 @@ def _mac_key(key: bytes) -> bytes:
 # an odd number of 64-byte blocks at half speed (measured on a 287 KB envelope: 38.7 us one pass, 19.4 us with
 # one block more or less; split like this, 24.9 us either way, the Python calls included).
 _POLY_CHUNK = 128
-_POLY_SPLIT_FROM = 2 * _POLY_CHUNK  # a smaller piece goes in whole: the speed is in the large ones
 
 
-def _poly1305(key: bytes, nonce: bytes, pieces) -> Poly1305:
+def _poly1305(key: bytes, nonce: bytes, signed) -> Poly1305:
     """RFC 8439's ChaCha20-Poly1305 MAC, as the AEAD computes it for an empty plaintext and associated data
-    `signed` = the concatenation of `pieces` (buffers), ready to finalize or verify: Poly1305 under the one-time
-    key of ChaCha20 block 0 (mac_key, nonce), over signed | zero padding to 16 bytes | len(signed) u64 | 0 u64.
-    Taking the pieces lets encode sign the arrays where they lie and copy them once, into the envelope."""
+    `signed`, ready to finalize or verify: Poly1305 under the one-time key of ChaCha20 block 0 (mac_key,
+    nonce), over signed | zero padding to 16 bytes | len(signed) u64 | 0 u64."""
     one_time_key = Cipher(ChaCha20(_mac_key(key), bytes(4) + bytes(nonce)), mode=None).encryptor().update(bytes(32))
     mac = Poly1305(one_time_key)
-    size = 0
-    for piece in pieces:
-        n = len(piece)
-        if n >= _POLY_SPLIT_FROM:
-            # The first call completes the 16-byte block Poly1305 holds part of, then whole 128-byte chunks.
-            lead = -size % 16
-            cut = lead + (n - lead) // _POLY_CHUNK * _POLY_CHUNK
-            view = memoryview(piece)
-            mac.update(view[:cut])
-            mac.update(view[cut:])
-        else:
-            mac.update(piece)
-        size += n
+    size = len(signed)
+    cut = size - size % _POLY_CHUNK
+    mac.update(signed[:cut])
+    mac.update(signed[cut:])
     mac.update(bytes(-size % 16) + _AEAD_LENGTHS.pack(size, 0))
     return mac
 
@@ -154,12 +144,14 @@ def encode(obj, key: bytes, *, compress: bool = False) -> bytes:
     (uint8 frames shrink several-fold), not for float trajectories (their
     mantissas look random: about 10% smaller, for several times the cost of
     the whole uncompressed path; bench/trajectory_path.py --compress).
-
-    The arrays' bytes are read twice, once by the tag and once by the one copy that
-    makes the envelope (the tag is computed over the pieces before they are joined). So
-    an array changed meanwhile (by another thread) makes an envelope decode refuses as
-    bad_signature, never one it accepts with the changed bytes.
     """
+    return bytes(encode_buffer(obj, key, compress=compress))
+
+
+def encode_buffer(obj, key: bytes, *, compress: bool = False) -> bytearray:
+    """`encode`'s envelope in the bytearray it is built in: the arrays copied once, into it, and the tag written
+    into its last 16 bytes, with no copy into bytes after (for a caller that sends it at once: the trajectory
+    writer; redis-py sends a bytearray as it is)."""
     _check_key(key)
     buffers: list[pickle.PickleBuffer] = []
     pickled = _pickle(obj, buffers.append)
@@ -167,7 +159,7 @@ def encode(obj, key: bytes, *, compress: bool = False) -> bytes:
     flags = _FLAG_ZLIB if compress else 0
     nonce = os.urandom(_NONCE_LEN)
     table = _TABLE_HEAD.pack(len(raws), len(pickled)) + struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
-    pieces = [b"".join((MAGIC, bytes((flags,)), nonce, table, pickled))]
+    pieces = [MAGIC, bytes((flags,)), nonce, table, pickled]
     pos = len(table) + len(pickled)
     for raw in raws:
         pad = -pos % _ALIGN
@@ -176,8 +168,12 @@ def encode(obj, key: bytes, *, compress: bool = False) -> bytes:
         pieces.append(raw)
         pos += pad + raw.nbytes
     if compress:
-        pieces = [pieces[0][:_BODY_OFFSET], zlib.compress(b"".join((pieces[0][_BODY_OFFSET:], *pieces[1:])), 1)]
-    return b"".join((*pieces, _poly1305(bytes(key), nonce, pieces).finalize()))
+        pieces[3:] = [zlib.compress(b"".join(pieces[3:]), 1)]
+    pieces.append(bytes(_TAG_LEN))  # the tag's place
+    envelope = bytearray().join(pieces)
+    with memoryview(envelope) as view:
+        view[-_TAG_LEN:] = _poly1305(bytes(key), nonce, view[:-_TAG_LEN]).finalize()
+    return envelope
 
 
 # --- pickling ------------------------------------------------------------------
@@ -498,7 +494,7 @@ def decode(data: bytes, key: bytes, *, max_size: int | None = None) -> object:
                                     f"{MAGIC.decode()}): {hint}")
     signed, tag = view[:-_TAG_LEN], view[-_TAG_LEN:]
     try:
-        _poly1305(bytes(key), view[_HEADER_LEN:_BODY_OFFSET], (signed,)).verify(bytes(tag))  # constant-time
+        _poly1305(bytes(key), view[_HEADER_LEN:_BODY_OFFSET], signed).verify(bytes(tag))  # constant-time
     except InvalidSignature:
         raise BadSignatureError("payload signature does not match") from None
     flags = view[_HEADER_LEN - 1]

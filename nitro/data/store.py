@@ -47,7 +47,7 @@ from nitro.data.codec import (
     PayloadTooLargeError,
     UnsignedPayloadError,
     decode,
-    encode,
+    encode_buffer,
 )
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class TrajectoryWriter:
         meta = (invocation_id, int(round), int(policy_version), int(steps))
         # The stream fields are readable without decoding, but the signed copy is
         # what the reader trusts: re-labelling a valid payload cannot dodge dedup.
-        payload = encode((*meta, batch), self._key_of(invocation_id), compress=compress)
+        payload = encode_buffer((*meta, batch), self._key_of(invocation_id), compress=compress)
         return self._xadd([(meta, payload)])[0]
 
     def append_batch(self, *, invocation_id: str, round: int, policy_version: int, batch: dict,
@@ -174,7 +174,7 @@ class TrajectoryWriter:
         steps = steps_of(batch)
         meta = (invocation_id, int(round), int(policy_version), int(steps))
         key = self._key_of(invocation_id)
-        payload = encode((*meta, batch), key, compress=compress)
+        payload = encode_buffer((*meta, batch), key, compress=compress)
         if len(payload) <= self.max_entry_bytes:
             return [self._xadd([(meta, payload)])[0]]
         parts = -(-len(payload) // self.max_entry_bytes) + 1  # parts compress unevenly: start with slack
@@ -185,12 +185,12 @@ class TrajectoryWriter:
             encoded = []
             for i, piece in enumerate(split_batch(batch, parts, value_of)):
                 pmeta = (invocation_id, int(round), int(policy_version), steps_of(piece), i, parts)
-                encoded.append((pmeta, encode((*pmeta[:4], piece, i, parts), key, compress=compress)))
+                encoded.append((pmeta, encode_buffer((*pmeta[:4], piece, i, parts), key, compress=compress)))
             if max(len(p) for _, p in encoded) <= self.max_entry_bytes:
                 return self._xadd(encoded)
             parts = min(parts * 2, max(steps, 1)) if parts < steps else parts + 1
 
-    def _xadd(self, encoded: list[tuple[tuple, bytes]]) -> list[str]:
+    def _xadd(self, encoded: list[tuple[tuple, bytes | bytearray]]) -> list[str]:
         """XADD each (meta, payload); the parts of a split batch in one MULTI/EXEC. A single entry goes
         alone: one XADD is atomic already, and MULTI/EXEC around it cost a second server pass."""
         entries = []
