@@ -85,14 +85,21 @@ PEER_PACKAGES = {
     "sample-factory": ["torch==2.13.0", "sample-factory", "gymnasium[mujoco]"],
     "rllib": ["torch==2.13.0", "ray[rllib]", "gymnasium[mujoco]"],
 }
+# What a failed check means, where the reason is known (kept beside the check's own error in setup.json).
+PEER_NOTES = {
+    "cleanrl": "the registry's cleanrl (0.4.8, its latest release) ships a 2021 ppo_continuous_action.py written for "
+               "OpenAI gym < 0.22 and PyBullet (gym.wrappers.Monitor, pybullet_envs), not gymnasium's Hopper-v5; "
+               "CleanRL's current script is published only in its repository, which this bench does not copy",
+}
 PEER_CHECKS = {
     "sb3": "import stable_baselines3, gymnasium as g; g.make('Hopper-v5'); print(stable_baselines3.__version__)",
-    "cleanrl": "import importlib.util as u, gymnasium as g, importlib.metadata as m; "
-               "assert u.find_spec('cleanrl.ppo_continuous_action'), 'the package ships no ppo_continuous_action'; "
-               "g.make('Hopper-v5'); print(m.version('cleanrl'))",
+    # runs the shipped script as a user would (`python -m cleanrl.ppo_continuous_action --help`): its imports first
+    "cleanrl": "import importlib.metadata as m, runpy, sys\nsys.argv = ['ppo_continuous_action', '--help']\n"
+               "try:\n    runpy.run_module('cleanrl.ppo_continuous_action', run_name='__main__')\n"
+               "except SystemExit as e:\n    assert not e.code, e\nprint(m.version('cleanrl'))",
     "sample-factory": "import importlib.util as u, gymnasium as g, importlib.metadata as m; "
                       "assert u.find_spec('sf_examples.mujoco.train_mujoco'), 'the package ships no sf_examples.mujoco'; "
-                      "g.make('Hopper-v5'); print(m.version('sample-factory'))",
+                      "g.make('Hopper-v4'); print(m.version('sample-factory'))",
     "rllib": "import ray, gymnasium as g; from ray.rllib.algorithms.ppo import PPOConfig; g.make('Hopper-v5'); "
              "print(ray.__version__)",
 }
@@ -150,15 +157,18 @@ def pending(runs: list[Run], results: Path) -> list[Run]:
     return [r for r in runs if not result_path(results, r).exists()]
 
 
-def outcome(run: Run, curve: list[dict], cap_s: float, target: float) -> dict:
-    """A run's figures from its evaluation curve: the crossing point's time and steps, else the cap and the best
-    return. Peers' and nitro's dollars are added by the caller."""
+def outcome(run: Run, curve: list[dict], cap_s: float, target: float, steps_trained: int | None = None) -> dict:
+    """A run's figures from its evaluation curve: the crossing point's time and steps, else the cap, the env steps
+    trained within it (`steps_trained`, else the last evaluation's) and the best return. Peers' and nitro's dollars
+    are added by the caller. Evaluations of policies trained past the cap do not count."""
+    curve = [p for p in curve if p["train_s"] <= cap_s]
     hit = crossing(curve, target)
     best = max((p["return"] for p in curve), default=None)
     if hit is not None:
         return {"crossed": True, "wall_s": hit["train_s"], "env_steps": hit["env_steps"], "best_return": best,
                 "crossing_return": hit["return"]}
-    return {"crossed": False, "wall_s": cap_s, "env_steps": curve[-1]["env_steps"] if curve else 0,
+    last = curve[-1]["env_steps"] if curve else 0
+    return {"crossed": False, "wall_s": cap_s, "env_steps": last if steps_trained is None else steps_trained,
             "best_return": best}
 
 
@@ -222,7 +232,8 @@ def check_peer(peer_envs: Path, peer: str) -> dict:
         return {"ok": False, "reason": f"no environment at {py.parent.parent} (run --setup)"}
     proc = subprocess.run([str(py), "-c", PEER_CHECKS[peer]], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        return {"ok": False, "reason": "the check failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1]}
+        reason = "the check failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"ok": False, "reason": f"{PEER_NOTES[peer]} ({reason})" if peer in PEER_NOTES else reason}
     return {"ok": True, "version": proc.stdout.strip().splitlines()[-1]}
 
 
@@ -241,6 +252,7 @@ def setup(peers: list[str], peer_envs: Path, results: Path) -> dict:
             log = [ln for ln in (proc.stdout + proc.stderr).splitlines() if not ln.startswith("WARNING: Location")]
             status = check_peer(peer_envs, peer) if proc.returncode == 0 else {
                 "ok": False, "reason": "pip install failed: " + " | ".join(log[-6:])}
+
         status.update({"packages": PEER_PACKAGES[peer], "checked_unix": time.time()})
         record[peer] = status
         print(f"{peer}: {'ok ' + status['version'] if status['ok'] else 'NOT usable: ' + status['reason']}", flush=True)
@@ -309,10 +321,17 @@ def run_nitro(run: Run, cap_s: float, eval_every_steps: int) -> dict:
     hit = crossing(within, target)
     if hit is None and not stopped:
         raise RuntimeError(f"the nitro job ended {state} before the target or the cap: {message}")
-    out = outcome(run, within, cap_s, target)
-    point = hit if hit is not None else (within[-1] if within else None)
-    out.update({"usd": point["usd"] if point else 0.0, "usd_training": point["usd_training"] if point else 0.0,
-                "cloud_s": point["cloud_s"] if hit is not None else None, "rounds": len(reports),
+    in_cap = [r for i, r in enumerate(reports) if nitro_train_s(reports[:i + 1]) <= cap_s]
+    out = outcome(run, within, cap_s, target, int(in_cap[-1]["total_env_steps"]) if in_cap else 0)
+    if hit is not None:
+        out.update({"usd": hit["usd"], "usd_training": hit["usd_training"], "cloud_s": hit["cloud_s"]})
+    else:  # the bill and the cloud clock at the cap
+        usd = float(in_cap[-1]["cloud_total_cost_usd"]) if in_cap else 0.0
+        eval_usd = sum(float(r.get("cloud_eval_cost_usd", 0.0)) for r in in_cap)
+        cloud = sum(r.get("cloud_round_seconds", 0.0) - (r.get("cloud_phases") or {}).get("evaluate", 0.0)
+                    for r in in_cap)
+        out.update({"usd": usd, "usd_training": usd - eval_usd, "cloud_s": cloud})
+    out.update({"rounds": len(reports),
                 "job_state": state, "job_message": message, "spec": spec, "curve": curve})
     return out
 
@@ -334,7 +353,7 @@ def run_peer(run: Run, cap_s: float, eval_every_steps: int, peer_envs: Path) -> 
         raise RuntimeError(f"the {run.system} worker failed (exit {proc.returncode}): {proc.stderr[-2500:]}")
     worker = json.loads(lines[-1])
     prices = Prices()
-    out = outcome(run, worker["curve"], cap_s, TARGETS[run.env_id])
+    out = outcome(run, worker["curve"], cap_s, TARGETS[run.env_id], worker.get("env_steps"))
     out.update({"usd": vm_cost_usd(out["wall_s"], prices), "cloud_s": out["wall_s"],
                 "instance": prices.learner_instance, "usd_per_hour": prices.learner_usd_per_hour,
                 "curve": worker["curve"], "stopped": worker["stopped"], "versions": worker["versions"],
@@ -354,6 +373,7 @@ class Tracker:
         self.curve: list[dict] = []
         self.next_eval = every
         self.stopped = ""
+        self.env_steps = 0  # the latest count seen
         self.t0 = self.paused = 0.0
 
     def start(self) -> None:
@@ -365,21 +385,25 @@ class Tracker:
     def tick(self, env_steps: int) -> bool:
         if self.stopped:
             return False
+        self.env_steps = int(env_steps)
         if env_steps >= self.next_eval:
             t = self.train_s()
             e0 = time.perf_counter()
-            ret = evaluate_peer(self.env_id, self.act)
+            self.record(env_steps, t, evaluate_peer(self.env_id, self.act))
             self.paused += time.perf_counter() - e0
-            self.curve.append({"env_steps": int(env_steps), "train_s": t, "return": ret})
-            print(f"  {env_steps} steps, {t:.0f} s: {ret:.1f}", file=sys.stderr, flush=True)
             self.next_eval = (env_steps // self.every + 1) * self.every
-            if ret >= self.target:
-                self.stopped = "crossed"
+            if self.stopped:
                 return False
         if self.train_s() >= self.cap_s:
             self.stopped = "capped"
             return False
         return True
+
+    def record(self, env_steps: int, train_s: float, ret: float) -> None:
+        self.curve.append({"env_steps": int(env_steps), "train_s": train_s, "return": ret})
+        print(f"  {env_steps} env steps, {train_s:.0f} s: {ret:.1f}", file=sys.stderr, flush=True)
+        if ret >= self.target:
+            self.stopped = "crossed"
 
 
 def evaluate_peer(env_id: str, act) -> float:
@@ -496,7 +520,112 @@ def rllib_worker(cfg: dict, tracker: Tracker) -> tuple[dict, list[str]]:
             "model": str(model)}, deviations
 
 
-PEER_WORKERS = {"sb3": sb3_worker, "rllib": rllib_worker}
+# Sample Factory's MuJoCo example registers the gymnasium v4 tasks (its package pins gymnasium < 1.0, which has no v5)
+SF_ENVS = {"Hopper-v5": ("mujoco_hopper", "Hopper-v4"), "Walker2d-v5": ("mujoco_walker", "Walker2d-v4")}
+SF_SAVE_EVERY_S = 1  # a checkpoint a second: the evaluation points are the first checkpoints past each N env steps
+
+
+def sf_checkpoint_points(checkpoints: list[tuple[int, float, str]], every: int) -> list[tuple[int, float, str]]:
+    """Of (env_steps, train_s, path) in training order, the first at or past each multiple of `every` env steps."""
+    out, mark = [], every
+    for steps, t, path in checkpoints:
+        if steps >= mark:
+            out.append((steps, t, path))
+            mark = (steps // every + 1) * every
+    return out
+
+
+def sample_factory_worker(cfg: dict, tracker: Tracker) -> tuple[dict, list[str]]:
+    """Sample Factory trains in processes of its own, so its clock cannot stop for an evaluation: it trains for the
+    cap, checkpointing every second, and the checkpoints are evaluated afterwards (off the clock), in order, until
+    one crosses; a checkpoint's training time is its file's time since its processes started."""
+    import tempfile
+
+    import torch
+    from sample_factory.algo.learning.learner import Learner
+    from sample_factory.algo.runners.runner import AlgoObserver
+    from sample_factory.algo.utils.action_distributions import argmax_actions
+    from sample_factory.algo.utils.make_env import make_env_func_batched
+    from sample_factory.algo.utils.misc import ExperimentStatus
+    from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
+    from sample_factory.cfg.arguments import load_from_checkpoint
+    from sample_factory.model.actor_critic import create_actor_critic
+    from sample_factory.model.model_utils import get_rnn_size
+    from sample_factory.train import make_runner
+    from sample_factory.utils.attr_dict import AttrDict
+    from sf_examples.mujoco.train_mujoco import parse_mujoco_cfg, register_mujoco_components
+
+    name, gym_id = SF_ENVS[cfg["env_id"]]
+    if cfg["settings"] == "own":
+        settings = {}  # the example's own defaults (sf_examples/mujoco/mujoco_params.py), as shipped
+    else:
+        settings = {"num_workers": 2, "num_envs_per_worker": OURS["envs"] // 2, "rollout": OURS["steps_per_env"],
+                    "batch_size": OURS["minibatch"],
+                    "num_batches_per_epoch": OURS["envs"] * OURS["steps_per_env"] // OURS["minibatch"],
+                    "num_epochs": OURS["epochs"], "learning_rate": OURS["lr"], "lr_schedule": "constant",
+                    "gamma": OURS["gamma"], "gae_lambda": OURS["gae_lambda"], "ppo_clip_ratio": OURS["clip"],
+                    "value_loss_coeff": OURS["value_coeff"], "max_grad_norm": OURS["max_grad_norm"],
+                    "exploration_loss_coeff": OURS["entropy"], "kl_loss_coeff": 0.0,
+                    "encoder_mlp_layers": " ".join(map(str, OURS["hidden"])), "nonlinearity": OURS["activation"],
+                    "normalize_input": True, "normalize_returns": False}
+    register_mujoco_components()
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [f"--env={name}", "--experiment=ttt", f"--train_dir={tmp}", f"--seed={cfg['seed']}", "--device=cpu",
+                f"--train_for_seconds={int(math.ceil(cfg['cap_s']))}", f"--save_every_sec={SF_SAVE_EVERY_S}",
+                "--keep_checkpoints=1000000", "--with_wandb=False", "--train_for_env_steps=10000000000"]
+        argv += [f"--{k}={v}" for k, v in settings.items() if k != "encoder_mlp_layers"]  # booleans as True/False
+        if "encoder_mlp_layers" in settings:
+            argv += ["--encoder_mlp_layers", *settings["encoder_mlp_layers"].split()]
+        sf_cfg = parse_mujoco_cfg(argv=argv)
+        sf_cfg, runner = make_runner(sf_cfg)
+        clock = {"t0": None}
+
+        class Clock(AlgoObserver):
+            """Starts the clock once its processes run; ends training at the cap (2.1.1 never advances the
+            `total_train_seconds` its own --train_for_seconds reads, so the observer does)."""
+
+            def on_start(self, runner) -> None:
+                clock["t0"] = time.time()
+
+            def on_training_step(self, runner, iteration: int) -> None:
+                runner.total_train_seconds = time.time() - clock["t0"]
+
+        runner.register_observer(Clock())
+        if runner.init() == ExperimentStatus.SUCCESS:
+            runner.run()
+        if clock["t0"] is None:
+            raise RuntimeError("Sample Factory did not start training")
+        t0 = clock["t0"]
+        sf_cfg = load_from_checkpoint(sf_cfg)
+        paths = Learner.get_checkpoints(Learner.checkpoint_dir(sf_cfg, 0), "checkpoint_*")
+        found = sorted((int(Path(p).stem.rsplit("_", 1)[1]), os.path.getmtime(p) - t0, p) for p in paths)
+        env = make_env_func_batched(sf_cfg, env_config=AttrDict(worker_index=0, vector_index=0, env_id=0))
+        model = create_actor_critic(sf_cfg, env.observation_space, env.action_space)
+        model.eval()
+        env.close()
+        rnn = torch.zeros([1, get_rnn_size(sf_cfg)], dtype=torch.float32)
+
+        def act(obs):
+            with torch.no_grad():
+                norm = prepare_and_normalize_obs(model, {"obs": torch.as_tensor(obs[None], dtype=torch.float32)})
+                model(norm, rnn)
+                return argmax_actions(model.action_distribution())[0].numpy()
+
+        tracker.env_id, tracker.act = gym_id, act
+        tracker.env_steps = found[-1][0] if found else 0
+        for steps, t, path in sf_checkpoint_points([c for c in found if c[1] <= tracker.cap_s], tracker.every):
+            model.load_state_dict(Learner.load_checkpoint([path], "cpu")["model"])
+            tracker.record(steps, t, evaluate_peer(gym_id, act))
+            if tracker.stopped:
+                break
+        tracker.stopped = tracker.stopped or "capped"
+    deviations = [f"trained and evaluated on {gym_id}: the registry package pins gymnasium < 1.0, without v5",
+                  "evaluated after training from checkpoints saved every second: a crossing is timed at the first checkpoint past "
+                  "each N env steps, up to a second late"]
+    return {"sample_factory_args": argv[4:]}, deviations
+
+
+PEER_WORKERS = {"sb3": sb3_worker, "rllib": rllib_worker, "sample-factory": sample_factory_worker}
 
 
 def worker_main(cfg: dict) -> None:
@@ -508,7 +637,8 @@ def worker_main(cfg: dict) -> None:
     settings, deviations = PEER_WORKERS[cfg["system"]](cfg, tracker)
     dists = {"sb3": "stable-baselines3", "cleanrl": "cleanrl", "sample-factory": "sample-factory", "rllib": "ray"}
     versions = {d: md.version(d) for d in (dists[cfg["system"]], "torch", "gymnasium")}
-    print(json.dumps({"curve": tracker.curve, "stopped": tracker.stopped or "ended", "settings": settings,
+    print(json.dumps({"curve": tracker.curve, "stopped": tracker.stopped or "ended", "env_steps": tracker.env_steps,
+                      "settings": settings,
                       "versions": versions, "deviations": deviations}))
 
 
@@ -529,7 +659,7 @@ def report(results: Path) -> dict:
     summary = summarize(done)
     setup_path = results / "setup.json"
     peers = json.loads(setup_path.read_text()) if setup_path.exists() else {}
-    print(f"| system | settings | env | seeds | median wall s | median env steps | median $ | crossed | per-seed wall s |")
+    print("| system | settings | env | seeds | median wall s | median env steps | median $ | crossed | per-seed wall s |")
     print("|---|---|---|---|---:|---:|---:|---|---|")
     for row in summary["table"].values():
         print(f"| {row['system']} | {row['settings']} | {row['env_id']} | {row['seeds']} | "
@@ -554,10 +684,28 @@ def report(results: Path) -> dict:
     return out
 
 
+def record_peers(peers: list[str], peer_envs: Path, results: Path) -> dict:
+    """Check each peer's environment now (no install) and keep the outcome beside the install record."""
+    path = results / "setup.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    for peer in peers:
+        record[peer] = {**record.get(peer, {}), **check_peer(peer_envs, peer), "checked_unix": time.time()}
+        if record[peer]["ok"]:
+            record[peer].pop("reason", None)
+    results.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def execute(runs: list[Run], results: Path, cap_s: float, eval_every_steps: int, peer_envs: Path) -> None:
     results.mkdir(parents=True, exist_ok=True)
     todo = pending(runs, results)
     print(f"{len(runs) - len(todo)} of {len(runs)} runs finished already; {len(todo)} to run", flush=True)
+    peers = record_peers(sorted({r.system for r in todo if r.system != "nitro"}), peer_envs, results)
+    for peer, status in sorted(peers.items()):
+        if not status["ok"] and any(r.system == peer for r in todo):
+            print(f"{peer}: not run: {status['reason']}", flush=True)
+    todo = [r for r in todo if r.system == "nitro" or peers[r.system]["ok"]]
     for run in todo:
         t0 = time.time()
         failed = result_path(results, run).with_suffix(".failed.json")
@@ -595,7 +743,9 @@ def main() -> None:
     p.add_argument("--peer-envs", type=Path, default=PEER_ENVS)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--setup", action="store_true", help="create and check the peers' environments")
-    mode.add_argument("--plan", action="store_true", help="print what would run and the hours it may take")
+    mode.add_argument("--plan", action="store_true", help="print what would run and the hours it may take (the "
+                      "default: a bare run, as `make bench` makes, spends no hours)")
+    mode.add_argument("--run", action="store_true", help="run what is not finished yet, then --report")
     mode.add_argument("--report", action="store_true", help="the table and the JSON from the result files alone")
     args = p.parse_args()
     if not args.cap_minutes > 0:
@@ -614,10 +764,11 @@ def main() -> None:
         report(args.results)
         return
     todo = pending(runs, args.results)
-    if args.plan:
+    if not args.run:
         for run in todo:
             print(run.name)
         hours = estimate_hours(todo, args.cap_minutes)
+        print("(a plan only: --run measures)")
         print(json.dumps({"benchmark": "time_to_target", "plan": [r.name for r in todo], "runs": len(todo),
                           "finished": len(runs) - len(todo), "cap_minutes": args.cap_minutes,
                           "estimated_hours_at_most": round(hours, 1)}))

@@ -42,8 +42,17 @@ def test_outcome_reports_the_cap_and_the_best_return_when_not_crossed():
                        "crossing_return": 2700.0}
     capped = ttt.outcome(run, curve((20480, 50.0, 2000.0), (40960, 95.0, 1800.0)), 600.0, 2500.0)
     assert capped == {"crossed": False, "wall_s": 600.0, "env_steps": 40960, "best_return": 2000.0}
+    late = ttt.outcome(run, curve((20480, 50.0, 2000.0), (40960, 601.0, 2700.0)), 600.0, 2500.0)
+    assert late["crossed"] is False and late["best_return"] == 2000.0, "trained past the cap: does not count"
     assert ttt.outcome(run, [], 60.0, 2500.0) == {"crossed": False, "wall_s": 60.0, "env_steps": 0,
                                                   "best_return": None}
+
+
+def test_sample_factorys_evaluation_points_are_the_first_checkpoints_past_each_n_steps():
+    found = [(1000, 1.0, "a"), (2100, 2.0, "b"), (3000, 3.0, "c"), (4096, 4.0, "d"), (9000, 5.0, "e"),
+             (10000, 6.0, "f")]
+    assert [c[2] for c in ttt.sf_checkpoint_points(found, 2048)] == ["b", "d", "e"]
+    assert ttt.sf_checkpoint_points([], 2048) == []
 
 
 def test_a_peer_is_billed_as_the_learner_servers_instance_per_second():
