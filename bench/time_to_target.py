@@ -21,31 +21,39 @@ actor and critic, 2,048 env steps an update from 8 envs of 256 steps, 10 epochs,
 GAE 0.95, clip 0.2, value coefficient 0.5, grad clip 0.5, no entropy term, observation normalisation):
 - nitro: `nitro.TrainingSpec` defaults (preset `tuned`, the `fixed` scaler's 8 actors x 256 steps, evaluation
   functions) with target_return set, through the real local system (LocalSystem + NitroClient);
-- sb3: Stable-Baselines3 PPO; `own` is rl-baselines3-zoo's Hopper PPO entry;
-- cleanrl: CleanRL's ppo_continuous_action from its registry package, run as shipped with its own arguments;
-- sample-factory: Sample Factory's MuJoCo example (sf_examples.mujoco) from its registry package;
-- rllib: RLlib PPO (new API stack).
+- sb3: Stable-Baselines3 PPO; `own` is rl-baselines3-zoo's Hopper PPO entry (1 env x 512 steps, minibatch 32,
+  5 epochs, obs and reward normalisation, ...);
+- cleanrl: CleanRL's ppo_continuous_action from its registry package, as shipped. Its registry release (0.4.8) is a
+  2021 script for OpenAI gym and PyBullet that cannot run gymnasium's v5 tasks: reported, not run (PEER_NOTES);
+- sample-factory: Sample Factory's MuJoCo example (sf_examples.mujoco, `own` its shipped defaults) from its registry
+  package (2.1.1), which pins gymnasium < 1.0: it trains and is evaluated on Hopper-v4 and Walker2d-v4 (a deviation
+  its result files carry). It trains in processes of its own, so its clock cannot stop for evaluations: it trains
+  to the cap with a checkpoint a second, evaluated afterwards, off the clock, until one crosses;
+- rllib: RLlib PPO (new API stack); `own` is RLlib's defaults (its package ships no tuned Hopper example), 2 env
+  runners x 8 envs (fastest here, bench/vs_rllib.py); `ours` has no observation normalisation (a deviation).
 Each peer runs in its own Python environment under --peer-envs (default /work/peer-envs/<name>), which `--setup`
 creates with `python3 -m venv` and pip (torch pinned to 2.13.0 everywhere); the install outcome of each is kept in
-the results folder's setup.json, and a peer that cannot be installed or run is reported with the reason. Peers
-are run, never copied: this file runs itself with the peer's interpreter (`--worker`) and drives the peer's own
-API or script. Torch threads: each system's default.
+the results folder's setup.json, a run re-checks it, and a peer that cannot be installed or run is reported with
+the reason. Peers are run, never copied: this file runs itself with the peer's interpreter (`--worker`, importing
+nothing of nitro) and drives the peer's own API. Torch threads: each system's default.
 
 Runs are interleaved (seed by seed, env by env, every system and setting in turn), so a drift of the machine hits
 all alike, and each run writes results/time-to-target/<system>-<settings>-<env>-s<seed>.json as it finishes; a
 rerun skips finished runs (a failed run writes <name>.failed.json and is tried again), and --report rebuilds the
 table and the JSON from the files alone. Figures: per (peer, settings, env), the median over seeds of the
 same-seed ratios peer / nitro of wall time and of dollars (> 1: nitro is faster, cheaper); a capped time is a
-bound, counted in `capped`.
+bound, counted in `capped`. The last line is one JSON object: per-seed times, steps, dollars and the median ratios.
 
-    .venv/bin/python bench/time_to_target.py --setup                 # peer environments (minutes; needs the registry)
-    .venv/bin/python bench/time_to_target.py --plan                  # what would run, and the hours it may take
-    .venv/bin/python bench/time_to_target.py                         # everything, on a quiet machine
-    .venv/bin/python bench/time_to_target.py --systems nitro,sb3 --envs Hopper-v5 --seeds 0 --cap-minutes 1
-    .venv/bin/python bench/time_to_target.py --report
+    .venv/bin/python bench/time_to_target.py --setup     # the peers' environments (minutes; needs the registry)
+    .venv/bin/python bench/time_to_target.py             # a plan only: what would run and the hours it may take
+    .venv/bin/python bench/time_to_target.py --run       # everything not finished yet, on a quiet machine
+    .venv/bin/python bench/time_to_target.py --run --systems nitro,sb3 --envs Hopper-v5 --seeds 0 --cap-minutes 1
+    .venv/bin/python bench/time_to_target.py --report    # the table and the JSON from the result files
 
-How long: at most runs x cap (the full grid: 9 system-settings x 2 envs x 5 seeds = 90 runs, 30 h at the
-default 20-minute cap); runs that cross stop early (nitro's Hopper demo job passes 2,500 within ~4 minutes).
+How long: at most runs x (cap + ~1 minute of start-up and evaluation); the full grid is 4 systems run here
+(nitro, and sb3, sample-factory, rllib each with both settings: 7 runs a seed and env) x 2 envs x 5 seeds = 70 runs,
+about 25 h at the default 20-minute cap if none crossed; a run that crosses stops early (nitro's demo job passes
+2,500 on Hopper-v5 in about 4 minutes), and Sample Factory always trains to its cap.
 """
 
 from __future__ import annotations
@@ -470,6 +478,7 @@ def sb3_worker(cfg: dict, tracker: Tracker) -> tuple[dict, list[str]]:
 
 
 def rllib_worker(cfg: dict, tracker: Tracker) -> tuple[dict, list[str]]:
+    import gymnasium as gym
     import numpy as np
     import ray
     import torch
@@ -477,8 +486,8 @@ def rllib_worker(cfg: dict, tracker: Tracker) -> tuple[dict, list[str]]:
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     if cfg["settings"] == "own":
-        # RLlib's PPO defaults on the new API stack (RLlib ships no Hopper setting sized for 2 cores), sampling as
-        # measured fastest here (bench/vs_rllib.py: 2 env runners x 8 envs)
+        # RLlib's PPO defaults on the new API stack (its package ships no tuned examples, and its repository's Hopper
+        # example is sized for a cluster), sampling as measured fastest here (bench/vs_rllib.py: 2 runners x 8 envs)
         runners, envs = 2, 8
         training, model = {}, DefaultModelConfig()
     else:
@@ -497,13 +506,13 @@ def rllib_worker(cfg: dict, tracker: Tracker) -> tuple[dict, list[str]]:
                   .training(**training).rl_module(model_config=model).debugging(seed=cfg["seed"]))
         algo = config.build_algo()
         module = algo.get_module()
-        n_act = int(np.prod(algo.env_runner.env.single_action_space.shape)) if hasattr(algo, "env_runner") else None
+        n_act = int(np.prod(gym.make(cfg["env_id"]).action_space.shape))
 
         def act(obs):
             with torch.no_grad():
                 out = module.forward_inference({"obs": torch.as_tensor(obs[None], dtype=torch.float32)})
             inputs = out["action_dist_inputs"][0].numpy()
-            return inputs[: (n_act or inputs.shape[0] // 2)]  # (mean, log_std): the mean
+            return inputs[:n_act]  # (mean, log_std): the mean
 
         tracker.act = act
         tracker.start()
@@ -517,7 +526,8 @@ def rllib_worker(cfg: dict, tracker: Tracker) -> tuple[dict, list[str]]:
     deviations = [] if cfg["settings"] == "own" else [
         "no observation normalisation (RLlib's MeanStdFilter connector would also have to filter the evaluation)"]
     return {"env_runners": runners, "envs_per_env_runner": envs, **{k: str(v) for k, v in training.items()},
-            "model": str(model)}, deviations
+            "fcnet_hiddens": model.fcnet_hiddens, "fcnet_activation": model.fcnet_activation,
+            "vf_share_layers": model.vf_share_layers}, deviations
 
 
 # Sample Factory's MuJoCo example registers the gymnasium v4 tasks (its package pins gymnasium < 1.0, which has no v5)
@@ -764,13 +774,21 @@ def main() -> None:
         report(args.results)
         return
     todo = pending(runs, args.results)
+    finished = len(runs) - len(todo)
     if not args.run:
+        record_path = args.results / "setup.json"  # the last --setup or run's check; a run checks again
+        record = json.loads(record_path.read_text()) if record_path.exists() else {}
+        unusable = {p: v["reason"] for p, v in record.items() if not v.get("ok") and p in systems}
+        todo = [r for r in todo if r.system not in unusable]
         for run in todo:
             print(run.name)
+        for peer, reason in unusable.items():
+            print(f"{peer}: not run: {reason}")
         hours = estimate_hours(todo, args.cap_minutes)
-        print("(a plan only: --run measures)")
+        print(f"{len(todo)} runs, at most {hours:.1f} h at a {args.cap_minutes:g}-minute cap (a plan only: --run "
+              f"measures)")
         print(json.dumps({"benchmark": "time_to_target", "plan": [r.name for r in todo], "runs": len(todo),
-                          "finished": len(runs) - len(todo), "cap_minutes": args.cap_minutes,
+                          "finished": finished, "not_run": unusable, "cap_minutes": args.cap_minutes,
                           "estimated_hours_at_most": round(hours, 1)}))
         return
     execute(runs, args.results, args.cap_minutes * 60.0, args.eval_every_steps, args.peer_envs)

@@ -165,3 +165,20 @@ def test_bad_flags_are_refused_with_the_flag_named(tmp_path):
         proc = subprocess.run([sys.executable, str(ROOT / "bench" / "time_to_target.py"), "--plan", "--results",
                                str(tmp_path), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+
+
+@pytest.mark.slow  # a subprocess of the bench
+def test_a_bare_run_only_plans_and_leaves_out_peers_that_cannot_run(tmp_path):
+    (tmp_path / "setup.json").write_text(json.dumps({"cleanrl": {"ok": False, "reason": "needs OpenAI gym"},
+                                                     "sb3": {"ok": True, "version": "2.9.2"}}))
+    ttt.result_path(tmp_path, ttt.Run("nitro", "ours", "Hopper-v5", 0)).write_text("{}")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "time_to_target.py"), "--results", str(tmp_path),
+                           "--systems", "nitro,sb3,cleanrl", "--envs", "Hopper-v5", "--seeds", "0,1",
+                           "--cap-minutes", "10"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["plan"] == ["sb3-own-hopper-v5-s0", "sb3-ours-hopper-v5-s0", "nitro-ours-hopper-v5-s1",
+                           "sb3-own-hopper-v5-s1", "sb3-ours-hopper-v5-s1"]
+    assert out["finished"] == 1 and out["not_run"] == {"cleanrl": "needs OpenAI gym"}
+    assert out["estimated_hours_at_most"] == round(5 * 11 / 60, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nitro-ours-hopper-v5-s0.json", "setup.json"], "ran nothing"
