@@ -15,9 +15,9 @@ from nitro.local.redis_server import LocalRedis
 # `make test` runs every test; `make test-fast` leaves out the tests marked `system` or `slow` (pyproject.toml
 # registers both markers):
 #   system: the test starts processes that make up a system or a part of one, and often kills them: a local
-#           system (tests.system.module_system or start_system, LocalSystem(...).start()), a supervised one
-#           (faultkit's `supervised`), a LocalLambda endpoint, or `nitro up`, `nitro train --local` or a
-#           benchmark as a subprocess.
+#           system (tests.system.module_system, shared_system or start_system, LocalSystem(...).start()), a
+#           supervised one (faultkit's `supervised`), a LocalLambda endpoint, or `nitro up`, `nitro train
+#           --local` or a benchmark as a subprocess.
 #   slow:   the test starts none of these but takes a second or more (training, Atari emulators, grids of
 #           fake runs, long property runs, waits for a timeout): 1.5 s or more in a run of the fast tier on
 #           the 2-core machine beside an experiment (pytest --durations=0).
@@ -68,6 +68,16 @@ def redis_client(redis_server):
 @pytest.fixture
 def hmac_key() -> bytes:
     return secrets.token_bytes(32)
+
+
+@pytest.fixture(scope="session")
+def shared_local_system(tmp_path_factory):
+    """The test worker's one local system, for the modules that take it (tests.system.shared_system)."""
+    from tests.system import start_system
+
+    sysm = start_system(tmp_path_factory.mktemp("shared-system"), concurrency=8)
+    yield sysm
+    sysm.stop()
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from tests.system import module_system
+from tests.system import shared_system
 
 pytestmark = pytest.mark.timeout(420)
 
-system = module_system("nitro-cloud-clock", concurrency=4)
+system = shared_system()
 
 SPEC = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 4, "steps_per_actor": 512, "eval_episodes": 3,
         "budget_usd": 1.0, "seed": 5, "reproducible": True,

@@ -14,9 +14,9 @@ from learner_svc import evaluation
 from learner_svc.durability import job_dir
 from nitro.cost import Prices
 from nitro.v1 import scaler_pb2
-from tests.system import module_system
+from tests.system import shared_system
 
-system = module_system("nitro-eval-functions")
+system = shared_system()
 
 
 def result(inv_id: str, returns=(), ok=True, error_type=""):

@@ -17,7 +17,7 @@ from nitro.errors import ConfigError
 from nitro.scaling import RoundInputs, make_policy
 from nitro.scaling import minions as m
 from nitro.spec import InvalidSpec, ScalerSettings, TrainingSpec, validate
-from tests.system import module_system
+from tests.system import shared_system
 
 LN_3601 = math.log(3601.0)
 LN_1001 = math.log(1001.0)
@@ -452,7 +452,7 @@ JOB = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 3, "steps_per_actor"
        "budget_usd": 0.5}
 
 
-system = module_system("minions-state", concurrency=4)
+system = shared_system()
 
 
 

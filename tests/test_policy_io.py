@@ -23,11 +23,11 @@ from nitro.client.commands import follow
 from nitro.errors import ConfigError, PolicyError
 from nitro.policy.evaluation import evaluate_policy, iqm_interval
 from nitro.policy.trained import export_policy
-from tests.system import module_system
+from tests.system import shared_system
 
 pytestmark = pytest.mark.timeout(300)
 
-system = module_system("policy-io")
+system = shared_system()
 SEED = 1
 
 

@@ -20,7 +20,7 @@ import pytest
 import nitro
 from nitro.client.sdk import UnauthenticatedError
 from nitro.spec import InvalidSpec, TrainingSpec
-from tests.system import module_system
+from tests.system import shared_system
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,7 +29,7 @@ PUBLIC = {"train": "nitro.api", "TrainingRun": "nitro.api", "TrainingNotFinished
           "NitroClient": "nitro.client.sdk", "TrainingSpec": "nitro.spec", "load_policy": "nitro.policy.trained",
           "export_policy": "nitro.policy.trained", "TrainedPolicy": "nitro.policy.trained"}
 
-system = module_system("python-api")
+system = shared_system()
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ from nitro.client.commands.common import CliError
 from nitro.client.multirun import BudgetPool, JobRun, final_return
 from nitro.client.sdk import RoundReport, TrainingStatus
 from nitro.v1 import training_pb2
-from tests.system import module_system
+from tests.system import shared_system
 
 
 def test_seed_jobs_share_one_budget():
@@ -105,7 +105,7 @@ def test_budget_pool_counts_running_jobs_at_their_budget():
 
 # --- through a real local system ------------------------------------------------------------------------------
 
-system = module_system("seeds", concurrency=8)
+system = shared_system()
 # Three CartPole jobs of 2 actors, each with a third: enough for the first round's estimate (the learner for
 # FIRST_ROUND_LEARNER_S x LEARNER_ROUND_MARGIN, $0.00035 at c6i.large prices), then ~$0.00001 a round binds after
 # some 10-20 rounds.

@@ -17,12 +17,12 @@ from nitro.client import results
 from nitro.client.sdk import InvalidArgumentError, NitroClient, NotFoundError, UnavailableError
 from nitro.rpc.grpc_util import check_health
 from nitro.rpc.metrics import PHASES, sample_value, scrape
-from tests.system import module_system
+from tests.system import shared_system
 
 pytestmark = pytest.mark.timeout(300)
 
 
-system = module_system("nitro-state")
+system = shared_system()
 
 
 

@@ -27,11 +27,11 @@ from nitro.client import sdk
 from nitro.config import PPOConfig
 from nitro.spec import InvalidSpec, ScalerSettings, StellarisSettings, TrainingSpec, from_proto, validate
 from nitro.v1 import scaler_pb2, scaler_pb2_grpc, training_pb2, training_pb2_grpc
-from tests.system import module_system
+from tests.system import shared_system
 
 pytestmark = pytest.mark.timeout(300)
 
-system = module_system("spec-rpc", concurrency=4)
+system = shared_system()
 
 SPEC_FIELDS = {f.name: f for f in dataclasses.fields(TrainingSpec)}
 CHEAP = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 1, "steps_per_actor": 32, "eval_episodes": 1,

@@ -1,7 +1,7 @@
 """The suite's two tiers (the rule is in tests/conftest.py): a test that starts a system is marked `system`, so
 `make test-fast` never starts one. Checked on the test files' source (the ast), without collecting them.
 
-Seen: calls of tests.system's module_system and start_system, faultkit's supervised, LocalLambda,
+Seen: calls of tests.system's module_system, shared_system and start_system, faultkit's supervised, LocalLambda,
 experiments' LocalRunner and run_grid, and LocalSystem (or a subclass) with a `.start()` call beside it (a test
 may build one only to see it refuse), in a test or in any fixture it uses, through other fixtures too.
 Not seen: `nitro up`, `nitro train --local` or a benchmark run as a subprocess; those tests carry the marker
@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.conftest import SYSTEM_FIXTURES
 
 TESTS = Path(__file__).resolve().parent
-STARTERS = frozenset({"module_system", "start_system", "supervised", "LocalLambda", "LocalRunner", "run_grid"})
+STARTERS = frozenset({"module_system", "shared_system", "start_system", "supervised", "LocalLambda", "LocalRunner", "run_grid"})
 
 
 def _starts(fn: ast.AST) -> bool:

@@ -22,12 +22,12 @@ import pytest
 
 from nitro.client import cli
 from nitro.rpc.metrics import sample_value, scrape
-from tests.system import module_system
+from tests.system import shared_system
 from tests.test_tracking import event_scalars
 
 pytestmark = pytest.mark.timeout(300)
 
-system = module_system("nitro-tracking", concurrency=4)
+system = shared_system()
 
 TINY = {"env_id": "CartPole-v1", "preset": "fast", "steps_per_actor": 128, "eval_episodes": 1, "budget_usd": 1.0,
         "seed": 2, "scaler": {"policy": "fixed", "fixed_actors": 2}}

@@ -13,7 +13,7 @@ import yaml
 from nitro import spec_file, tuning
 from nitro.client import cli
 from nitro.spec import InvalidSpec
-from tests.system import module_system
+from tests.system import shared_system
 
 BASE = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 4, "steps_per_actor": 256}
 
@@ -114,7 +114,7 @@ def test_budget_flags_are_checked(tmp_path, capsys):
 
 # --- a study through a real local system ------------------------------------------------------------------------
 
-system = module_system("tune", concurrency=8)
+system = shared_system()
 ROUNDS = 8
 # A trial's job needs about $0.0004 to start (the first round's estimate: the learner for 15 s at c6i.large prices)
 # and spends $0.00001-0.00002 a CartPole round (a pruned trial ~$0.00008, a whole one ~$0.00012 beside the grid on
