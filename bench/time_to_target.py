@@ -622,8 +622,9 @@ def sample_factory_worker(cfg: dict, tracker: Tracker) -> tuple[dict, list[str]]
                 return argmax_actions(model.action_distribution())[0].numpy()
 
         tracker.env_id, tracker.act = gym_id, act
-        tracker.env_steps = found[-1][0] if found else 0
-        for steps, t, path in sf_checkpoint_points([c for c in found if c[1] <= tracker.cap_s], tracker.every):
+        in_cap = [c for c in found if c[1] <= tracker.cap_s]  # trained within the cap
+        tracker.env_steps = in_cap[-1][0] if in_cap else 0
+        for steps, t, path in sf_checkpoint_points(in_cap, tracker.every):
             model.load_state_dict(Learner.load_checkpoint([path], "cpu")["model"])
             tracker.record(steps, t, evaluate_peer(gym_id, act))
             if tracker.stopped:
