@@ -1,8 +1,8 @@
 """Local mode: Redis, the local Lambda endpoint and the three services as loopback processes.
 
-`LocalSystem(state_dir).start()` brings them up in dependency order, each on a
-free port with its own log in <state_dir>/logs, and waits until each answers
-its health check. <state_dir>/state.json says where everything is (no secrets).
+`LocalSystem(state_dir).start()` brings them up, Redis first and the rest
+together, each on a free port with its own log in <state_dir>/logs, and waits
+until each answers its health check. <state_dir>/state.json says where everything is (no secrets).
 Secrets are created once per state dir, mode 0600, and reused by every later
 start (a restart must not look like an attack: batches signed before it still
 verify); they reach components through their environment, never their command
@@ -12,7 +12,7 @@ detector) and `nitro-scaler` (redis-scaler.password, the scaler, which creates e
 job's own user for its functions) (nitro.local.secret_files). The Lambda endpoint and
 its functions get none of them: each invocation's event carries what it needs;
 `system_state.rotate_secrets` removes them while the system is down. Redis keeps an append-only file in <state_dir>/redis. `stop()`
-ends the components in reverse order.
+ends the components in reverse order (the detector and scaler together).
 
 `python -m nitro.local.supervisor --state-dir DIR` runs the system in the
 foreground until SIGTERM/SIGINT (`nitro up` starts it detached); LocalSystem
@@ -98,8 +98,13 @@ STOP_GRACE_S = {"learner": 60.0}
 DEFAULT_STOP_GRACE_S = 20.0
 
 
+# Stopped at the same time (stop() is otherwise one component after another, in reverse start order): the
+# detector and the scaler need nothing of each other, and a stop waits on each for a second or more.
+STOP_TOGETHER = frozenset({"detector", "scaler"})
+
+
 # Startup polls a starting component's health this often at most: a probe costs a few milliseconds, and a
-# longer wait only delays the next component (every start waits for three in turn).
+# longer wait only delays the start.
 HEALTH_POLL_MAX_S = 0.25
 
 
@@ -288,8 +293,8 @@ class LocalSystem:
         self._start_redis()
         self._write_state()
         if self._aws:
-            self._start_services(lambda_args=["--actor-redis-url", aws["actor_redis_url"],
-                                              *(["--region", aws["region"]] if aws["region"] else [])])
+            self._start_services(lambda: ["--actor-redis-url", aws["actor_redis_url"],
+                                          *(["--region", aws["region"]] if aws["region"] else [])])
             self._start_monitoring()
             return
         actor_redis_url = self._redis.url_without_password
@@ -302,10 +307,11 @@ class LocalSystem:
                                    "--timeout", str(self.actor_timeout_s), "--memory", str(self.actor_memory_mb)],
                         base_env=self.actor_env(), address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
 
+        # The endpoint starts beside the services, not before them: the scaler calls it only when a job launches
+        # actors, and no job starts before start() returns, once all four are healthy.
         self._launch("lambda", start_lambda)
-        self._wait_healthy(["lambda"])
-        self._start_services(lambda_args=["--lambda-endpoint", self.components["lambda"].url,
-                                          "--actor-redis-url", actor_redis_url])
+        self._start_services(lambda: ["--lambda-endpoint", self.components["lambda"].url,
+                                      "--actor-redis-url", actor_redis_url], with_endpoint=True)
         self._start_monitoring()
 
     def _start_monitoring(self) -> None:
@@ -328,15 +334,29 @@ class LocalSystem:
         self._launch("prometheus", start_prometheus)
         self._wait_healthy(["prometheus"])
 
-    def _start_services(self, lambda_args: list[str]) -> None:
+    def _start_services(self, lambda_args: Callable[[], list[str]], with_endpoint: bool = False) -> None:
+        """lambda_args: the scaler's arguments that say where the functions are, read at each (re)start.
+        with_endpoint: the Lambda endpoint was just launched; wait for it too."""
         # All three at once: the learner dials the detector and scaler only when a job calls them (retrying
         # while they come up), so it imports torch while they start. One that had to move to another port (a
-        # port clash) takes the learner along: it starts again with the new address.
+        # port clash) takes the learner along: it starts again with the new address. An endpoint that moved
+        # takes the scaler along.
+        given: dict[str, list[str]] = {}
+
+        def start_scaler() -> None:
+            given["scaler"] = lambda_args()
+            self._spawn_service("scaler", given["scaler"])
+
         self._launch("detector", lambda: self._spawn_service("detector", []))
-        self._launch("scaler", lambda: self._spawn_service("scaler", lambda_args))
+        self._launch("scaler", start_scaler)
         peers = self._learner_peers()
         self._launch("learner", lambda: self._spawn_service("learner", self._learner_args()))
-        self._wait_healthy(["detector", "scaler", "learner"])
+        self._wait_healthy([*(["lambda"] if with_endpoint else []), "detector", "scaler", "learner"])
+        if lambda_args() != given["scaler"]:
+            log.warning("the Lambda endpoint moved to another port; restarting the scaler with its address")
+            self._terminate(self.components["scaler"])
+            self._launchers["scaler"]()
+            self._wait_healthy(["scaler"])
         if self._learner_peers() != peers:
             log.warning("the detector or scaler moved to another port; restarting the learner with its address")
             self._terminate(self.components["learner"])
@@ -550,21 +570,30 @@ class LocalSystem:
                 f"Last lines of {comp.log}:\n{log_tail(comp.log)}")
 
     def stop(self) -> list[str]:
-        """Stop every component in reverse start order (SIGTERM, then SIGKILL after a grace period)."""
+        """Stop every component in reverse start order (SIGTERM, then SIGKILL after a grace period); the
+        components of STOP_TOGETHER at the same time."""
         self._stop_requested = True
         with self._lock:
             names = list(self.components)
-        stopped = []
+        stages: list[list[str]] = []
         for name in reversed(names):
-            comp = self.components[name]
-            if name == "redis":
+            if stages and name in STOP_TOGETHER and stages[-1][-1] in STOP_TOGETHER:
+                stages[-1].append(name)
+            else:
+                stages.append([name])
+        stopped = []
+        for stage in stages:
+            comps = [self.components[name] for name in stage]
+            if stage == ["redis"]:
                 self._redis.close()
                 self._redis = None
             else:
-                self._terminate(comp)
-                auth.forget_local_token(comp.address)
-            stopped.append(name)
-            log.info("stopped %s (pid %d)", name, comp.pid)
+                self._terminate(*comps)
+            for comp in comps:
+                if comp.name != "redis":
+                    auth.forget_local_token(comp.address)
+                stopped.append(comp.name)
+                log.info("stopped %s (pid %d)", comp.name, comp.pid)
         if self._redis is not None:  # started but never became a component
             self._redis.close()
             self._redis = None
@@ -578,17 +607,21 @@ class LocalSystem:
         self._release_lock()
         return stopped
 
-    def _terminate(self, comp: Component) -> None:
-        proc = comp.proc
-        if proc.poll() is None:
-            proc.terminate()
-            deadline = time.monotonic() + STOP_GRACE_S.get(comp.name, DEFAULT_STOP_GRACE_S)
-            while proc.poll() is None and time.monotonic() < deadline and not self._hurry:
+    def _terminate(self, *comps: Component) -> None:
+        """SIGTERM to each at once; SIGKILL to any still running after its grace period."""
+        running = [comp for comp in comps if comp.proc.poll() is None]
+        for comp in running:
+            comp.proc.terminate()
+        sent = time.monotonic()
+        for comp in running:
+            deadline = sent + STOP_GRACE_S.get(comp.name, DEFAULT_STOP_GRACE_S)
+            while comp.proc.poll() is None and time.monotonic() < deadline and not self._hurry:
                 time.sleep(0.05)
-            if proc.poll() is None:
+            if comp.proc.poll() is None:
                 log.warning("%s did not stop after SIGTERM; killing it", comp.name)
-                proc.kill()
-        proc.wait()
+                comp.proc.kill()
+        for comp in comps:
+            comp.proc.wait()
 
     def _write_state(self) -> None:
         comps = {n: {**c.to_dict(), "restarts": dict(self.restarts.get(n, {"count": 0}))}
