@@ -220,8 +220,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                         out.entries.append(e)  # unacked until the round's commit (RoundLoop.commit)
                     else:  # a duplicate, or a straggler of an earlier round or policy version: on-policy only
                         drop.append(e)
-                if drop:
-                    pumped.timed("ingest", self.redis_call, lambda: self.reader.ack(drop), "stream ack")
+                if drop:  # acked with the next read: never learned from, they are dropped again after a crash
+                    pumped.timed("ingest", self.redis_call, lambda: self.reader.ack(drop, defer=True), "stream ack")
 
             pumped = self.collector.pump(rnd, done, keep, read=ONPOLICY_READ, notes=out.notes, on_response=account)
             ack_seconds += pumped.counted.get("ingest", 0.0)

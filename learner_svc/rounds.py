@@ -154,8 +154,9 @@ class RoundLoop(Generic[R]):
         failed, resumable = training_pb2.JOB_STATE_FAILED, False
         try:
             end_state, end_message = self.train(resume)
-            # The last commit's ack, held back for a read that will not come; a Redis outage here ends the
-            # job resumable (as a failed ack in the commit itself would), and the resume acks it.
+            # The last commit's ack (and those of entries dropped since), held back for a read that will not
+            # come; a Redis outage here ends the job resumable (as a failed ack in the commit itself would), and
+            # the resume acks it.
             self.redis_call(self.reader.flush, "stream ack")
         except Exception as exc:  # noqa: BLE001 - a dependency's outage ends the job resumable; others propagate
             reason = dependency_failure(exc)
