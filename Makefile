@@ -7,13 +7,9 @@ STAMP := $(VENV)/.installed
 .PHONY: demo demo-nitro test test-fast docs setup protos check-protos bench clean
 
 # The exact tested versions come from constraints.txt; pyproject.toml holds the compatible ranges.
-# pip byte-compiles the ~20,000 installed modules on one core (~75 s); compileall does it on every core. Every
-# module is compiled at setup: where PYTHONDONTWRITEBYTECODE is set no import writes one, and each process would
-# compile torch again. A file that does not compile (test data in some packages) is skipped, as pip skips it.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[dev]'
-	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
