@@ -92,8 +92,11 @@ def run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without anything that points a python at this checkout or at nitro's state."""
+    # PYTHONDONTWRITEBYTECODE goes too: the venvs are installed without byte-compiling (--no-compile), so with it
+    # every process there would compile torch's modules from source again; without it the first one caches them.
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and not k.startswith("NITRO_")}
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")
+           and not k.startswith("NITRO_")}
     return {**env, **extra}
 
 
