@@ -90,15 +90,21 @@ def _sampler(job_id: str, env_id: str, env_kwargs: dict, seed: int,
     return _Warm.sampler
 
 
+def _begin(event_type, event: dict):
+    """An invocation's start: its clock, start time, checked event (a ConfigError naming a bad field) and whether
+    this execution environment is cold."""
+    clock, t0 = InvocationClock(), time.perf_counter()
+    ev = event_type.from_dict(event)
+    cold = _Warm.invocations == 0
+    _Warm.invocations += 1
+    return clock, t0, ev, cold
+
+
 def handler(event: dict, context=None) -> dict:
     if is_eval_event(event):
         return evaluation_handler(event, context)
-    clock = InvocationClock()
-    t0 = time.perf_counter()
-    ev = ActorEvent.from_dict(event)  # ConfigError naming the field
+    clock, t0, ev, cold = _begin(ActorEvent, event)
     creds = ev.credentials
-    cold = _Warm.invocations == 0
-    _Warm.invocations += 1
     max_entry_bytes = _max_entry_bytes(ev)
 
     sampler = _sampler(ev.job_id, ev.env_id, ev.env_kwargs, ev.seed, ev.envs_per_actor)
@@ -142,12 +148,8 @@ def handler(event: dict, context=None) -> dict:
 def evaluation_handler(event: dict, context=None) -> dict:
     """Run an EvalEvent's episodes with the verified policy version (nitro.policy.rollout.evaluate: a fresh
     environment, deterministic actions, episode j on seed + j) and answer with their returns."""
-    clock = InvocationClock()
-    t0 = time.perf_counter()
-    ev = EvalEvent.from_dict(event)  # ConfigError naming the field
+    clock, t0, ev, cold = _begin(EvalEvent, event)
     creds = ev.credentials
-    cold = _Warm.invocations == 0
-    _Warm.invocations += 1
     client = warm_client(redis_url(event, creds), clock)
     runner = _runner(client, ev.job_id, ev.policy_version, creds.read_key_bytes, clock)
     t_loaded = time.perf_counter()
