@@ -16,6 +16,7 @@ from learner_svc.constants import COST_PATIENCE_S, LAUNCH_TIMEOUT_SLACK_S, WAVE_
 from learner_svc.resilience import RPC_RETRYABLE, DependencyUnavailable, JobAborted, redis_call, rpc_call
 from nitro import launches
 from nitro.contracts import eval_episodes_per_function, launch_owner_key, launches_key, waves_key
+from nitro.policy.envs import episode_step_limit
 from nitro.rpc.grpc_util import DEADLINES
 from nitro.seeds import derived_seed
 from nitro.spec import TrainingSpec, env_kwargs_to_wire, scaler_to_proto
@@ -90,6 +91,17 @@ class Services:
     def __init__(self, job_id: str, spec: TrainingSpec, cfg, deps: LearnerDeps):
         self.job_id, self.spec, self.cfg, self.deps = job_id, spec, cfg, deps
         self.last_plan_time = time.monotonic()
+        self._eval_episode_steps: int | None = None  # the env's step limit, read at the first plan
+
+    def final_evaluation(self) -> tuple[int, int]:
+        """(episodes, the env's step limit) of the job's final evaluation as evaluation functions bill it, for the
+        plan's reserve (nitro.cost.evaluation_reserve); (0, 0) when the learner evaluates (or nothing is)."""
+        spec = self.spec
+        if spec.evaluation != "functions" or spec.eval_episodes <= 0:
+            return 0, 0
+        if self._eval_episode_steps is None:
+            self._eval_episode_steps = episode_step_limit(spec.env_id, **spec.env_kwargs)
+        return spec.eval_episodes, self._eval_episode_steps
 
     def rpc(self, method: Callable, request, *, timeout: float, patience: float, what: str):
         return rpc_call(method, request, timeout=timeout, patience=patience, what=what, job_id=self.job_id,
@@ -106,6 +118,7 @@ class Services:
         spec = self.spec
         now = time.monotonic()
         learner_seconds, self.last_plan_time = now - self.last_plan_time, now
+        final_eval_episodes, eval_episode_steps = self.final_evaluation()
         try:
             return self.rpc(self.deps.scaler.Plan, scaler_pb2.PlanRequest(
                 job_id=self.job_id, round=round_index, score=min(max(score, 0.0), 1.0), algo=spec.algo,
@@ -118,7 +131,8 @@ class Services:
                 target_return=spec.target_return, rounds=spec.rounds,
                 cloud_learner_seconds=max(0.0, cloud_seconds), budget_clock=spec.budget_clock,
                 policy_noise_scale=_finite(last.policy_noise_scale), env_steps=max(0, int(last.env_steps)),
-                policy_grad_sq=_finite(last.policy_grad_sq), policy_trace_sigma=_finite(last.policy_trace_sigma)),
+                policy_grad_sq=_finite(last.policy_grad_sq), policy_trace_sigma=_finite(last.policy_trace_sigma),
+                final_eval_episodes=final_eval_episodes, eval_episode_steps=eval_episode_steps),
                 timeout=DEADLINES["Plan"], patience=spec.round_deadline_s, what="Plan")
         except grpc.RpcError as exc:
             if exc.code() not in RPC_RETRYABLE:  # the scaler refused the plan: retrying cannot help

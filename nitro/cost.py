@@ -33,7 +33,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nitro.contracts import DEFAULT_ACTOR_MEMORY_MB, FUNCTION_KINDS, LAMBDA_FULL_VCPU_MB
+from nitro.contracts import (
+    DEFAULT_ACTOR_MEMORY_MB,
+    FUNCTION_KINDS,
+    LAMBDA_FULL_VCPU_MB,
+    eval_episodes_per_function,
+    eval_slices,
+)
 from nitro.errors import ConfigError
 
 MB_PER_GB = 1024.0
@@ -377,22 +383,59 @@ def invocation_charge(kind: str, *, requests: int, billed_ms: int, modelled_ms: 
 
 @dataclass(frozen=True)
 class RoundEstimate:
-    """What a planned round will cost: `fixed_usd` (the learner server) plus `per_actor_usd` per actor."""
+    """What a planned round will cost: `fixed_usd` (the learner server) plus `per_actor_usd` per actor; and
+    `reserve_usd`, what the budget must still hold after it: the job's final evaluation (`evaluation_reserve`)."""
 
     per_actor_usd: float
     fixed_usd: float
+    reserve_usd: float = 0.0
 
     def cost_usd(self, actors: int) -> float:
         return self.per_actor_usd * actors + self.fixed_usd
 
 
+def _ms_per_step(ledger: CostLedger, cloud: bool) -> float:
+    """An actor's billed ms per env step so far (DEFAULT_MS_PER_STEP until an actor succeeded)."""
+    billed = ledger.cloud_billed_ms if cloud else ledger.billed_ms
+    return billed / ledger.steps_billed if ledger.steps_billed > 0 else DEFAULT_MS_PER_STEP
+
+
+def evaluation_reserve(ledger: CostLedger, clock: str, *, episodes: int, episode_steps: int, memory_mb: float,
+                       prices: Prices, init_ms: float = 0.0) -> float:
+    """What the job's final evaluation may cost on `clock`: `episodes` run by evaluation functions
+    (nitro.contracts.eval_slices), each function billed as a cold start (`init_ms`, at the CPU share of
+    `memory_mb` on the cloud clock, as `invocation_charge` bills it) plus the job's mean actor invocation (policy,
+    env) plus its episodes run to the env's step limit (`episode_steps`) at the actors' billed ms per step, or as
+    the mean evaluation function so far, the larger. 0 with no episodes. It is billed after the plan that ends the
+    job, so every plan keeps it back; with `episode_steps` 0 (an env without a step limit) only the measured mean
+    counts, and before any evaluation ran nothing is kept."""
+    _check("episodes", episodes)
+    _check("episode_steps", episode_steps)
+    _check("init_ms", init_ms)
+    if episodes <= 0:
+        return 0.0
+    cloud = clock == "cloud"
+    per_function = eval_episodes_per_function(episodes)
+    functions = len(eval_slices(episodes, per_function))
+    billed = ledger.cloud_billed_ms if cloud else ledger.billed_ms
+    start_ms = billed / ledger.invocations if ledger.invocations else 0.0
+    cold_ms = init_ms * (lambda_cpu_slowdown(memory_mb, prices) if cloud else 1.0)
+    steps_ms = _ms_per_step(ledger, cloud) * per_function * episode_steps
+    modelled = lambda_invocation_cost(cold_ms + start_ms + steps_ms, memory_mb, prices) if episode_steps > 0 else 0.0
+    eval_usd = ledger.cloud_eval_fn_cost_usd if cloud else ledger.eval_fn_cost_usd
+    measured = eval_usd / ledger.eval_fn_invocations if ledger.eval_fn_invocations else 0.0
+    return functions * max(modelled, measured)
+
+
 def estimate_round(ledger: CostLedger, clock: str, *, rounds_planned: int, last_learner_seconds: float,
-                   steps_per_actor: int, memory_mb: float, prices: Prices) -> RoundEstimate:
+                   steps_per_actor: int, memory_mb: float, prices: Prices, final_eval_episodes: int = 0,
+                   eval_episode_steps: int = 0, eval_init_ms: float = 0.0) -> RoundEstimate:
     """The next round's cost on the budget's `clock`, from what the job measured so far: an actor's billed ms
     per env step (DEFAULT_MS_PER_STEP until an actor succeeded), plus each learner function's mean cost
     (stellaris: one per actor's batch); the learner's time per round padded by LEARNER_ROUND_MARGIN (its mean
     over the `rounds_planned` rounds or its latest, `last_learner_seconds`, the larger; FIRST_ROUND_LEARNER_S
-    before the first plan), plus the evaluation functions' mean bill per round so far."""
+    before the first plan), plus the evaluation functions' mean bill per round so far; and the reserve for the
+    job's final evaluation (`evaluation_reserve` of `final_eval_episodes`, `eval_episode_steps`, `eval_init_ms`)."""
     if clock not in CLOCKS:
         raise ConfigError(f"invalid value for clock: must be one of {list(CLOCKS)}, got {clock!r}")
     cloud = clock == "cloud"
@@ -400,9 +443,7 @@ def estimate_round(ledger: CostLedger, clock: str, *, rounds_planned: int, last_
     learner_s = (LEARNER_ROUND_MARGIN * max(seconds / rounds_planned, _check("last_learner_seconds",
                                                                              last_learner_seconds))
                  if rounds_planned > 0 else FIRST_ROUND_LEARNER_S)
-    billed = ledger.cloud_billed_ms if cloud else ledger.billed_ms
-    ms_per_step = billed / ledger.steps_billed if ledger.steps_billed > 0 else DEFAULT_MS_PER_STEP
-    per_actor = lambda_invocation_cost(ms_per_step * max(1, steps_per_actor), memory_mb, prices)
+    per_actor = lambda_invocation_cost(_ms_per_step(ledger, cloud) * max(1, steps_per_actor), memory_mb, prices)
     if ledger.learner_fn_invocations:
         fn_usd = ledger.cloud_learner_fn_cost_usd if cloud else ledger.learner_fn_cost_usd
         per_actor += fn_usd / ledger.learner_fn_invocations
@@ -410,7 +451,9 @@ def estimate_round(ledger: CostLedger, clock: str, *, rounds_planned: int, last_
     # round so far goes into the fixed part, so a budget also pays for the evaluations its rounds bring.
     eval_usd = ledger.cloud_eval_fn_cost_usd if cloud else ledger.eval_fn_cost_usd
     per_round_eval = eval_usd / rounds_planned if rounds_planned > 0 else 0.0
-    return RoundEstimate(per_actor, learner_cost(learner_s, prices) + per_round_eval)
+    reserve = evaluation_reserve(ledger, clock, episodes=final_eval_episodes, episode_steps=eval_episode_steps,
+                                 memory_mb=memory_mb, prices=prices, init_ms=eval_init_ms)
+    return RoundEstimate(per_actor, learner_cost(learner_s, prices) + per_round_eval, reserve)
 
 
 def round_and_sample_costs(per_actor_usd: float, round_seconds: float, update_seconds: float, env_steps: int,

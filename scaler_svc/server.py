@@ -72,7 +72,6 @@ def strip_password(url: str) -> str:
 
 
 # The state hash's fields each handler reads (docs/architecture.md lists the hash).
-PLAN_FIELDS = (*cost.CostLedger.field_names(), "policy_state", "rounds_planned")
 COST_FIELDS = (*cost.CostLedger.field_names(), "budget_usd", "budget_clock", "fleet_actors", "i_max")
 
 
@@ -83,6 +82,12 @@ COST_COMPONENTS = {"actor": "actors", "learner": "learner_functions", "eval": "e
 def launch_fields(kind: str) -> tuple[str, str]:
     """What Launch reads: the job's warm sandboxes and the init CPU fresh workers reported, for `kind`."""
     return f"warm_sandboxes:{kind}", f"init_ms:{kind}"
+
+
+# What Plan reads of the job's hash: the ledger, the policy's state, and the cold-start CPU that prices the final
+# evaluation's reserve.
+PLAN_FIELDS = (*cost.CostLedger.field_names(), "policy_state", "rounds_planned", launch_fields("eval")[1],
+               launch_fields("actor")[1])
 
 
 def state_fields(fields: tuple[str, ...], values: list) -> dict:
@@ -281,6 +286,12 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
                               f"{field}: must be in [0, 1e7), got {getattr(request, field)}")
         if request.env_steps < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"env_steps: must be >= 0, got {request.env_steps}")
+        if not 0 <= request.final_eval_episodes <= MAX_EVAL_EPISODES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"final_eval_episodes: must be in [0, {MAX_EVAL_EPISODES}], "
+                                                            f"got {request.final_eval_episodes}")
+        if request.eval_episode_steps < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"eval_episode_steps: must be >= 0, got {request.eval_episode_steps}")
         clock = request.budget_clock or "cloud"
         if clock not in cost.CLOCKS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -336,12 +347,17 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
             metrics.set_job(metrics.SCHEDULER_ACTORS, request.job_id, desired)
             for input_name, value in zip(OBS_NAMES, observation(inputs)):
                 metrics.set_job(metrics.SCHEDULER_INPUT, request.job_id, float(value), input_name)
+        # The round must leave the job's final evaluation paid for (cost.evaluation_reserve).
         actors, exhausted, budget_reason = plan_within_budget(desired, inputs.i_min, estimate.per_actor_usd,
-                                                              estimate.fixed_usd, inputs.budget_left_usd)
+                                                              estimate.fixed_usd + estimate.reserve_usd,
+                                                              inputs.budget_left_usd)
         if budget_reason:
             reason = f"{reason}; {budget_reason}"
+            if estimate.reserve_usd > 0 and budget_reason not in ("within budget", "no budget limit"):
+                reason += f" (keeping {estimate.reserve_usd:.6f} USD for the final evaluation)"
         plan = {"actors": int(actors), "reason": reason, "budget_exhausted": bool(exhausted),
-                "estimated_round_cost_usd": estimate.cost_usd(actors), "budget_left_usd": inputs.budget_left_usd}
+                "estimated_round_cost_usd": estimate.cost_usd(actors), "budget_left_usd": inputs.budget_left_usd,
+                "eval_reserve_usd": estimate.reserve_usd}
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping={"policy_state": json.dumps(new_state), f"plan:{request.round}": json.dumps(plan)})
         pipe.hincrby(key, "rounds_planned", 1)
@@ -356,7 +372,17 @@ class ScalerServicer(scaler_pb2_grpc.ActorScalerServicer):
         return cost.estimate_round(
             ledger, clock, rounds_planned=int(st.get("rounds_planned", 0)),
             last_learner_seconds=request.cloud_learner_seconds if clock == "cloud" else request.learner_seconds,
-            steps_per_actor=request.steps_per_actor, memory_mb=memory, prices=self.prices)
+            steps_per_actor=request.steps_per_actor, memory_mb=memory, prices=self.prices,
+            final_eval_episodes=request.final_eval_episodes, eval_episode_steps=request.eval_episode_steps,
+            eval_init_ms=self._eval_init_ms(st))
+
+    def _eval_init_ms(self, st: dict) -> float:
+        """An evaluation function's cold start as the cloud clock bills it: what a fresh evaluation worker of the
+        job reported, else a fresh actor worker, else the configured lambda_init_ms (Launch's rule)."""
+        for kind in ("eval", "actor"):
+            if st.get(launch_fields(kind)[1]):
+                return float(st[launch_fields(kind)[1]])
+        return self.prices.lambda_init_ms
 
     def Launch(self, request, context):
         check_job_id(request.job_id, context)

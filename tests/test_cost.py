@@ -24,6 +24,7 @@ from nitro.cost import (
     cloud_round_seconds,
     cold_invocations,
     estimate_round,
+    evaluation_reserve,
     invocation_charge,
     lambda_cost,
     lambda_cpu_slowdown,
@@ -213,6 +214,40 @@ def test_the_evaluation_functions_mean_bill_per_round_is_in_the_estimate(clock):
     without, with_eval = estimate_round(led, clock, **args), estimate_round(evaluated, clock, **args)
     assert with_eval.fixed_usd - without.fixed_usd == pytest.approx((0.002 if clock == "cloud" else 0.006) / 4)
     assert with_eval.per_actor_usd == without.per_actor_usd
+
+
+@pytest.mark.parametrize("clock", ["cloud", "machine"])
+def test_the_final_evaluation_is_kept_back_from_every_plan(clock):
+    """The job's last evaluation is billed after the plan that ended the job: every estimate keeps it back, as
+    its functions running every episode to the step limit at the job's ms per step, or the mean evaluation
+    function measured, the larger."""
+    cloud = clock == "cloud"
+    led = CostLedger(billed_ms=6000, cloud_billed_ms=3000, steps_billed=1000, invocations=10)  # 6 / 3 ms a step
+    args = dict(rounds_planned=2, last_learner_seconds=1.0, steps_per_actor=100, memory_mb=2048, prices=P)
+    assert estimate_round(led, clock, **args).reserve_usd == 0.0  # no evaluation functions: nothing kept
+    est = estimate_round(led, clock, **args, final_eval_episodes=20, eval_episode_steps=1000)
+    # 20 episodes: 2 a function (at most MAX_EVAL_FUNCTIONS, 16), so 10 functions each billed 2 x 1,000 steps
+    # (an actor invocation's 300 / 600 ms of start-up, as the mean actor invocation bills)
+    per_function = lambda_invocation_cost((3.0 if cloud else 6.0) * (100 + 2 * 1000), 2048, P)
+    assert est.reserve_usd == pytest.approx(10 * per_function, rel=1e-12)
+    # A cold start of 400 ms more per function (at 1,024 MB the cloud clock runs it at that size's CPU share).
+    cold = estimate_round(led, clock, **{**args, "memory_mb": 1024}, final_eval_episodes=20, eval_episode_steps=1000,
+                          eval_init_ms=400.0).reserve_usd
+    slow = lambda_cpu_slowdown(1024, P) if cloud else 1.0
+    assert slow >= 1.0 and cold == pytest.approx(10 * lambda_invocation_cost(
+        400.0 * slow + (3.0 if cloud else 6.0) * (100 + 2 * 1000), 1024, P), rel=1e-12)
+    assert est.cost_usd(4) == estimate_round(led, clock, **args).cost_usd(4)  # the round's own cost is unchanged
+    # Measured evaluation functions dearer than the model (cold starts, say) set the reserve instead.
+    dear = dataclasses.replace(led, eval_fn_invocations=4, eval_fn_cost_usd=4 * 2 * per_function,
+                               cloud_eval_fn_cost_usd=4 * 2 * per_function)
+    assert estimate_round(dear, clock, **args, final_eval_episodes=20,
+                          eval_episode_steps=1000).reserve_usd == pytest.approx(10 * 2 * per_function, rel=1e-12)
+    # An env without a step limit: only what evaluations measured counts.
+    assert evaluation_reserve(led, clock, episodes=5, episode_steps=0, memory_mb=2048, prices=P) == 0.0
+    assert evaluation_reserve(dear, clock, episodes=5, episode_steps=0, memory_mb=2048,
+                              prices=P) == pytest.approx(5 * 2 * per_function, rel=1e-12)
+    with pytest.raises(ConfigError, match="episode_steps"):
+        evaluation_reserve(led, clock, episodes=5, episode_steps=-1, memory_mb=2048, prices=P)
 
 
 def test_prices_from_mapping_and_validation():

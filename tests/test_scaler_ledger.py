@@ -124,6 +124,31 @@ def test_the_budget_scales_a_round_down_then_ends_the_job(svc):
     assert resp.estimated_round_cost_usd == pytest.approx(fixed, rel=1e-12)
 
 
+def test_every_plan_keeps_the_final_evaluation_paid_for(svc):
+    """The job's last evaluation is billed after the plan that ended the job: a round is planned only if the
+    budget still pays for that evaluation after it (cost.evaluation_reserve), and the plan says what it kept."""
+    per_actor = cost.lambda_invocation_cost(1.0 * 100, DEFAULT_ACTOR_MEMORY_MB, P)
+    fixed = cost.learner_cost(10.0, P)
+    # 5 functions, each a cold start (no worker measured one yet: the configured init) and 500 steps at 1 ms
+    cold = P.lambda_init_ms * cost.lambda_cpu_slowdown(DEFAULT_ACTOR_MEMORY_MB, P)
+    reserve = 5 * cost.lambda_invocation_cost(cold + 1.0 * 500, DEFAULT_ACTOR_MEMORY_MB, P)
+    assert reserve > 4 * per_actor  # so without it the budget below buys all 4 actors
+    budget = cost.learner_cost(0.5, P) + fixed + reserve + 2.5 * per_actor
+    evaluation = dict(final_eval_episodes=5, eval_episode_steps=500)
+    assert plan(svc, job="free", budget=budget).actors == 4  # without an evaluation to pay, all 4 fit
+    resp = plan(svc, job="kept", budget=budget, **evaluation)
+    assert resp.eval_reserve_usd == pytest.approx(reserve, rel=1e-12)
+    assert (resp.actors, resp.budget_exhausted) == (2, False)
+    assert f"keeping {reserve:.6f} USD for the final evaluation" in resp.reason
+    assert resp.estimated_round_cost_usd == pytest.approx(2 * per_actor + fixed, rel=1e-12)
+    resp = plan(svc, job="ends", budget=budget - 2 * per_actor, **evaluation)  # not even one actor is left over
+    assert (resp.actors, resp.budget_exhausted) == (0, True)
+    with pytest.raises(Aborted, match="final_eval_episodes"):
+        plan(svc, job="bad", final_eval_episodes=-1)
+    with pytest.raises(Aborted, match="eval_episode_steps"):
+        plan(svc, job="bad", final_eval_episodes=1, eval_episode_steps=-5)
+
+
 def test_serverful_fleet_is_sized_for_the_policys_peak(svc, redis_client):
     """fixed:N runs N actors whatever I_max says; every other policy stays within I_max."""
     assert cost.serverful_vm_count(40, P) > cost.serverful_vm_count(8, P)  # so the two sizes bill differently

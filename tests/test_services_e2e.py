@@ -223,7 +223,7 @@ def test_services_expose_health_and_reflection(system):
 
 
 @pytest.mark.parametrize("clock", ["cloud", "machine"])
-def test_budget_exhaustion_ends_the_job_with_the_reason(client, clock):
+def test_budget_exhaustion_ends_the_job_with_the_reason(client, system, clock):
     # 2,000 rounds of 2 actors cost about $0.0072 on the cloud clock at the default prices (the learner server a
     # c6i.large, 0.085 USD/h; actors at 1,769 MB), more on this machine's: these budgets end the job well before
     # the round count does. The cloud clock's $0.001 takes ~220 rounds, half of what $0.002 took to test the
@@ -231,8 +231,10 @@ def test_budget_exhaustion_ends_the_job_with_the_reason(client, clock):
     # overspent in 1 run of 3 beside the grid, by $4.4e-6 (likely a last round that ran past its estimate's margin,
     # LEARNER_ROUND_MARGIN). $0.0005 overspent on the cloud clock in 1 run of 3, by $5.4e-7 after 102 rounds;
     # likely the last round's evaluation, decided after that round's plan and so not in its estimate.
+    # The final evaluation (5 evaluation functions) is billed after the plan that ended the job: the plans keep it
+    # back, so the scaler's ledger, which has it, is within the budget too (without the reserve it overspent).
     budget = {"cloud": 0.001, "machine": 0.002}[clock]
-    spec = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 2000, "steps_per_actor": 64, "eval_episodes": 1,
+    spec = {"env_id": "CartPole-v1", "preset": "fast", "rounds": 2000, "steps_per_actor": 64, "eval_episodes": 5,
             "budget_usd": budget, "budget_clock": clock, "eval_every": 1000,
             "scaler": {"policy": "fixed", "fixed_actors": 2, "i_min": 1, "i_max": 2}}
     job = client.start_training(spec)
@@ -244,6 +246,15 @@ def test_budget_exhaustion_ends_the_job_with_the_reason(client, clock):
     assert spent <= budget + 1e-9, "never plans a round it cannot pay for"
     assert reports[-1].budget_left_usd == pytest.approx(budget - spent, abs=1e-9), "budget_left follows the clock"
     assert reports[-1].evaluated and not any(r.evaluated for r in reports[:-1]), "the last round is evaluated"
+    assert reports[-1].eval_cost_usd > 0 and "for the final evaluation" in reports[-1].scaler_reason
+    from nitro.rpc.grpc_util import make_channel
+    from nitro.v1 import scaler_pb2, scaler_pb2_grpc
+
+    with make_channel(system.components["scaler"].address, token=system.token) as channel:
+        bill = scaler_pb2_grpc.ActorScalerStub(channel).GetCost(scaler_pb2.GetCostRequest(job_id=job.job_id),
+                                                                timeout=10)
+    assert bill.eval_function_invocations == 5 and bill.budget_clock == clock
+    assert bill.budget_left_usd >= -1e-9, "the final evaluation was paid for from the reserve"
 
 
 @pytest.mark.parametrize("policy,expected", [("fixed:3", [3, 3]), ("max", [4, 4]), ("hydrozoa", [1, 1])])

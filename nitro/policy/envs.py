@@ -217,6 +217,17 @@ def ale_vector_kwargs(env_id: str, env_kwargs: dict | None = None) -> dict | Non
             "max_num_frames_per_episode": min(limits)}
 
 
+def episode_step_limit(env_id: str, **kwargs) -> int:
+    """The step limit of an id's episodes as make_env builds it (its TimeLimit, `max_episode_steps` among kwargs
+    included); 0 where it has none (ALE ids cap frames inside the emulator instead)."""
+    env = make_env(env_id, **kwargs)
+    try:
+        limit = env.spec.max_episode_steps if env.spec is not None else None
+    finally:
+        env.close()
+    return int(limit) if limit else 0
+
+
 def env_spaces(env_id: str, **kwargs) -> tuple[gym.Space, gym.Space]:
     """Observation and action spaces of an id (builds and closes one instance); kwargs as for make_env."""
     env = make_env(env_id, **kwargs)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PlanRequest(_message.Message):
-    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale", "fallback_actors", "learner_loss", "eval_return", "approx_kl", "update_seconds", "actor_seconds", "round_seconds", "target_return", "rounds", "cloud_learner_seconds", "budget_clock", "policy_noise_scale", "policy_grad_sq", "policy_trace_sigma", "env_steps", "algo")
+    __slots__ = ("job_id", "round", "score", "scaler", "budget_usd", "steps_per_actor", "actor_memory_mb", "learner_seconds", "gradient_noise_scale", "fallback_actors", "learner_loss", "eval_return", "approx_kl", "update_seconds", "actor_seconds", "round_seconds", "target_return", "rounds", "cloud_learner_seconds", "budget_clock", "policy_noise_scale", "policy_grad_sq", "policy_trace_sigma", "env_steps", "algo", "final_eval_episodes", "eval_episode_steps")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,8 @@ class PlanRequest(_message.Message):
     POLICY_TRACE_SIGMA_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ALGO_FIELD_NUMBER: _ClassVar[int]
+    FINAL_EVAL_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EPISODE_STEPS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     score: float
@@ -59,21 +61,25 @@ class PlanRequest(_message.Message):
     policy_trace_sigma: float
     env_steps: int
     algo: str
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., fallback_actors: _Optional[int] = ..., learner_loss: _Optional[float] = ..., eval_return: _Optional[float] = ..., approx_kl: _Optional[float] = ..., update_seconds: _Optional[float] = ..., actor_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., target_return: _Optional[float] = ..., rounds: _Optional[int] = ..., cloud_learner_seconds: _Optional[float] = ..., budget_clock: _Optional[str] = ..., policy_noise_scale: _Optional[float] = ..., policy_grad_sq: _Optional[float] = ..., policy_trace_sigma: _Optional[float] = ..., env_steps: _Optional[int] = ..., algo: _Optional[str] = ...) -> None: ...
+    final_eval_episodes: int
+    eval_episode_steps: int
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., score: _Optional[float] = ..., scaler: _Optional[_Union[_common_pb2.ScalerSpec, _Mapping]] = ..., budget_usd: _Optional[float] = ..., steps_per_actor: _Optional[int] = ..., actor_memory_mb: _Optional[int] = ..., learner_seconds: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., fallback_actors: _Optional[int] = ..., learner_loss: _Optional[float] = ..., eval_return: _Optional[float] = ..., approx_kl: _Optional[float] = ..., update_seconds: _Optional[float] = ..., actor_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., target_return: _Optional[float] = ..., rounds: _Optional[int] = ..., cloud_learner_seconds: _Optional[float] = ..., budget_clock: _Optional[str] = ..., policy_noise_scale: _Optional[float] = ..., policy_grad_sq: _Optional[float] = ..., policy_trace_sigma: _Optional[float] = ..., env_steps: _Optional[int] = ..., algo: _Optional[str] = ..., final_eval_episodes: _Optional[int] = ..., eval_episode_steps: _Optional[int] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
-    __slots__ = ("actors", "reason", "budget_exhausted", "estimated_round_cost_usd", "budget_left_usd")
+    __slots__ = ("actors", "reason", "budget_exhausted", "estimated_round_cost_usd", "budget_left_usd", "eval_reserve_usd")
     ACTORS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     BUDGET_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_ROUND_COST_USD_FIELD_NUMBER: _ClassVar[int]
     BUDGET_LEFT_USD_FIELD_NUMBER: _ClassVar[int]
+    EVAL_RESERVE_USD_FIELD_NUMBER: _ClassVar[int]
     actors: int
     reason: str
     budget_exhausted: bool
     estimated_round_cost_usd: float
     budget_left_usd: float
-    def __init__(self, actors: _Optional[int] = ..., reason: _Optional[str] = ..., budget_exhausted: _Optional[bool] = ..., estimated_round_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ...) -> None: ...
+    eval_reserve_usd: float
+    def __init__(self, actors: _Optional[int] = ..., reason: _Optional[str] = ..., budget_exhausted: _Optional[bool] = ..., estimated_round_cost_usd: _Optional[float] = ..., budget_left_usd: _Optional[float] = ..., eval_reserve_usd: _Optional[float] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
     __slots__ = ("job_id", "round", "policy_version", "actors", "steps_per_actor", "env_id", "seed", "function_name", "deadline_s", "actor_memory_mb", "wait", "slots", "wave", "kind", "payload_ref", "reset_episodes", "env_kwargs_json", "envs_per_actor", "learner", "evaluation")
