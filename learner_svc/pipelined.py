@@ -133,9 +133,9 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
         ending = k + 1 >= spec.rounds or next_plan.budget_exhausted
         self.before_next_launch(k, rnd, ending)
         # No launch the job would abandon: its rounds or budget are spent, a held round's evaluation reached the
-        # target, or it was stopped (a drain included).
-        if (self.end_after(k + 1, self.latest_eval(), next_plan) is None
-                and not self.job.stop_requested.is_set()):
+        # target (the job ends after this round, whatever this round's own evaluation says), or it was stopped.
+        end = self.end_after(k + 1, self.latest_eval(), next_plan)
+        if end is None and not self.job.stop_requested.is_set():
             with metrics.timed("invoke", phases):
                 self.launched = self.launch_round(k + 1, next_plan.actors)
         fields, notes, extra = self.pending_parts(k, rnd)
@@ -143,11 +143,13 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
                                plan=next_plan.SerializeToString(), notes=list(notes), fallback=fallback,
                                cloud=dict(cloud), phases=dict(phases), t=rnd.stats.t, ending=ending, extra=extra)
         # Commit and evaluation overlap the next round's sampling: on the cloud clock they are learner CPU of
-        # the next round ("update"), not of this one.
+        # the next round (`carried`: its "update" in IMPACT and Stellaris, its "publish" and "evaluate"
+        # on-policy), not of this one.
         self.carried = {}
         with metrics.timed("publish", phases, self.carried):
             self.commit(k, pending.to_dict(), *self.settlement(rnd))
-        return self.finish_async_round(pending, phases, self.carried)
+        finished = self.finish_async_round(pending, phases, self.carried)
+        return finished if finished is not None else end
 
     def settle(self) -> None:
         if self.held is not None and self.job.stop_reason == DRAIN_STOP_REASON:

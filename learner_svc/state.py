@@ -192,7 +192,7 @@ class LaunchSummary:
 
 @dataclass
 class RoundStats:
-    """What a round of an asynchronous loop counts while it is open."""
+    """What a round counts while it is open (each loop adds its own counters)."""
 
     notes: list[str] = field(default_factory=list)
     steps: int = 0  # fresh env steps counted in this round
@@ -217,7 +217,7 @@ PENDING_KEYS = ("round", "fields", "score", "plan", "notes", "fallback", "cloud"
 
 @dataclass
 class PendingRound:
-    """A closed asynchronous round that is committed but not yet reported: what its report still needs.
+    """A closed round that is committed but not yet reported: what its report still needs.
 
     The checkpoint keeps it, so a learner killed before the report finishes the round on resume."""
 
