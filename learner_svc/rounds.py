@@ -432,17 +432,6 @@ class RoundLoop(Generic[R]):
         return evaluation.done(evaluation.from_returns(evaluate(
             runner, self.spec.env_id, self.spec.eval_episodes, seed=seed, env_kwargs=self.spec.env_kwargs)))
 
-    def evaluate_policy(self, round_index: int, last: bool = False, notes: list[str] | None = None) -> float:
-        """Mean deterministic return over eval_episodes of the current version, waited for; NaN when the round is
-        not evaluated (or no episode came back: `notes` says why)."""
-        future = self.start_evaluation(round_index, last)
-        if future is None:
-            return float("nan")
-        result = future.result()
-        if notes is not None:
-            notes.extend(result.notes)
-        return result.eval_return
-
     # -- durability: one rule for every loop -------------------------------------------------
     def commit(self, round_index: int, pending: dict, entries: list, counted: dict | None = None) -> None:
         """Consume stream entries only once what was learned from them is durable: write the checkpoint,
