@@ -153,7 +153,7 @@ class OnPolicyLoop(PipelinedLoop[OnPolicyStats]):
     policy_noise_terms: tuple[float, float] | None = None
 
     # -- sampling ---------------------------------------------------------------------------
-    def _collect(self, rnd: Round, phases: dict, cloud: dict, overlapped: float = 0.0) -> Collected:
+    def _collect(self, rnd: Round, phases: dict, cloud: dict) -> Collected:
         """Ingest the batches of the round's launched wave (or of the waves taken over: `inherited`); replace
         failures while below the minimum.
 
@@ -161,8 +161,7 @@ class OnPolicyLoop(PipelinedLoop[OnPolicyStats]):
         are waited for like a launch whose response is lost, and their batches (pending or still to come)
         used; a second launch would be billed and, arriving after the round closed, dropped as stale.
         `cloud` gets the modelled sampling time (the waves' slowest invocations, those of inherited waves
-        unknown: their responses died with that learner) beyond `overlapped` (the learner's work on the round
-        before that ran beside it), and the learner's CPU."""
+        unknown: their responses died with that learner) and the learner's CPU."""
         actors = rnd.actors
         out = Collected(batches=[], launched=actors)
         spec = self.spec
@@ -260,7 +259,7 @@ class OnPolicyLoop(PipelinedLoop[OnPolicyStats]):
         metrics.observe_phase("invoke", invoke, phases)
         metrics.observe_phase("ingest", ingest, phases)
         metrics.observe_phase("sample", max(0.0, wall - ingest - invoke), phases)
-        cloud["sample"] = cloud.get("sample", 0.0) + max(0.0, out.cloud_seconds - overlapped)
+        cloud["sample"] = cloud.get("sample", 0.0) + out.cloud_seconds
         cloud["ingest"] = cloud.get("ingest", 0.0) + max(0.0, critical_path_cpu_seconds() - cpu0)
         out.batches = [batches[i] for i in sorted(batches)]
         out.completed = rnd.slots.completed
@@ -312,12 +311,18 @@ class OnPolicyLoop(PipelinedLoop[OnPolicyStats]):
         return self.new_round(k, actors)
 
     def sample_round(self, k: int) -> OpenRound[OnPolicyStats]:
-        # The round before's commit and evaluation ran while this round's first wave sampled.
         carried, self.carried = self.carried, {}
-        rnd = OpenRound(self.launched, OnPolicyStats(), cloud=dict(carried))
-        got = rnd.stats.got = self._collect(rnd.launch, rnd.phases, rnd.cloud, overlapped=sum(carried.values()))
+        rnd = OpenRound(self.launched, OnPolicyStats())
+        got = rnd.stats.got = self._collect(rnd.launch, rnd.phases, rnd.cloud)
         rnd.stats.notes, rnd.stats.steps = got.notes, sum(len(b["rewards"]) for b in got.batches)
         rnd.stats.rejected, rnd.stats.duplicates = self.export_reader_counters(got.notes)
+        # The round before's commit and evaluation ran on the learner while this round's actors sampled: on the
+        # cloud clock only what outlasted the sampling is on this round's critical path ("sample" stays the
+        # actors' time, which the scaler plans from).
+        overlapped = sum(carried.values())
+        beyond = max(0.0, overlapped - got.cloud_seconds) / overlapped if overlapped else 0.0
+        for phase in ("publish", "evaluate"):
+            rnd.cloud[phase] = rnd.cloud.get(phase, 0.0) + carried.get(phase, 0.0) * beyond
         return rnd
 
     def abandons(self, rnd: OpenRound[OnPolicyStats]) -> bool:
