@@ -92,3 +92,26 @@ def test_a_checkpoint_with_an_old_format_pending_round_resumes(service, scaler, 
     assert one.resumed and "written by an earlier learner" in one.notes
     assert one.next_actors == 2 and {p.phase: p.seconds for p in one.cloud_phases}["update"] == 0.4
     assert reports[2].total_env_steps == 4 * STEPS + reports[2].env_steps > 4 * STEPS
+
+
+def test_a_stop_during_a_close_launches_no_next_round(service, scaler, tmp_path):  # noqa: F811
+    """A stop (or drain) requested while round 0 closes: round 0 is finished and reported, and round 1, which the
+    job would abandon, is never launched (nor billed)."""
+    svc, _actors = scaler
+    loop = loop_of(service, tmp_path, svc, "stopped", rounds=3)
+    launched, plan = [], loop.plan
+    launch = loop.collector.launch
+
+    def launching(rnd, slots, deadline_s):
+        launched.append(rnd.k)
+        return launch(rnd, slots, deadline_s)
+
+    def planned(round_index, *args, **kw):
+        if round_index == 1:
+            loop.job.request_stop("stopped by the test")
+        return plan(round_index, *args, **kw)
+
+    loop.collector.launch, loop.plan = launching, planned
+    loop.run()
+    assert loop.job.state == training_pb2.JOB_STATE_STOPPED, loop.job.message
+    assert [r.round for r in loop.job.reports] == [0] and launched == [0]
