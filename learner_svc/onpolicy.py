@@ -294,7 +294,7 @@ class OnPolicyLoop(PipelinedLoop[OnPolicyStats]):
     # -- PipelinedLoop's hooks --------------------------------------------------------------------
     def restore(self) -> dict | None:
         pending = super().restore()
-        self.inherit_round = self.next_round
+        self.inherit_round = self.next_round  # launched already if the learner before died after its launch
         return pending
 
     def new_round(self, k: int, actors: int) -> Round:
