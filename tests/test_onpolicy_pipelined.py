@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from learner_svc.clients import LearnerDeps
 from learner_svc.jobs import Job
+from learner_svc.offpolicy import OffPolicyLoop
 from learner_svc.onpolicy import OnPolicyLoop
 from nitro.spec import ScalerSettings, TrainingSpec, validate
 from nitro.v1 import training_pb2
@@ -29,12 +32,13 @@ class Scaler:
         return lambda request, timeout=None, metadata=None: getattr(self.servicer, method)(request, _Context())
 
 
-def loop_of(service, tmp_path, svc, job_id: str, rounds: int) -> OnPolicyLoop:  # noqa: F811 - the fixture's value
-    spec = validate(TrainingSpec(env_id="CartPole-v1", preset="fast", job_id=job_id, steps_per_actor=STEPS,
+def loop_of(service, tmp_path, svc, job_id: str, rounds: int, algo: str = "ppo"):  # noqa: F811 - the fixture's value
+    spec = validate(TrainingSpec(env_id="CartPole-v1", algo=algo, preset="fast", job_id=job_id, steps_per_actor=STEPS,
                                  rounds=rounds, eval_episodes=0, evaluation="learner",
                                  scaler=ScalerSettings(policy="fixed", fixed_actors=2, i_min=1, i_max=2)))
-    return OnPolicyLoop(Job(spec), LearnerDeps(redis=service, hmac_key=MASTER, detector=None, scaler=Scaler(svc),
-                                               data_dir=str(tmp_path)))
+    loop = OnPolicyLoop if algo == "ppo" else OffPolicyLoop
+    return loop(Job(spec), LearnerDeps(redis=service, hmac_key=MASTER, detector=None, scaler=Scaler(svc),
+                                       data_dir=str(tmp_path)))
 
 
 def test_round_k_is_committed_after_round_k_plus_1_was_launched(service, scaler, tmp_path):  # noqa: F811
@@ -94,11 +98,12 @@ def test_a_checkpoint_with_an_old_format_pending_round_resumes(service, scaler, 
     assert reports[2].total_env_steps == 4 * STEPS + reports[2].env_steps > 4 * STEPS
 
 
-def test_a_stop_during_a_close_launches_no_next_round(service, scaler, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("algo", ["ppo", "impact"])
+def test_a_stop_during_a_close_launches_no_next_round(service, scaler, tmp_path, algo):  # noqa: F811
     """A stop (or drain) requested while round 0 closes: round 0 is finished and reported, and round 1, which the
-    job would abandon, is never launched (nor billed)."""
+    job would abandon, is never launched (nor billed). Every loop closes the same way."""
     svc, _actors = scaler
-    loop = loop_of(service, tmp_path, svc, "stopped", rounds=3)
+    loop = loop_of(service, tmp_path, svc, f"stopped-{algo}", rounds=3, algo=algo)
     launched, plan = [], loop.plan
     launch = loop.collector.launch
 
