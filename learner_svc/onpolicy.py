@@ -1,9 +1,11 @@
-"""The on-policy (PPO) round loop of DESIGN section 4.
+"""The on-policy (PPO) round loop of DESIGN section 4: PipelinedLoop (pipelined.py) at depth 0.
 
-Round k: launch the planned actors with policy v -> ingest their batches from
-the stream (until all arrived or the round deadline) -> update -> publish v+1
-and the detector's sample subset -> [detector scores v+1 while the learner
-checkpoints and evaluates it] -> the scaler plans round k+1 -> report.
+Round k: its actors, launched with policy v when round k-1 closed -> ingest their batches from the stream
+(until all arrived or the round deadline) -> update (`learn_round`) -> publish v+1 and the detector's sample
+subset -> score -> the scaler plans round k+1 -> launch round k+1 with v+1 -> commit round k -> evaluate v+1 and
+report round k while round k+1 samples. Round k+1 needs the policy round k's update made, so it launches as
+soon as it can and no sooner: the pipeline's depth is 0. With evaluation functions the report waits for them
+until round k+1 closes (`holds_reports`, docs/evaluation.md).
 
 Faults: failed invocations are retried by the scaler with the same id; those
 still failed, and successful ones whose batch never arrived, get a wave of
@@ -14,15 +16,16 @@ takes over the waves its predecessor launched for the round it redoes (their
 invocations outlive it) and waits for them like for its own launch while the
 scaler still runs them (its invocation records, nitro.launches), then
 LOST_BATCH_GRACE_S more; only their shortfall gets replacements, at once for
-slots whose invocations the records show failed. A detector that does not answer in
-detector_timeout_s gives the configured fallback plan; a scaler or Redis that
-is briefly down is retried. Every such event is a note in the round report.
+slots whose invocations the records show failed. A detector that does not answer
+gives the configured fallback plan (RoundLoop.detector_fallback); a scaler or Redis
+that is briefly down is retried. Every such event is a note in the round report.
 
 Phase latencies are measured on the learner's critical path, so they stack up
 to the round's wall time: `sample` is time spent waiting for actors, `ingest`
-verifying/decoding/acking batches, `invoke` the scaler's dispatch time,
-`detect` only the wait for the detector after evaluation finished (its own
-compute time is reported separately as detector_seconds).
+verifying/decoding/acking batches, `invoke` the scaler's dispatch time and the
+next round's launch, `detect` the Score call (its own compute time is reported
+separately as detector_seconds); the commit and the evaluation of round k run
+while round k+1 samples, and on the cloud clock they are round k+1's.
 """
 
 from __future__ import annotations
@@ -31,27 +34,25 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
-from learner_svc.collector import Collector
-from learner_svc.constants import DRAIN_STOP_REASON, LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
+from learner_svc.constants import LOST_BATCH_GRACE_S, MAX_WAVES, ONPOLICY_READ, TAKEOVER_POLL_S
+from learner_svc.pipelined import NOISE_TERMS, OpenRound, PipelinedLoop
 from learner_svc.policy_owner import GradientLearner
-from learner_svc.reporting import DIAGNOSTICS, add_evaluation
-from learner_svc.rounds import End, RoundLoop
-from learner_svc.state import Ingest, Round
+from learner_svc.reporting import DIAGNOSTICS
+from learner_svc.state import Ingest, PendingRound, Round, RoundStats
 from nitro.algos.ppo import PPOLearner
 from nitro.clock import critical_path_cpu_seconds
 from nitro.contracts import NOISE_EMA, invocation_id
-from nitro.cost import cloud_detect_wait, cloud_round_seconds
+from nitro.cost import cloud_round_seconds
 from nitro.launches import RoundStatus
 from nitro.rpc import metrics
 from nitro.scaling.noise import adascale_update, b_simple_of, ema_terms
 from nitro.scaling.policies import scales_update
-from nitro.v1 import detector_pb2, scaler_pb2, training_pb2
+from nitro.v1 import detector_pb2, scaler_pb2
 
 log = logging.getLogger(__name__)
 
@@ -74,21 +75,16 @@ class Collected:
 
 
 @dataclass
-class SampledRound:
-    """An on-policy round from its launch to its update."""
+class OnPolicyStats(RoundStats):
+    """What an on-policy round counts from its sampling to its update."""
 
-    k: int
-    actors: int  # planned
-    t_round: float  # perf_counter when the round began
     got: Collected | None = None
-    phases: dict[str, float] = field(default_factory=dict)
-    cloud: dict[str, float] = field(default_factory=dict)  # the same phases on the cloud clock (docs/cost.md)
     rejected: int = 0
     duplicates: int = 0
+    fields: dict = field(default_factory=dict)  # its RoundReport fields, once updated (learn_round)
 
-    @property
-    def steps(self) -> int:
-        return sum(len(b["rewards"]) for b in self.got.batches)
+    def means(self) -> dict[str, float]:
+        return self.means_over(1)  # one update
 
 
 def takeover_wait_end(*, started: float, launched_at: float | None, deadline_s: float,
@@ -141,44 +137,41 @@ class TakenOver:
         return self.stopped_at is not None and waiting <= self.failed
 
 
-class OnPolicyLoop(RoundLoop[SampledRound]):
-    """PPO's rounds: sample (launch, collect every batch, replace what is missing), update, finish."""
+class OnPolicyLoop(PipelinedLoop[OnPolicyStats]):
+    """PPO's rounds: sample (collect every batch, replace what is missing), update, then PipelinedLoop's close."""
 
     learner_class = PPOLearner
     learner: GradientLearner
     # On-policy data is used only at the version it was sampled with: the newest version, and the one before
     # for the closed round's stragglers (their batches are dropped as stale; a late retry fails to load it).
     keep_versions = 2
+    holds_reports = True  # evaluation functions run beside the next round; its close reports this one
     inherit_round: int | None = None  # the round a resumed learner redoes: its waves may be out already
-    next_plan: scaler_pb2.PlanResponse  # the plan of the round about to begin
+    inherited: TakenOver | None = None  # the waves an earlier learner launched for the round about to sample
     # The policy gradient's |G|^2 and tr(Sigma), each averaged over the rounds so far ("noise-adascale" reads
     # their ratio); a resumed learner starts them again from its first round.
     policy_noise_terms: tuple[float, float] | None = None
 
-    def __init__(self, job, deps):
-        super().__init__(job, deps)
-        self.collector = Collector(self)
-        self.held: tuple[training_pb2.RoundReport, Future] | None = None  # a report waiting for its evaluation
-
     # -- sampling ---------------------------------------------------------------------------
-    def _collect(self, k: int, actors: int, phases: dict, cloud: dict) -> Collected:
-        """Launch the round's actors and ingest their batches; replace failures while below the minimum.
+    def _collect(self, rnd: Round, phases: dict, cloud: dict) -> Collected:
+        """Ingest the batches of the round's launched wave (or of the waves taken over: `inherited`); replace
+        failures while below the minimum.
 
         A round a learner before this one launched already (`inherit_round`) is not launched again: its waves
         are waited for like a launch whose response is lost, and their batches (pending or still to come)
         used; a second launch would be billed and, arriving after the round closed, dropped as stale.
         `cloud` gets the modelled sampling time (the waves' slowest invocations, those of inherited waves
         unknown: their responses died with that learner) and the learner's CPU."""
+        actors = rnd.actors
         out = Collected(batches=[], launched=actors)
         spec = self.spec
         expected_steps = actors * spec.steps_per_actor
-        # The ids of the waves launched or taken over count; only this round's batches of this version are kept.
-        rnd = Round(self.job.job_id, k, actors, self.version, on_policy=True, ids={})
         batches: dict[str, dict] = {}  # dedup id -> batch: every in-version batch (or part) of this round is used
         t0, cpu0 = time.perf_counter(), critical_path_cpu_seconds()
         processed_before, ack_seconds, dispatch = self.reader.processing_seconds, 0.0, 0.0
         slots, failed_total = list(range(actors)), set()
-        inherited = self._inherited_waves(k, slots)
+        inherited, self.inherited = self.inherited, None
+        wave = rnd.wave if rnd.waves else None  # launched when the round before closed (or by open)
 
         def account(resp: scaler_pb2.LaunchResponse) -> None:
             nonlocal dispatch
@@ -196,7 +189,8 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                 wave_deadline = taken.deadline()
             else:
                 taken = None
-                wave = self.collector.launch(rnd, slots, spec.round_deadline_s)
+                if wave is None:  # a replacement wave
+                    wave = self.collector.launch(rnd, slots, spec.round_deadline_s)
                 out.waves += 1
                 label = f"wave {wave.number}"
                 wave_deadline = wave.deadline
@@ -257,6 +251,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
                 break
             out.replaced += len(slots)
             out.notes.append(f"only {steps}/{expected_steps} steps: launching {len(slots)} replacement actor(s)")
+            wave = None
         wall = time.perf_counter() - t0
         ingest = self.reader.processing_seconds - processed_before + ack_seconds
         out.failed = len(failed_total)
@@ -271,7 +266,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         out.stale, out.stale_steps, out.duplicates = rnd.stale, rnd.stale_steps, rnd.duplicates
         return out
 
-    def _inherited_waves(self, k: int, slots: list[int]) -> TakenOver | None:
+    def _inherited_waves(self, k: int, actors: int) -> TakenOver | None:
         """The waves an earlier learner launched for round k, when this learner resumed into it; asked once,
         so a retried empty round launches afresh."""
         if self.inherit_round != k:
@@ -281,7 +276,7 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         if not n:
             return None
         # The ids those waves can have: every slot of each (replacement waves launch some of them).
-        slot_of = {invocation_id(self.job.job_id, k, s, w): s for w in range(n) for s in slots}
+        slot_of = {invocation_id(self.job.job_id, k, s, w): s for w in range(n) for s in range(actors)}
         return TakenOver(n, launched_at, self.spec.round_deadline_s, slot_of, lambda: self.launch_status(k, slot_of))
 
     def _affordable(self, slots: list[int]) -> list[int]:
@@ -296,104 +291,57 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
             return slots
         return slots[:int(max(0.0, cost.budget_left_usd) // per_actor)]
 
-    # -- the hooks of RoundLoop.train ------------------------------------------------------------
-    def open(self, resume: bool) -> End | None:
-        if resume:
-            pending = self.restore()
-            self.inherit_round = self.next_round
-            self.resumed = True
-            if pending is not None:  # died after the update, before the report: finish that round
-                k = self.next_round - 1
-                self.publish()
-                report, self.next_plan, evaluation = self._finish_round(k, pending)
-                self._report(report, evaluation)
-                return None
-            self.publish()
-            self.next_plan = self.plan(self.next_round, self.last_score(), 0.0)
-            return None
-        self.publish()
-        self.next_plan = self.plan(0, 0.0, 0.0)
-        return None
+    # -- PipelinedLoop's hooks --------------------------------------------------------------------
+    def restore(self) -> dict | None:
+        pending = super().restore()
+        self.inherit_round = self.next_round  # launched already if the learner before died after its launch
+        return pending
 
-    def end_before_round(self, k: int) -> End | None:
-        end = self.end_after(k, math.nan, self.next_plan)  # rounds and budget (a resumed job may be at its end)
-        if end is not None:
-            return end
-        if self.job.stop_requested.is_set():
-            return End(training_pb2.JOB_STATE_STOPPED, f"stopped: {self.job.stop_reason}")
-        return None
+    def new_round(self, k: int, actors: int) -> Round:
+        # The ids of the waves launched or taken over count; only this round's batches of this version are kept.
+        return Round(self.job.job_id, k, actors, self.version, on_policy=True, ids={})
 
-    def sample_round(self, k: int) -> SampledRound:
-        actors = self.next_plan.actors
-        rnd = SampledRound(k=k, actors=actors, t_round=time.perf_counter())
+    def launch_round(self, k: int, actors: int) -> Round:
+        """Launch round k, or take over the waves an earlier learner launched for it (sample_round waits for
+        them): a second launch would be billed and its batches dropped as stale."""
+        self.inherited = self._inherited_waves(k, actors)
+        if self.inherited is None:
+            return super().launch_round(k, actors)
         metrics.set_job(metrics.ACTORS_PER_ROUND, self.job.job_id, actors)
-        rnd.got = self._collect(k, actors, rnd.phases, rnd.cloud)
-        rnd.rejected, rnd.duplicates = self.export_reader_counters(rnd.got.notes)
+        return self.new_round(k, actors)
+
+    def sample_round(self, k: int) -> OpenRound[OnPolicyStats]:
+        carried, self.carried = self.carried, {}
+        rnd = OpenRound(self.launched, OnPolicyStats())
+        got = rnd.stats.got = self._collect(rnd.launch, rnd.phases, rnd.cloud)
+        rnd.stats.notes, rnd.stats.steps = got.notes, sum(len(b["rewards"]) for b in got.batches)
+        rnd.stats.rejected, rnd.stats.duplicates = self.export_reader_counters(got.notes)
+        # The round before's commit and evaluation ran on the learner while this round's actors sampled: on the
+        # cloud clock only what outlasted the sampling is on this round's critical path ("sample" stays the
+        # actors' time, which the scaler plans from).
+        overlapped = sum(carried.values())
+        beyond = max(0.0, overlapped - got.cloud_seconds) / overlapped if overlapped else 0.0
+        for phase in ("publish", "evaluate"):
+            rnd.cloud[phase] = rnd.cloud.get(phase, 0.0) + carried.get(phase, 0.0) * beyond
         return rnd
 
-    def abandons(self, rnd: SampledRound) -> bool:
+    def abandons(self, rnd: OpenRound[OnPolicyStats]) -> bool:
         """Abandoned mid-sampling (or with nothing to train on): the last checkpoint is the previous round."""
-        return len(rnd.got.batches) < rnd.actors or rnd.steps == 0
+        return len(rnd.stats.got.batches) < rnd.launch.actors or rnd.stats.steps == 0
 
-    def is_empty(self, rnd: SampledRound) -> bool:
-        return rnd.steps == 0
+    def is_empty(self, rnd: OpenRound[OnPolicyStats]) -> bool:
+        return rnd.stats.steps == 0
 
-    def close_round(self, k: int, rnd: SampledRound) -> End | None:
-        pending = self._learn(k, rnd)
-        # Round k-1's evaluation ran while this round sampled and updated: its report goes out now, before
-        # round k's commit replaces the checkpoint it evaluated (best.pt is copied from it).
-        self._report_held(pending)
-        report, self.next_plan, evaluation = self._finish_round(k, pending, to_ack=rnd.got.entries)
-        if evaluation is None or evaluation.done():
-            self._report(report, evaluation)
-        else:
-            self.held = (report, evaluation)
-        return self.end_after(k + 1, self.last_eval(math.nan), self.next_plan)
-
-    def settle(self) -> None:
-        if self.held is not None and self.job.stop_reason == DRAIN_STOP_REASON:
-            # Not waited for: the held round is the checkpoint's unreported one, which the resume finishes.
-            log.info("job %s: round %d's report waits for the resume (its evaluation was running)",
-                     self.job.job_id, self.held[0].round)
-            self.held = None
-            return
-        self._report_held(None)
-
-    def _report_held(self, pending: dict | None) -> None:
-        """Report the round held back for its evaluation; the wait (normally none: it ran beside this round)
-        counts in this round's `pending` phases, on the cloud clock only as far as the evaluation functions
-        outlast this round so far."""
-        if self.held is None:
-            return
-        (report, evaluation), self.held = self.held, None
-        t0 = time.perf_counter()
-        result = evaluation.result()
-        if pending is not None:
-            phases, cloud = pending["phases"], pending["cloud_phases"]
-            phases["evaluate"] = phases.get("evaluate", 0.0) + (time.perf_counter() - t0)
-            cloud["evaluate"] = cloud.get("evaluate", 0.0) + max(0.0, result.cloud_seconds - cloud_round_seconds(cloud))
-        self._report(report, evaluation)
-
-    def _report(self, report: training_pb2.RoundReport, evaluation) -> None:
-        """Append a round's report with its evaluation (waited for)."""
-        if evaluation is not None:
-            add_evaluation(report, evaluation.result())
-        log.info("job %s round %d: actors %d steps %d eval %s score %.3f cost $%.4f (%.2fs)%s", self.job.job_id,
-                 report.round, report.actors_launched, report.env_steps,
-                 f"{report.eval_return:.1f}" if report.evaluated else "-", report.score, report.total_cost_usd,
-                 report.round_seconds, f" notes: {list(report.notes)}" if report.notes else "")
-        self.append_report(report)
-
-    def _learn(self, k: int, rnd: SampledRound) -> dict:
-        """Update on the round's batches; the round's pending report (what the checkpoint keeps of it)."""
-        spec, got, phases, cloud = self.spec, rnd.got, rnd.phases, rnd.cloud
-        actors = rnd.actors
+    def learn_round(self, k: int, rnd: OpenRound[OnPolicyStats]) -> None:
+        """The PPO update on the round's batches; its report fields go into the round's stats."""
+        spec, acc, phases, cloud = self.spec, rnd.stats, rnd.phases, rnd.cloud
+        got, actors = acc.got, rnd.launch.actors
         expected_steps = actors * spec.steps_per_actor
-        steps = rnd.steps
+        steps = acc.steps
         if steps < spec.min_sample_fraction * expected_steps:
-            got.notes.append(f"below min_sample_fraction after replacements: training on {steps}/{expected_steps} steps")
+            acc.notes.append(f"below min_sample_fraction after replacements: training on {steps}/{expected_steps} steps")
         elif steps < expected_steps:
-            got.notes.append(f"proceeding with {steps}/{expected_steps} steps "
+            acc.notes.append(f"proceeding with {steps}/{expected_steps} steps "
                              f"(min_sample_fraction {spec.min_sample_fraction:g})")
         behaviour_version = self.version
         for b in got.batches:
@@ -412,81 +360,53 @@ class OnPolicyLoop(RoundLoop[SampledRound]):
         self.total_steps += steps
         metrics.ENV_STEPS.inc(steps)
         self.version += 1
-        return {
+        for name in ("policy_loss", "value_loss", "kl", "gradient_noise_scale", *NOISE_TERMS):
+            acc.add(name, float(getattr(stats, name)))
+        acc.fields = {
             "round": k, "policy_version": behaviour_version, "actors_launched": actors,
             "actors_completed": got.completed, "actors_failed": got.failed, "actors_replaced": got.replaced,
             "env_steps": steps, "total_env_steps": self.total_steps, "invocation_retries": got.retries,
-            "duplicates_dropped": rnd.duplicates + got.duplicates, "rejected_batches": rnd.rejected,
+            "duplicates_dropped": acc.duplicates + got.duplicates, "rejected_batches": acc.rejected,
             "stale_batches_dropped": got.stale, "cloud_actor_cost_usd": got.cloud_cost_usd,
             "policy_loss": stats.policy_loss, "value_loss": stats.value_loss, "entropy": stats.entropy,
-            "kl": stats.kl, "gradient_noise_scale": stats.gradient_noise_scale, "notes": got.notes[:50],
-            "policy_noise_scale": stats.policy_noise_scale, "learning_rate": stats.learning_rate,
-            "policy_grad_sq": stats.policy_grad_sq, "policy_trace_sigma": stats.policy_trace_sigma,
-            "minibatch_size": stats.minibatch_size,
+            "kl": stats.kl, "gradient_noise_scale": stats.gradient_noise_scale,
+            "learning_rate": stats.learning_rate, "minibatch_size": stats.minibatch_size,
+            **{name: float(getattr(stats, name)) for name in NOISE_TERMS},
             **{key: float(getattr(stats, name)) for key, name in DIAGNOSTICS.items()}, "kl_coeff": stats.kl_coeff,
-            "phases": dict(phases), "cloud_phases": dict(cloud),
-            "t_round": time.time() - (time.perf_counter() - rnd.t_round),
         }
 
-    def _finish_round(self, k: int, pending: dict, to_ack: list | None = None):
-        """Publish, checkpoint, score, start the evaluation, plan the next round, build the report; the report
-        (its evaluation still to fill in), the plan and the evaluation's Future (None: not evaluated)."""
-        phases = dict(pending["phases"])
-        cloud = dict(pending.get("cloud_phases", {}))
-        notes = list(pending["notes"])
-        resumed = self.take_resumed(notes)
-        with metrics.timed("publish", phases, cloud):
-            self.publish()
-            ref = self.write_sample_subset(k)
-            # The detector scores and the round is committed (checkpoint, then ack) while the learner evaluates.
-            score_future = self.pool.submit(self.score, k, ref) if ref else None
-            commit_future = self.pool.submit(self.commit, k, pending, to_ack or [])
-        try:
-            with metrics.timed("evaluate", phases, cloud):  # "functions": only its launch; "learner": all of it
-                evaluation = self.start_evaluation(k)
-        finally:  # even when evaluation fails: no commit may still be running (and holding an ack) after it
-            with metrics.timed("publish", phases, cloud):
-                commit_future.result()  # a round is reported only once it can be resumed from
-        score_resp, fallback = detector_pb2.ScoreResponse(), 0
-        with metrics.timed("detect", phases):  # ~0 s when the plan reads no score: nothing was asked
-            try:
-                if score_future is not None:
-                    score_resp = score_future.result(timeout=self.spec.detector_timeout_s + 1.0)
-                elif self.scores:
-                    raise TimeoutError("no sample subset (round finished after a resume)")
-            except (grpc.RpcError, TimeoutError) as exc:
-                detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
-                fallback = self.detector_fallback(detail, notes)
-        # On the cloud the detector scores on the learner server while the learner evaluates (if it does).
-        cloud["detect"] = cloud_detect_wait(score_resp.cpu_seconds, cloud.get("evaluate", 0.0))
-        # The plan reads this round's return when it is in already (evaluation "learner"), else the latest one.
-        eval_return = evaluation.result().eval_return if evaluation is not None and evaluation.done() else math.nan
-        with metrics.timed("plan", phases):
-            # A learned scheduler reads times on the cloud clock: they do not move with this machine's load.
-            last = self.plan_inputs(cloud, loss=pending["policy_loss"] + pending["value_loss"], kl=pending["kl"],
-                                    eval_return=eval_return, env_steps=pending["env_steps"],
-                                    policy_noise_scale=pending.get("policy_noise_scale", 0.0),
-                                    policy_grad_sq=pending.get("policy_grad_sq", 0.0),
-                                    policy_trace_sigma=pending.get("policy_trace_sigma", 0.0))
-            next_plan = self.plan(k + 1, score_resp.score, pending["gradient_noise_scale"], fallback, last,
-                                  cloud_seconds=cloud_round_seconds(cloud))
-        if next_plan.budget_exhausted and evaluation is None:  # the job's last round: always evaluated
-            with metrics.timed("evaluate", phases, cloud):
-                evaluation = self.start_evaluation(k, last=True)
-        round_seconds = max(time.time() - pending["t_round"], sum(phases.values()))
-        keep = {key: pending[key] for key in (
+    def pending_parts(self, k: int, rnd: OpenRound[OnPolicyStats]) -> tuple[dict, list[str], dict]:
+        return rnd.stats.fields, list(rnd.stats.notes), {}
+
+    def settlement(self, rnd: OpenRound[OnPolicyStats]) -> tuple[list, None]:
+        return rnd.stats.got.entries, None
+
+    def pending_round(self, pending: dict) -> PendingRound:
+        return super().pending_round(pending) if "plan" in pending else self._pending_of_old(pending)
+
+    def _pending_of_old(self, old: dict) -> PendingRound:
+        """The pending round of a checkpoint written before this loop closed through PipelinedLoop: the update's
+        report fields, its phases and notes, no score or plan. Its close is finished the way that learner would
+        have: its sample subset died with it, so a policy that reads the score falls back; then round k+1 is
+        planned from the round."""
+        k, notes = old["round"], list(old["notes"])
+        phases, cloud = dict(old["phases"]), dict(old.get("cloud_phases", {}))
+        fallback = self.detector_fallback("no sample subset (round finished after a resume)", notes) \
+            if self.scores else 0
+        last = self.plan_inputs(cloud, loss=old["policy_loss"] + old["value_loss"], kl=old["kl"],
+                                eval_return=math.nan, env_steps=old["env_steps"],
+                                **{name: old.get(name, 0.0) for name in NOISE_TERMS})
+        next_plan = self.plan(k + 1, 0.0, old["gradient_noise_scale"], fallback, last,
+                              cloud_seconds=cloud_round_seconds(cloud))
+        # Absent from checkpoints written before the diagnostics (and the round's own actor bill) were reported.
+        fields = {key: old[key] for key in (
             "round", "policy_version", "actors_launched", "actors_completed", "actors_failed", "actors_replaced",
             "env_steps", "total_env_steps", "invocation_retries", "duplicates_dropped", "rejected_batches",
             "stale_batches_dropped", "policy_loss", "value_loss", "entropy", "kl", "gradient_noise_scale")}
-        # Absent from the pending round of a checkpoint written before the diagnostics (and the round's own
-        # actor bill) were reported.
-        keep.update({key: pending.get(key, 0.0) for key in (*DIAGNOSTICS, "kl_coeff", "cloud_actor_cost_usd",
-                                                            "policy_noise_scale", "learning_rate",
-                                                            "policy_grad_sq", "policy_trace_sigma")})
-        keep["minibatch_size"] = int(pending.get("minibatch_size", 0))
-        report = training_pb2.RoundReport(
-            **keep, resumed=resumed,
-            **self.closing_report_fields(eval_return=math.nan, score_resp=score_resp, next_plan=next_plan,
-                                         phases=phases, round_seconds=round_seconds, notes=notes,
-                                         fallback=fallback, cloud_phases=cloud))
-        return report, next_plan, evaluation
+        fields.update({key: old.get(key, 0.0) for key in (*DIAGNOSTICS, "kl_coeff", "cloud_actor_cost_usd",
+                                                          "learning_rate", *NOISE_TERMS)})
+        fields["minibatch_size"] = int(old.get("minibatch_size", 0))
+        return PendingRound(round=k, fields=fields, score=detector_pb2.ScoreResponse().SerializeToString(),
+                            plan=next_plan.SerializeToString(), notes=notes, fallback=fallback, cloud=cloud,
+                            phases=phases, t=old["t_round"],
+                            ending=k + 1 >= self.spec.rounds or next_plan.budget_exhausted)

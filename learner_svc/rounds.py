@@ -1,16 +1,17 @@
 """The round loop, written once (`RoundLoop.train`), and what every loop shares.
 
-    open (restore, finish a round committed but not reported, publish, plan)
+    open (restore, finish a round committed but not reported, publish, plan and launch the first round)
     for each round k:
-        end conditions before the round           end_before_round(k)
-        launch and pump the stream until it closes sample_round(k)
+        stopped? (a stop or drain ends the job before a round samples)
+        pump the stream until round k closes      sample_round(k)
         stopped? empty? (MAX_EMPTY_ROUNDS in a row end the job, resumable; else the round is retried)
-        close: learn, publish, score, plan the next round, commit, evaluate, report; end conditions
+        close: learn, publish, score, plan and launch the next round, commit, evaluate, report; end conditions
                                                   close_round(k, rnd)
 
-The on-policy loop (onpolicy.py) supplies the hooks with a synchronous round; the asynchronous loops share a
-pipelined close (pipelined.py: the next round launches before this one is evaluated) and supply their own
-pump: off-policy IMPACT (offpolicy.py) and the Stellaris parameter service (parameter_service.py).
+Every loop closes its rounds through PipelinedLoop.close_round (pipelined.py: the next round launches before
+this one is committed and evaluated) and supplies its own pump and learning: on-policy PPO (onpolicy.py, the
+pipeline at depth 0: it learns when the round closed, then launches the next), off-policy IMPACT
+(offpolicy.py) and the Stellaris parameter service (parameter_service.py).
 
 Durability, one rule for every loop (`RoundLoop.commit`): a stream entry is acked
 only after the checkpoint that holds what was learned from it, and that
@@ -202,9 +203,8 @@ class RoundLoop(Generic[R]):
             return end
         k, empty_rounds = self.next_round, 0
         while True:
-            end = self.end_before_round(k)
-            if end is not None:
-                return end
+            if job.stop_requested.is_set():  # nothing was launched for a job that is stopping: it ends here
+                return End(training_pb2.JOB_STATE_STOPPED, f"stopped: {job.stop_reason}")
             # A healthy round samples for at most MAX_WAVES round deadlines: past one more it has stalled.
             metrics.round_started(job.job_id, k, (MAX_WAVES + 1) * self.spec.round_deadline_s)
             rnd = self.sample_round(k)
@@ -230,12 +230,8 @@ class RoundLoop(Generic[R]):
         first round; how the job ends, or None when it goes on."""
         raise NotImplementedError
 
-    def end_before_round(self, k: int) -> End | None:
-        """How the job ends before round k begins, or None. Nothing by default."""
-        return None
-
     def sample_round(self, k: int) -> R:
-        """Launch round k (unless launched already) and pump the stream until the round closes."""
+        """Pump the stream until round k (launched by the close of the round before, or by open) closes."""
         raise NotImplementedError
 
     def abandons(self, rnd: R) -> bool:
@@ -250,7 +246,7 @@ class RoundLoop(Generic[R]):
         """Prepare round k again after it sampled nothing. Nothing by default."""
 
     def close_round(self, k: int, rnd: R) -> End | None:
-        """Learn from, commit and report round k and plan the next; how the job ends, or None."""
+        """Learn from, commit and report round k and plan and launch the next; how the job ends, or None."""
         raise NotImplementedError
 
     def settle(self) -> None:
@@ -356,10 +352,17 @@ class RoundLoop(Generic[R]):
                          policy_trace_sigma=policy_trace_sigma)
 
     def last_eval(self, eval_return: float) -> float:
-        """This round's eval return, or the latest one measured (rounds between evaluations have none)."""
+        """This round's eval return, or the latest one measured (rounds between evaluations have none); 0 when
+        none was: what the scaler plans from."""
+        latest = self.latest_eval(eval_return)
+        return latest if math.isfinite(latest) else 0.0
+
+    def latest_eval(self, eval_return: float = math.nan) -> float:
+        """This round's eval return, or the latest one reported; NaN when none was: what the end conditions
+        read (a round whose report is held counts once it is reported)."""
         if math.isfinite(eval_return):
             return eval_return
-        return next((r.eval_return for r in reversed(self.job.reports) if r.evaluated), 0.0)
+        return next((r.eval_return for r in reversed(self.job.reports) if r.evaluated), math.nan)
 
     def last_score(self) -> float:
         return self.job.reports[-1].score if self.job.reports else 0.0
@@ -429,17 +432,6 @@ class RoundLoop(Generic[R]):
         return evaluation.done(evaluation.from_returns(evaluate(
             runner, self.spec.env_id, self.spec.eval_episodes, seed=seed, env_kwargs=self.spec.env_kwargs)))
 
-    def evaluate_policy(self, round_index: int, last: bool = False, notes: list[str] | None = None) -> float:
-        """Mean deterministic return over eval_episodes of the current version, waited for; NaN when the round is
-        not evaluated (or no episode came back: `notes` says why)."""
-        future = self.start_evaluation(round_index, last)
-        if future is None:
-            return float("nan")
-        result = future.result()
-        if notes is not None:
-            notes.extend(result.notes)
-        return result.eval_return
-
     # -- durability: one rule for every loop -------------------------------------------------
     def commit(self, round_index: int, pending: dict, entries: list, counted: dict | None = None) -> None:
         """Consume stream entries only once what was learned from them is durable: write the checkpoint,
@@ -495,7 +487,7 @@ class RoundLoop(Generic[R]):
         """Copy checkpoint.pt to best.pt when this round's evaluation beats every earlier round's.
 
         checkpoint.pt holds exactly the policy evaluated: every loop commits round k before it evaluates
-        it, and calls this before it trains any further."""
+        it, and calls this before its next commit replaces checkpoint.pt."""
         self.files.keep_best(eval_return, self.job.reports)
 
     def append_report(self, report: training_pb2.RoundReport) -> None:
@@ -504,6 +496,10 @@ class RoundLoop(Generic[R]):
         self.write_report(report)
 
     def write_report(self, report: training_pb2.RoundReport) -> None:
+        log.info("job %s round %d: actors %d steps %d eval %s score %.3f cost $%.4f (%.2fs)%s", self.job.job_id,
+                 report.round, report.actors_launched, report.env_steps,
+                 f"{report.eval_return:.1f}" if report.evaluated else "-", report.score, report.total_cost_usd,
+                 report.round_seconds, f" notes: {list(report.notes)}" if report.notes else "")
         self.files.append_report(report)
         self.job.add_report(report)
         export_diagnostics(report)

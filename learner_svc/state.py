@@ -192,7 +192,7 @@ class LaunchSummary:
 
 @dataclass
 class RoundStats:
-    """What a round of an asynchronous loop counts while it is open."""
+    """What a round counts while it is open (each loop adds its own counters)."""
 
     notes: list[str] = field(default_factory=list)
     steps: int = 0  # fresh env steps counted in this round
@@ -217,7 +217,7 @@ PENDING_KEYS = ("round", "fields", "score", "plan", "notes", "fallback", "cloud"
 
 @dataclass
 class PendingRound:
-    """A closed asynchronous round that is committed but not yet reported: what its report still needs.
+    """A closed round that is committed but not yet reported: what its report still needs.
 
     The checkpoint keeps it, so a learner killed before the report finishes the round on resume."""
 
@@ -234,11 +234,16 @@ class PendingRound:
     extra: dict[str, Any] = field(default_factory=dict)  # the loop's own (settle_at_end); "report" once finished
 
     def to_dict(self) -> dict:
-        return {"round": self.round, "fields": self.fields, "score": self.score, "plan": self.plan,
+        # The messages as hex: load_policy reads a checkpoint with torch.load(weights_only=True), which refuses
+        # an empty bytes object (an unset ScoreResponse where nothing is scored).
+        return {"round": self.round, "fields": self.fields, "score": self.score.hex(), "plan": self.plan.hex(),
                 "notes": list(self.notes), "fallback": self.fallback, "cloud": dict(self.cloud),
                 "phases": dict(self.phases), "t": self.t, "ending": self.ending, **self.extra}
 
     @classmethod
     def from_dict(cls, d: dict) -> PendingRound:
-        return cls(**{key: d[key] for key in PENDING_KEYS},
-                   extra={key: v for key, v in d.items() if key not in PENDING_KEYS})
+        fields = {key: d[key] for key in PENDING_KEYS}
+        for key in ("score", "plan"):  # bytes in checkpoints written before they were hex
+            if isinstance(fields[key], str):
+                fields[key] = bytes.fromhex(fields[key])
+        return cls(**fields, extra={key: v for key, v in d.items() if key not in PENDING_KEYS})

@@ -220,11 +220,6 @@ def cloud_launch(invocations, prices: Prices) -> tuple[float, list[int]]:
     return seconds, [modelled_billed_ms(ms, init if cold else 0.0) for ms, init, cold in invocations]
 
 
-def cloud_detect_wait(detector_cpu_s: float, overlapped_s: float) -> float:
-    """The learner waits for the detector only as long as its scoring outlasts the work it overlaps."""
-    return max(0.0, _check("detector_cpu_s", detector_cpu_s) - _check("overlapped_s", overlapped_s))
-
-
 def cloud_round_seconds(phases: Mapping[str, float]) -> float:
     """A round on the cloud: its modelled phases laid end to end (they are its critical path)."""
     return sum(_check(f"cloud phase {name}", v) for name, v in phases.items())

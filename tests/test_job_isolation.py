@@ -144,17 +144,16 @@ def as_function(event: dict) -> redis.Redis:
 def loop_of(service, tmp_path, job_id: str, svc) -> OnPolicyLoop:
     spec = validate(TrainingSpec(env_id="CartPole-v1", preset="fast", job_id=job_id, steps_per_actor=STEPS,
                                  rounds=8, scaler=ScalerSettings(policy="fixed", fixed_actors=2, i_min=1, i_max=2)))
-    loop = OnPolicyLoop(Job(spec), LearnerDeps(redis=service, hmac_key=MASTER, detector=None, scaler=ScalerStub(svc),
+    return OnPolicyLoop(Job(spec), LearnerDeps(redis=service, hmac_key=MASTER, detector=None, scaler=ScalerStub(svc),
                                                data_dir=str(tmp_path)))
-    loop.next_plan = scaler_pb2.PlanResponse(actors=2)
-    return loop
 
 
 def run_round(loop: OnPolicyLoop, k: int):
     """Round k's sampling as the job's learner runs it: publish version k, launch through the scaler, collect."""
     loop.version = k
     loop.publish()
-    return loop.sample_round(k)
+    loop.launched = loop.launch_round(k, 2)
+    return loop.sample_round(k).stats
 
 
 def forge(event: dict, k: int, slot: int, returns: float = 77777.0) -> dict:

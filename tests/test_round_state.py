@@ -4,10 +4,13 @@ read from and written as the plain dicts earlier checkpoints hold."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import time
 from concurrent.futures import Future
 
 import grpc
+import torch
 
 from learner_svc import state
 from learner_svc.parameter_service import StellarisStats
@@ -125,7 +128,14 @@ def test_pending_round_reads_and_writes_the_checkpoint_dicts_of_earlier_learners
            "cloud": {"update": 1.0}, "phases": {"ingest": 0.1}, "t": 123.0, "ending": False, "acc": acc, "rnd": rnd}
     pending = PendingRound.from_dict(old)
     assert (pending.round, pending.ending, set(pending.extra)) == (4, False, {"acc", "rnd"})
-    assert pending.to_dict() == old
+    assert (pending.score, pending.plan) == (b"s", b"p")
+    assert pending.to_dict() == {**old, "score": b"s".hex(), "plan": b"p".hex()}
+    assert PendingRound.from_dict(pending.to_dict()) == pending
+    # load_policy reads a checkpoint with weights_only=True: an unset ScoreResponse (nothing scored) is b"".
+    buf = io.BytesIO()
+    torch.save({"pending": dataclasses.replace(pending, score=b"", extra={}).to_dict()}, buf)
+    buf.seek(0)
+    assert PendingRound.from_dict(torch.load(buf, weights_only=True)["pending"]).score == b""
     stats = StellarisStats.from_dict(acc)
     assert stats.means() == {"kl": 0.25} and LaunchSummary.from_dict(rnd).report_fields(4)["actors_failed"] == 1
     stats.batches.append({"obs": None})
