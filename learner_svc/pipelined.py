@@ -34,7 +34,7 @@ import grpc
 
 from learner_svc.collector import Collector
 from learner_svc.constants import DRAIN_STOP_REASON
-from learner_svc.reporting import add_evaluation
+from learner_svc.reporting import add_evaluation, bill_fields
 from learner_svc.rounds import End, RoundLoop
 from learner_svc.state import PendingRound, Round, RoundStats
 from nitro import cost as nitro_cost
@@ -158,7 +158,7 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
                      self.job.job_id, self.held[0].round)
             self.held = None
             return
-        self.report_held()
+        self.report_held(last=True)
 
     # -- the pipelined loop's hooks -------------------------------------------------------------------
     def learn_round(self, k: int, rnd: OpenRound[S]) -> None:
@@ -252,10 +252,11 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
                                          round_seconds=max(time.time() - pending.t, sum(phases.values())),
                                          notes=notes, fallback=pending.fallback, cloud_phases=pending.cloud))
 
-    def report_held(self, phases: dict | None = None, cloud: dict | None = None) -> None:
+    def report_held(self, phases: dict | None = None, cloud: dict | None = None, last: bool = False) -> None:
         """Report the round held back for its evaluation. The wait (normally none: it ran beside this round)
         counts in this round's `phases`, on the `cloud` clock only as far as the evaluation functions outlast
-        this round so far."""
+        this round so far. The job's `last` report takes its bill again once the evaluation is in: that
+        evaluation's functions were billed after the report was built, and nothing later would count them."""
         if self.held is None:
             return
         (report, evaluation), self.held = self.held, None
@@ -266,6 +267,14 @@ class PipelinedLoop(RoundLoop[OpenRound[S]]):
             cloud["evaluate"] = cloud.get("evaluate", 0.0) + max(
                 0.0, result.cloud_seconds - nitro_cost.cloud_round_seconds(cloud))
         add_evaluation(report, result)
+        if last:
+            try:
+                bill = bill_fields(self.cost(), self.job.reports[-1] if self.job.reports else None)
+            except grpc.RpcError as exc:  # the report keeps its earlier bill; the scaler's GetCost has the rest
+                report.notes.append(f"the final evaluation's bill is not in this report: GetCost {exc.code().name}")
+            else:
+                for name, value in bill.items():
+                    setattr(report, name, value)
         self.append_report(report)
 
     def score_or_fallback(self, k: int, ref: str, algo: str, notes: list[str]):

@@ -25,8 +25,6 @@ def closing_report_fields(*, job_id: str, scaler_policy: str, cost: scaler_pb2.G
     """RoundReport fields every loop fills alike when a round closes (`last`: the job's previous report);
     exports the round's gauges too."""
     cloud_phases = cloud_phases or {}
-    prev_total = last.total_cost_usd if last else 0.0
-    prev_cloud = last.cloud_total_cost_usd if last else 0.0
     metrics.ROUND_SECONDS.observe(round_seconds)
     for phase, seconds in cloud_phases.items():
         metrics.CLOUD_PHASE_SECONDS.labels(phase).observe(seconds)
@@ -39,20 +37,27 @@ def closing_report_fields(*, job_id: str, scaler_policy: str, cost: scaler_pb2.G
     if fallback > 0 and not fallback_used:
         notes = [*notes, f"scaler policy {scaler_policy!r} does not read the score: its plan needs no fallback"]
     return dict(
+        **bill_fields(cost, last),
         job_id=job_id,
         train_return=float(np.mean(recent_returns)) if recent_returns else float("nan"),
         mean_episode_length=float(np.mean(recent_lengths)) if recent_lengths else 0.0,
         eval_return=eval_return, lambda_max=score_resp.lambda_max, lambda_min=score_resp.lambda_min,
         convexity_ratio=score_resp.convexity_ratio, score=score_resp.score,
-        round_cost_usd=max(0.0, cost.total_cost_usd - prev_total), total_cost_usd=cost.total_cost_usd,
-        serverful_cost_usd=cost.serverful_cost_usd, budget_left_usd=cost.budget_left_usd,
         phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in phases.items()],
         round_seconds=round_seconds, next_actors=next_plan.actors, scaler_reason=next_plan.reason,
         notes=notes[:50], detector_seconds=score_resp.seconds, fallback_plan=fallback_used,
-        cloud_round_seconds=nitro_cost.cloud_round_seconds(cloud_phases),
-        cloud_round_cost_usd=max(0.0, cost.cloud_total_cost_usd - prev_cloud),
-        cloud_total_cost_usd=cost.cloud_total_cost_usd, evaluated=not math.isnan(eval_return),
+        cloud_round_seconds=nitro_cost.cloud_round_seconds(cloud_phases), evaluated=not math.isnan(eval_return),
         cloud_phases=[common_pb2.PhaseLatency(phase=p, seconds=s) for p, s in cloud_phases.items()])
+
+
+def bill_fields(cost: scaler_pb2.GetCostResponse, last: training_pb2.RoundReport | None) -> dict:
+    """A report's bill from a GetCost snapshot: the job's totals on both clocks, what the round added to them since
+    the job's previous report (`last`), the serverful comparator and the budget left."""
+    return dict(round_cost_usd=max(0.0, cost.total_cost_usd - (last.total_cost_usd if last else 0.0)),
+                total_cost_usd=cost.total_cost_usd, serverful_cost_usd=cost.serverful_cost_usd,
+                budget_left_usd=cost.budget_left_usd,
+                cloud_round_cost_usd=max(0.0, cost.cloud_total_cost_usd - (last.cloud_total_cost_usd if last else 0.0)),
+                cloud_total_cost_usd=cost.cloud_total_cost_usd)
 
 
 def add_evaluation(report: training_pb2.RoundReport, result) -> None:

@@ -255,6 +255,9 @@ def test_budget_exhaustion_ends_the_job_with_the_reason(client, system, clock):
                                                                 timeout=10)
     assert bill.eval_function_invocations == 5 and bill.budget_clock == clock
     assert bill.budget_left_usd >= -1e-9, "the final evaluation was paid for from the reserve"
+    # The last report's bill was taken again once its evaluation was in: it is the job's whole bill.
+    assert (reports[-1].total_cost_usd, reports[-1].cloud_total_cost_usd) == pytest.approx(
+        (bill.total_cost_usd, bill.cloud_total_cost_usd), abs=1e-12)
 
 
 @pytest.mark.parametrize("policy,expected", [("fixed:3", [3, 3]), ("max", [4, 4]), ("hydrozoa", [1, 1])])
