@@ -640,16 +640,43 @@ class LocalRunner:
         self.system = self.client = None
 
 
+def _same_files(a: Path, b: Path) -> bool:
+    """Two run directories hold the same files with the same bytes (a lent copy that came back unchanged)."""
+    files = lambda d: sorted(p.relative_to(d) for p in d.rglob("*") if p.is_file())  # noqa: E731
+    if not b.is_dir() or files(a) != files(b):
+        return False
+    return all((a / f).read_bytes() == (b / f).read_bytes() for f in files(a))
+
+
+def lend_runs(out: Path) -> list[str]:
+    """Copy a published grid's finished runs (runs_dir: data/grids/NAME/runs) to OUT/runs, where a clone whose code
+    predates runs_dir looks for them: the runs it derives controls from (noise-replay replays another seed's noise
+    run) and those it skips as done. adopt_runs takes them back; the run ids lent."""
+    legacy, home = Path(out) / "runs", runs_dir(out)
+    if legacy.resolve() == home.resolve() or not home.is_dir():
+        return []
+    lent = []
+    for d in sorted(p for p in home.iterdir() if p.is_dir()):
+        if not (legacy / d.name).exists():
+            shutil.copytree(d, legacy / d.name)
+            lent.append(d.name)
+    return lent
+
+
 def adopt_runs(out: Path, commit: bool = False) -> list[str]:
     """Move the runs a clone whose code predates runs_dir wrote beside a published grid (OUT/runs) to where they
-    live (runs_dir: data/grids/NAME/runs), replacing a copy there; the run ids moved. A run still being written
-    is not there: the clone has exited when this runs."""
+    live (runs_dir: data/grids/NAME/runs), replacing a copy there; the run ids moved. Copies lend_runs made that
+    came back unchanged are dropped, not moved. A run still being written is not there: the clone has exited
+    when this runs."""
     legacy, home = Path(out) / "runs", runs_dir(out)
     if legacy.resolve() == home.resolve() or not legacy.is_dir():
         return []
     home.mkdir(parents=True, exist_ok=True)
     moved = []
     for d in sorted(p for p in legacy.iterdir() if p.is_dir()):
+        if _same_files(d, home / d.name):
+            shutil.rmtree(d)
+            continue
         if (home / d.name).exists():
             shutil.rmtree(home / d.name)
         shutil.move(str(d), str(home / d.name))
@@ -1476,6 +1503,7 @@ def main(figure: str, argv: list[str] | None = None) -> int:
             out.mkdir(parents=True, exist_ok=True)
             record_planned(proto, out)
         (clone / LOCK_NAME).write_text(f"{os.getpid()}\n")
+        lend_runs(out)  # a clone's code may predate runs_dir: it finds the grid's finished runs in OUT/runs
         print(f"{proto.name}: running from {clone} at {sha[:12]}; results in {out}", flush=True)
         try:
             child = subprocess.Popen([str(clone / ".venv" / "bin" / "python"), "-m", "experiments", figure, *inner],

@@ -49,6 +49,30 @@ def test_runs_an_older_clone_wrote_beside_a_published_grid_move_home(tmp_path):
     assert adopt_runs(out) == [] and adopt_runs(tmp_path / "elsewhere") == []
 
 
+def test_an_older_clone_finds_the_grids_finished_runs_and_gives_them_back_unchanged(tmp_path):
+    """A clone whose code predates runs_dir looks for the runs it derives from (noise-replay's source) in OUT/runs:
+    lend_runs copies them there before it starts; adopt_runs drops the copies that came back unchanged and moves
+    what the clone wrote or changed."""
+    from experiments.protocol import adopt_runs, lend_runs
+
+    out = tmp_path / "docs/results/grids/g"
+    home = tmp_path / "data/grids/g/runs"
+    for name in ("noise-s0", "noise-s1"):
+        (home / name).mkdir(parents=True)
+        (home / name / "summary.json").write_text(f'{{"run": "{name}"}}')
+    assert lend_runs(out) == ["noise-s0", "noise-s1"]
+    assert (out / "runs/noise-s1/summary.json").read_text() == '{"run": "noise-s1"}'
+    assert lend_runs(out) == [], "what is lent already is not copied again"
+    (out / "runs/replay-s0").mkdir()  # the clone's new run
+    (out / "runs/replay-s0/summary.json").write_text("{}")
+    (out / "runs/noise-s0/summary.json").write_text('{"rewritten": true}')  # a run the clone redid
+    assert adopt_runs(out) == ["noise-s0", "replay-s0"]
+    assert not (out / "runs").exists()
+    assert sorted(p.name for p in home.iterdir()) == ["noise-s0", "noise-s1", "replay-s0"]
+    assert (home / "noise-s0/summary.json").read_text() == '{"rewritten": true}'
+    assert lend_runs(tmp_path / "elsewhere") == []
+
+
 def test_recorded_commands_name_no_machine_paths():
     from experiments.protocol import portable
 
