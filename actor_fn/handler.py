@@ -100,6 +100,19 @@ def _begin(event_type, event: dict):
     return clock, t0, ev, cold
 
 
+def _ms(start: float, end: float) -> float:
+    return round((end - start) * 1e3, 3)
+
+
+def _answer(ev: ActorEvent | EvalEvent, clock: InvocationClock, cold: bool, t0: float, t_end: float,
+            **fields) -> dict:
+    """What every function kind answers: the invocation's identity, its own fields, then its timings and the
+    cloud clock's measurements (docs/cost.md)."""
+    return {"ok": True, "job_id": ev.job_id, "invocation_id": ev.invocation_id, "round": ev.round,
+            "policy_version": ev.policy_version, **fields, "cold": cold, "duration_ms": _ms(t0, t_end),
+            "clock": clock.report(cold)}
+
+
 def handler(event: dict, context=None) -> dict:
     if is_eval_event(event):
         return evaluation_handler(event, context)
@@ -125,24 +138,15 @@ def handler(event: dict, context=None) -> dict:
                                     value_of=runner.value_batch)
     t_pushed = time.perf_counter()
     returns = batch["episode_returns"]
-    return {
-        "ok": True,
-        "job_id": ev.job_id,
-        "invocation_id": ev.invocation_id,
-        "round": ev.round,
-        "policy_version": ev.policy_version,
-        "entry_id": entry_ids[0],
-        "entries": len(entry_ids),
-        "steps": ev.num_steps,
-        "episodes": len(returns),
-        "mean_episode_return": float(np.mean(returns)) if returns else None,
-        "cold": cold,
-        "load_ms": round((t_loaded - t0) * 1e3, 3),
-        "sample_ms": round((t_sampled - t_loaded) * 1e3, 3),
-        "push_ms": round((t_pushed - t_sampled) * 1e3, 3),
-        "duration_ms": round((t_pushed - t0) * 1e3, 3),
-        "clock": clock.report(cold),  # the cloud clock's measurements (docs/cost.md)
-    }
+    return _answer(ev, clock, cold, t0, t_pushed,
+                   entry_id=entry_ids[0],
+                   entries=len(entry_ids),
+                   steps=ev.num_steps,
+                   episodes=len(returns),
+                   mean_episode_return=float(np.mean(returns)) if returns else None,
+                   load_ms=_ms(t0, t_loaded),
+                   sample_ms=_ms(t_loaded, t_sampled),
+                   push_ms=_ms(t_sampled, t_pushed))
 
 
 def evaluation_handler(event: dict, context=None) -> dict:
@@ -155,16 +159,7 @@ def evaluation_handler(event: dict, context=None) -> dict:
     t_loaded = time.perf_counter()
     returns = evaluate(runner, ev.env_id, ev.episodes, ev.seed, env_kwargs=ev.env_kwargs)
     t_done = time.perf_counter()
-    return {
-        "ok": True,
-        "job_id": ev.job_id,
-        "invocation_id": ev.invocation_id,
-        "round": ev.round,
-        "policy_version": ev.policy_version,
-        "episode_returns": [float(r) for r in returns],
-        "cold": cold,
-        "load_ms": round((t_loaded - t0) * 1e3, 3),
-        "eval_ms": round((t_done - t_loaded) * 1e3, 3),
-        "duration_ms": round((t_done - t0) * 1e3, 3),
-        "clock": clock.report(cold),
-    }
+    return _answer(ev, clock, cold, t0, t_done,
+                   episode_returns=[float(r) for r in returns],
+                   load_ms=_ms(t0, t_loaded),
+                   eval_ms=_ms(t_loaded, t_done))
