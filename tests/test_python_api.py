@@ -90,7 +90,7 @@ def test_version_has_one_source(capsys):
     assert "py.typed" in project["tool"]["setuptools"]["package-data"]["nitro"] and (ROOT / "nitro/py.typed").is_file()
 
 
-@pytest.mark.slow  # ~25 s cold, a few seconds with mypy's cache (kept in pytest's cache directory)
+@pytest.mark.slow  # ~12 s cold, a few seconds with mypy's cache (kept in pytest's cache directory)
 def test_the_public_api_type_checks(pytestconfig, tmp_path):
     """mypy over nitro/client, nitro/api.py and nitro/policy/trained.py ([tool.mypy] in pyproject.toml): no
     errors, and every function of the public modules typed (disallow_untyped_defs)."""
