@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -243,6 +244,52 @@ def fit_kappa(seeds=range(10), ema_weight: float | None = None, source: str = "g
             "source": source, "source_runs": len(b_noise), "seeds": sorted(set(seeds)), "ema_weight": weight}
 
 
+# -- why noise grows as it does ---------------------------------------------------------------------------
+
+SPIKE, SPIKE_WINDOW = 3.0, 10  # a spike: a plan's noise scale above 3x the median of the 10 plans before it
+
+
+def planned_noise_scales(rounds: list[dict]) -> np.ndarray:
+    """The noise scale each round's plan read (the scaler's EMA of the policy gradient's terms), from its reason
+    ("noise: B_simple=... (averaged terms), ..."), NaN where the plan gave none."""
+    found = (re.search(r"B_simple=([0-9.e+-]+) \(averaged terms\)", r.get("scaler_reason") or "") for r in rounds)
+    return np.array([float(m.group(1)) if m else math.nan for m in found])
+
+
+def ratchet(run: PricedRun, spike: float = SPIKE) -> dict:
+    """A noise run's plans: the noise scale's median, 90th percentile and largest value (with its round), the
+    rounds where the actor count went up, and which of those a spike drove (a value above `spike` x the median of
+    the SPIKE_WINDOW plans before it; the scale's own growth is about 2x over as many rounds): noise never lowers
+    the count, so one spike sets every later round."""
+    b = planned_noise_scales(run.rounds)
+    nxt = [int(r.get("next_actors") or 0) for r in run.rounds]
+    ups = [k for k in range(len(nxt)) if nxt[k] > (nxt[k - 1] if k else run.i_min)]
+    spikes = [k for k in ups if np.isfinite(b[k]) and np.isfinite(b[max(0, k - SPIKE_WINDOW):k]).any()
+              and b[k] > spike * np.nanmedian(b[max(0, k - SPIKE_WINDOW):k])]
+    ok = np.isfinite(b)
+    peak = int(np.nanargmax(b)) if ok.any() else -1
+    return {"seed": run.seed, "rounds": len(run.rounds), "median": float(np.nanmedian(b)) if ok.any() else math.nan,
+            "p90": float(np.nanpercentile(b, 90)) if ok.any() else math.nan,
+            "max": float(b[peak]) if peak >= 0 else math.nan, "max_round": peak, "final_actors": nxt[-1] if nxt else 0,
+            "ups": ups, "spike_ups": spikes}
+
+
+def ratchet_report(runs_by_env: dict[str, list[PricedRun]]) -> list[str]:
+    lines = ["#### noise's actor counts: what its plans read", "",
+             "| environment | seed | rounds | noise scale: median / p90 / max (round) | final actors | count raised at "
+             "rounds (a spike drove: *) |", "|---|---:|---:|---|---:|---|"]
+    for env_id, runs in runs_by_env.items():
+        for r in sorted((r for r in runs if r.scheme == "noise"), key=lambda r: r.seed):
+            x = ratchet(r)
+            ups = ", ".join(f"{k}*" if k in x["spike_ups"] else str(k) for k in x["ups"]) or "none"
+            lines.append(f"| {env_id} | {x['seed']} | {x['rounds']} | {x['median']:,.0f} / {x['p90']:,.0f} / "
+                         f"{x['max']:,.0f} ({x['max_round']}) | {x['final_actors']} | {ups} |")
+    return lines + ["", f"A spike: a plan's noise scale above {SPIKE:g}x the median of the {SPIKE_WINDOW} plans before"
+                    " it."
+                    " noise never lowers the count (docs/scaling.md), so the largest value a run's EMA reaches sets"
+                    " its actors from then on.", ""]
+
+
 # -- the report ---------------------------------------------------------------------------------------------
 
 def _cell(d: dict | None, rel: bool = True) -> str:
@@ -254,7 +301,7 @@ def _cell(d: dict | None, rel: bool = True) -> str:
     return f"{d['mean']:+.0f} [{d['low']:+.0f}, {d['high']:+.0f}], {d['wins']}/{d['seeds']}"
 
 
-def report(results: dict[str, dict], verdict: dict, command: str) -> str:
+def report(results: dict[str, dict], verdict: dict, command: str, extra: list[str] = ()) -> str:
     lines = ["### Growing rounds against the best fixed count (issue 40)", "", f"Command: `{command}`", ""]
     for env_id, r in results.items():
         lines += [f"#### {env_id}: B = ${r['budget_usd']:.5f}; best fixed count {r['best_fixed']}", "",
@@ -268,6 +315,7 @@ def report(results: dict[str, dict], verdict: dict, command: str) -> str:
             lines.append(f"| {a} | {len(x['seeds'])}{short} | {x['mean']:.0f} | {_cell(x.get('vs_best_fixed'))} | "
                          f"{', '.join(below) or 'none'} | {_cell(x.get('vs_noise_replay'), rel=False)} |")
         lines.append("")
+    lines += list(extra)
     lines += [f"**Decision: {verdict['decision']}**" + (f" ({verdict.get('why')})" if verdict.get("why") else ""), "",
               "Primary metric: a run's mean evaluation return (10 deterministic episodes) at 0.3 B, 0.4 B, ..., 1.0 B "
               "reference dollars (`cpu` pricing, the environment's pinned rates), each interpolated in the run's "
@@ -331,7 +379,7 @@ def main(argv=None) -> int:
     results = {env_id: compare_env(r, reps=args.reps) for env_id, r in runs.items()}
     verdict = decide(results)
     command = "python -m experiments sequential " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(results, verdict, command)
+    text = report(results, verdict, command, ratchet_report(runs))
     print(text)
     if args.out:
         Path(args.out + ".md").write_text(text)

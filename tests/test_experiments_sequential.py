@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from experiments import sequential as sq
@@ -83,3 +84,32 @@ def test_a_win_needs_both_environments():
     behind = sq.compare_env(_grid({"grow": [-100.0 + s for s in range(10)]}, BASE), reps=500)
     assert sq.decide({"Hopper-v5": ahead, "Walker2d-v5": behind})["decision"] == "extend"
     assert sq.decide({"Hopper-v5": ahead})["decision"] == "win"
+
+
+def test_ratchet_finds_the_spike_that_set_noise_s_actors_for_good():
+    """The real noise policy plans 12 rounds; at round 6 |G|^2 collapses for one round (the noise scale spikes)
+    and the count jumps, and stays up after the scale comes back down. The analysis reads the scale each plan
+    used from its reason, and names round 6 as the spike-driven raise; with no spike it names none."""
+    from nitro.scaling.base import RoundInputs
+    from nitro.scaling.policies import NoisePolicy
+
+    def noise_run(grad_sq: list[float]) -> PricedRun:
+        policy, state, rounds = NoisePolicy(kappa=1.0, ema=1.0), {}, []  # ema 1: the newest terms alone
+        for k, g in enumerate(grad_sq):
+            actors, state, why = policy.decide(state, RoundInputs(
+                k, i_min=4, i_max=64, policy_noise_terms=(g, 100.0), round_cost_usd=1e-4, sample_cost_usd=1e-7,
+                steps_per_actor=512))
+            rounds.append({"round": k, "next_actors": actors, "scaler_reason": why})
+        return PricedRun("noise", 0, rounds, 512, 4, 64, 5, "mem")
+
+    steady = [0.1] * 12  # B = 1,000: sqrt(B a / c) = 1,000 samples, about 2 actors -> I_min
+    spiked = noise_run(steady[:6] + [1e-5] + steady[7:])  # B = 1e7 once: sqrt(1e10) = 1e5 samples -> 64 actors
+    assert np.isfinite(sq.planned_noise_scales(spiked.rounds)).all()
+    x = sq.ratchet(spiked)
+    assert x["max_round"] == 6 and x["max"] == pytest.approx(1e7, rel=1e-3)
+    assert x["median"] == pytest.approx(1000.0, rel=1e-3)
+    assert x["ups"] == [6] and x["spike_ups"] == [6] and x["final_actors"] == 64
+    calm = sq.ratchet(noise_run(steady))
+    assert calm["ups"] == [] and calm["spike_ups"] == [] and calm["final_actors"] == 4
+    table = "\n".join(sq.ratchet_report({"Hopper-v5": [spiked]}))
+    assert "| Hopper-v5 | 0 | 12 | 1,000 / " in table and "| 64 | 6* |" in table
