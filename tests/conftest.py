@@ -46,20 +46,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if SYSTEM_FIXTURES.intersection(item.fixturenames) and item.get_closest_marker("system") is None:
             item.add_marker(pytest.mark.system)
-    heavy_first(items)
-
-
-def heavy_first(items: list) -> None:
-    """The modules with the most `system` tests (then `slow` ones) first, each module's tests in their own order.
-    pytest-xdist's --dist loadfile hands a worker the next module in collection order as it frees up, so a long
-    module collected last (the alphabet put most system modules there) runs alone while the other worker idles;
-    started first, the short modules fill the tail instead."""
-    weight: dict[str, int] = {}
-    for item in items:
-        name = item.module.__name__
-        weight[name] = weight.get(name, 0) + (4 if item.get_closest_marker("system") else
-                                              1 if item.get_closest_marker("slow") else 0)
-    items.sort(key=lambda item: -weight[item.module.__name__])  # stable: a module's tests stay in order
 
 
 @pytest.fixture(scope="session")
